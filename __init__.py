@@ -1,0 +1,26 @@
+"""shunter: asynchronous RL for language models.
+
+Every component is an asyncio Ray actor; components talk only through typed msgspec
+events (``shunter.events``); a pluggable policy object (``shunter.policies``) decides
+when replicas switch between rollout and training.
+
+The package root stays light: ``import shunter.events`` must not pull in torch, vLLM or
+Ray, so the heavy facade (``Engine``) is imported lazily on first attribute access.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["Engine", "EngineConfig", "load_config", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Engine":
+        from shunter.api import Engine
+
+        return Engine
+    if name in ("EngineConfig", "load_config"):
+        from shunter.engine import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'shunter' has no attribute {name!r}")

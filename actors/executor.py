@@ -1,0 +1,116 @@
+"""``RayExecutor``: carries commands to the trainer and replica actors over Ray.
+
+Invariants: every call is bounded by a timeout and every failure comes back as an event
+naming the target (``CommandFailed``; a dead actor also yields ``ReplicaDown``), never a
+hang or a lost error; returned bytes are decoded by type, and bytes that do not decode
+become ``EventRejected``. Weight blobs stay in the Ray object store: this executor keeps
+the handle -> ObjectRef table (last two versions) and passes the ref, which Ray resolves
+on the receiving replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import ray
+from ray.exceptions import RayActorError
+
+from shunter.actors.wire import codec
+from shunter.engine.executor import TRAINER, Post
+from shunter.events import (
+    CommandFailed,
+    EventRejected,
+    Generate,
+    LoadWeights,
+    ReplicaDown,
+    Stamper,
+    SwitchToRollout,
+    Validate,
+    WeightsReady,
+    tag_of,
+)
+
+
+class RayExecutor:
+    def __init__(self, run_id: str, trainer, replicas: dict, *, timeout_s: float) -> None:
+        self.trainer = trainer
+        self.replicas = dict(replicas)
+        self.timeout_s = timeout_s
+        self.stamp = Stamper(run_id, "executor")
+        self._post: Post | None = None
+        self._refs: dict[str, ray.ObjectRef] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def bind(self, post: Post) -> None:
+        self._post = post
+
+    def add_replica(self, replica_id: str, handle) -> None:
+        self.replicas[replica_id] = handle
+
+    def send(self, target: str, command) -> None:
+        task = asyncio.get_running_loop().create_task(self._call(target, command))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, target: str, cmd) -> None:
+        data = codec().encode(cmd)
+        refs: list = []
+        try:
+            if target == TRAINER:
+                out, refs = await asyncio.wait_for(self.trainer.control.remote(data), self.timeout_s)
+            else:
+                h = self.replicas[target]
+                if isinstance(cmd, Generate):
+                    out = await h.generate.remote(data)  # bounded by the token budget, not a timer
+                else:
+                    payload = None
+                    if isinstance(cmd, LoadWeights | SwitchToRollout) and cmd.handle:
+                        payload = self._refs.get(cmd.handle)
+                        if payload is None:
+                            raise LookupError(f"no weights under handle {cmd.handle!r}")
+                    timeout = None if isinstance(cmd, Validate) else self.timeout_s
+                    out = await asyncio.wait_for(h.control.remote(data, payload), timeout)
+        except RayActorError as e:
+            events = [CommandFailed(command_kind=tag_of(cmd), target=target, error=f"actor died: {e}",
+                                    group_id=getattr(cmd, "group_id", -1) if isinstance(cmd, Generate) else -1)]
+            if target != TRAINER:
+                events.append(ReplicaDown(replica_id=target, reason=f"actor died during {tag_of(cmd)}"))
+            self._emit(events)
+            return
+        except TimeoutError:
+            self._emit([CommandFailed(command_kind=tag_of(cmd), target=target,
+                                      error=f"no answer within {self.timeout_s:.0f}s")])
+            return
+        except Exception as e:  # noqa: BLE001 - every failure becomes an event
+            self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=f"{type(e).__name__}: {e}",
+                                      group_id=cmd.group_id if isinstance(cmd, Generate) else -1)])
+            return
+        try:
+            events = codec().decode_batch(out)
+        except msgspec.MsgspecError as e:
+            self._emit([EventRejected(origin=target, error=str(e), nbytes=len(out))])
+            return
+        for ev in events:
+            if isinstance(ev, WeightsReady) and refs:
+                self._refs[ev.handle] = refs[0]
+                for old in sorted(self._refs, key=_version)[:-2]:
+                    del self._refs[old]
+        assert self._post is not None
+        self._post(events)
+
+    def _emit(self, events: list) -> None:
+        assert self._post is not None
+        self._post([self.stamp(e) for e in events])
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _version(handle: str) -> int:
+    try:
+        return int(handle.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return -1

@@ -1,0 +1,86 @@
+"""``RolloutWorker``: a Ray actor hosting one vLLM engine for one replica.
+
+Invariant: generation and control run in separate Ray concurrency groups, so a flood of
+``generate`` calls can never starve a switch, a weight load or an abort. All logic is in
+``shunter.engine.rollout.RolloutCore``; this shell only decodes commands, picks the core
+method and encodes the events it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+from shunter.actors.wire import decode_command, encode_events
+from shunter.events import Generate, Stamper
+
+
+class RolloutWorker:
+    def __init__(self, run_id: str, replica_id: str, model_dir: str, *, reward: str, task: str,
+                 mode: str, seed: int, max_model_len: int, max_tokens: int,
+                 engine_args: dict | None = None, cpu_bind: str = "") -> None:
+        self.run_id, self.replica_id, self.model_dir = run_id, replica_id, model_dir
+        self.reward_spec, self.task = reward, task
+        self.mode, self.seed = mode, seed
+        self.max_model_len, self.max_tokens = max_model_len, max_tokens
+        self.engine_args = dict(engine_args or {})
+        self.cpu_bind = cpu_bind
+        self.core = None
+
+    async def setup(self) -> float:
+        """Start vLLM and load the tokenizer and reward; returns seconds taken."""
+        t0 = time.perf_counter()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        from transformers import AutoTokenizer
+
+        from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+        from shunter.engine.rollout import RolloutCore
+        from shunter.engine.tasks import load_reward, load_task
+
+        reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
+        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        backend = VLLMBackend(EngineSpec(model_dir=self.model_dir, seed=self.seed, max_model_len=self.max_model_len,
+                                         extra=self.engine_args))
+        await backend.start()
+        self.core = RolloutCore(self.replica_id, backend, _Tok(tok), reward, Stamper(self.run_id, self.replica_id),
+                                mode=self.mode, reward_name=self.reward_spec or f"{self.task}.reward", seed=self.seed)
+        return time.perf_counter() - t0
+
+    @ray.method(concurrency_group="generate")
+    async def generate(self, data: bytes) -> bytes:
+        cmd = decode_command(data)
+        if not isinstance(cmd, Generate):
+            raise TypeError(f"generate() takes rollout.generate, got {type(cmd).__name__}")
+        return encode_events(await self.core.generate(cmd))
+
+    @ray.method(concurrency_group="control")
+    async def control(self, data: bytes, payload: bytes | None = None) -> bytes:
+        return encode_events(await self.core.handle(decode_command(data), payload, max_tokens=self.max_tokens))
+
+    @ray.method(concurrency_group="control")
+    async def shutdown(self) -> None:
+        if self.core is not None:
+            await self.core.shutdown()
+            await self.core.backend.shutdown()
+
+
+class _Tok:
+    """Adapts an HF tokenizer to the engine's Tokenizer protocol (no special tokens added)."""
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        self.eos_token_id = tok.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def remote_class():
+    return ray.remote(concurrency_groups={"control": 8, "generate": 100_000})(RolloutWorker)

@@ -1,0 +1,48 @@
+"""``TrainerWorker``: a Ray actor around the torch ``Trainer`` (via ``TrainerHost``).
+
+Invariant: published weights go into the Ray object store from here; only their handle
+travels in ``WeightsReady`` — the ObjectRef is returned beside the events for the
+executor's handle table, and Ray resolves it on the replica that loads it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import ray
+
+from shunter.actors.wire import decode_command, encode_events
+from shunter.engine.config import TrainerConfig
+from shunter.events import Stamper
+
+
+class TrainerWorker:
+    def __init__(self, run_id: str, cfg: bytes, model_dir: str, *, seed: int = 0) -> None:
+        self.cfg = msgspec.msgpack.decode(cfg, type=TrainerConfig)
+        self.run_id, self.model_dir, self.seed = run_id, model_dir, seed
+        self.host = None
+
+    async def setup(self) -> float:
+        import asyncio
+
+        from transformers import AutoTokenizer
+
+        from shunter.engine.trainer import Trainer
+        from shunter.engine.trainer_host import TrainerHost
+
+        t0 = time.perf_counter()
+        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        core = Trainer(self.cfg, self.model_dir, seed=self.seed, pad_token_id=pad)
+        await asyncio.to_thread(core.setup)
+        self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray")
+        return time.perf_counter() - t0
+
+    async def control(self, data: bytes) -> tuple[bytes, list]:
+        events, blob = await self.host.handle(decode_command(data))
+        return encode_events(events), ([ray.put(blob)] if blob is not None else [])
+
+
+def remote_class():
+    return ray.remote(TrainerWorker)

@@ -1,0 +1,220 @@
+"""``Engine``: the facade users embed — it starts the actors of one run and stops them.
+
+    async with Engine(config) as engine:
+        async for event in engine.events():
+            ...
+
+Invariants: a run owns its actors — all are named ``shunter.<run_id>.*`` in the ``shunter``
+namespace, so re-runs and concurrent runs in one cluster never collide on a name — and
+leaving the ``async with`` block always stops the run and kills them, on success, on
+error and on cancellation. Setup failures raise :class:`EngineSetupError` naming the
+component and its cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+
+from shunter.engine.config import EngineConfig, load_config
+from shunter.events import (
+    Codec,
+    Command,
+    Event,
+    ReplicaUp,
+    RunEnded,
+    Sample,
+    StepEnd,
+    TrainStep,
+    WeightsReady,
+)
+from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
+
+NAMESPACE = "shunter"
+
+
+class EngineSetupError(RuntimeError):
+    """A component failed to start; the message names it and the cause."""
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | str | Path, *, run_id: str | None = None) -> None:
+        self.cfg = config if isinstance(config, EngineConfig) else load_config(config)
+        self.run_id = run_id or f"{self.cfg.run.name}-{uuid.uuid4().hex[:8]}"
+        self.out_dir = Path(self.cfg.run.output_dir) / self.run_id
+        self._codec = Codec()
+        self._owns_ray = False
+        self._actors: list = []
+        self.coordinator = None
+        self.registry = None
+        self.ended: RunEnded | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def __aenter__(self) -> Engine:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        from shunter.actors import coordinator, registry, rollout, trainer
+
+        cfg = self.cfg
+        model_dir = self._ensure_model()
+        self._init_ray()
+        timeout = cfg.run.timeout_s
+        self.registry = registry.remote_class().options(
+            name=registry.registry_name(self.run_id), namespace=NAMESPACE).remote(self.run_id)
+        self._actors.append(self.registry)
+        kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
+        worker_cls = rollout.remote_class()
+        replicas, opening = {}, []
+        for i, kind in enumerate(kinds):
+            rid = f"{kind}-{i}"
+            rank, name, evs = await self.registry.register.remote(rid, kind)
+            opening += self._codec.decode_batch(evs)
+            bind = cfg.rollout.cpu_bind[i] if cfg.rollout.cpu_bind else "nobind"
+            h = worker_cls.options(name=name, namespace=NAMESPACE, num_cpus=cfg.rollout.num_cpus).remote(
+                self.run_id, rid, model_dir, reward=cfg.task.reward, task=cfg.task.name,
+                mode=ROLLOUT if kind == STANDALONE else TRAINER, seed=cfg.run.seed + rank,
+                max_model_len=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
+                engine_args=cfg.rollout.engine_args, cpu_bind=bind)
+            self._actors.append(h)
+            replicas[rid] = (h, kind, rank)
+        tr = trainer.remote_class().options(
+            name=f"shunter.{self.run_id}.trainer", namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus).remote(
+            self.run_id, msgspec.msgpack.encode(cfg.trainer), model_dir, seed=cfg.run.seed)
+        self._actors.append(tr)
+        setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
+        times = {}
+        for comp, ref in setups.items():
+            try:
+                times[comp] = await asyncio.wait_for(ref, timeout)
+            except TimeoutError:
+                raise EngineSetupError(f"{comp} did not finish setup within run.timeout_s = {timeout}s") from None
+            except Exception as e:  # noqa: BLE001 - surface the actor's own error
+                cause = getattr(e, "cause", None) or e
+                raise EngineSetupError(f"{comp} failed to start: {type(cause).__name__}: {cause}") from e
+        for rid, (_, kind, rank) in replicas.items():
+            opening.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank,
+                                     mode=ROLLOUT if kind == STANDALONE else TRAINER, setup_s=times[rid],
+                                     run_id=self.run_id, source="engine", wall_time=time.time()))
+        self.coordinator = coordinator.remote_class().options(
+            name=f"shunter.{self.run_id}.coordinator", namespace=NAMESPACE).remote(
+            msgspec.msgpack.encode(cfg), self.run_id, tr, {rid: h for rid, (h, _, _) in replicas.items()},
+            str(self.out_dir))
+        self._actors.append(self.coordinator)
+        await self.coordinator.start.remote(self._codec.encode_batch(opening))
+
+    def _ensure_model(self) -> str:
+        m = self.cfg.model
+        path = Path(m.path)
+        if m.build_tiny and not (path / "config.json").is_file():
+            from shunter.engine.tiny_model import build_tiny_model
+
+            build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps)
+        if not (path / "config.json").is_file():
+            raise EngineSetupError(f"model.path = {str(path)!r} holds no HF model (no config.json); "
+                                   "set model.build_tiny to build the tiny model there")
+        return str(path.resolve())
+
+    def _init_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        kw = {"namespace": NAMESPACE, "log_to_driver": bool(os.environ.get("SHUNTER_RAY_LOGS"))}
+        if self.cfg.run.ray_address:
+            ray.init(address=self.cfg.run.ray_address, **kw)
+        else:
+            ray.init(num_cpus=self.cfg.run.num_cpus or os.cpu_count(), include_dashboard=False,
+                     _node_ip_address="127.0.0.1", **kw)
+        self._owns_ray = True
+
+    async def close(self) -> None:
+        import ray
+
+        if self.coordinator is not None and self.ended is None:
+            try:
+                data = await asyncio.wait_for(self.coordinator.stop.remote("closed"), 60)
+                self.ended = self._codec.decode(data)
+            except Exception:  # noqa: BLE001 - closing must go on
+                pass
+        if self.coordinator is not None:
+            try:
+                await asyncio.wait_for(self.coordinator.close.remote(), 10)
+            except Exception:  # noqa: BLE001
+                pass
+        for h in reversed(self._actors):
+            try:
+                ray.kill(h)
+            except Exception:  # noqa: BLE001
+                pass
+        self._actors.clear()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    # -- observing and steering ---------------------------------------------------------
+    async def events(self, *, from_start: bool = True) -> AsyncIterator[Event]:
+        """Typed events of the run (commands on the bus are skipped), until ``RunEnded``."""
+        cursor = 0 if from_start else -1
+        while True:
+            items, cursor, _missed = await self.coordinator.fetch.remote(max(cursor, 0), 4096, 1.0)
+            for b in items:
+                msg = self._codec.decode(b)
+                if isinstance(msg, Event):
+                    yield msg
+                if isinstance(msg, RunEnded):
+                    self.ended = msg
+                    return
+
+    async def submit(self, command: Command) -> None:
+        if not await self.coordinator.submit.remote(self._codec.encode(command)):
+            raise ValueError(f"the coordinator rejected {command!r}")
+
+    async def wait(self) -> RunEnded:
+        self.ended = self._codec.decode(await self.coordinator.wait_ended.remote())
+        return self.ended
+
+    async def stop(self, reason: str = "stopped") -> RunEnded:
+        self.ended = self._codec.decode(await self.coordinator.stop.remote(reason))
+        return self.ended
+
+    # -- user-driven training (run.trainer_driver = "user") ------------------------------
+    async def next_batch(self, timeout_s: float = 600.0) -> list[Sample]:
+        """The next ready mini-batch (whole groups); rollout keeps running meanwhile."""
+        data = await self.coordinator.next_batch.remote(timeout_s)
+        if data is None:
+            raise TimeoutError(f"no mini-batch ready within {timeout_s}s (or the run ended)")
+        return self._codec.decode(data).samples
+
+    async def train(self, samples: list[Sample], *, loss_fn: str = "") -> StepEnd:
+        """One optimizer step on ``samples`` on the trainer actor (built-in loss, or
+        ``loss_fn = "module:function"``)."""
+        out = self._codec.decode(await self.coordinator.train.remote(
+            self._codec.encode(TrainStep(samples=samples, loss_fn=loss_fn))))
+        if not isinstance(out, StepEnd):
+            raise RuntimeError(f"train step failed: {out!r}")
+        return out
+
+    async def publish_weights(self) -> WeightsReady:
+        out = self._codec.decode(await self.coordinator.publish.remote())
+        if not isinstance(out, WeightsReady):
+            raise RuntimeError(f"publishing weights failed: {out!r}")
+        return out
+
+    async def counters(self) -> dict[str, int]:
+        return await self.coordinator.counters.remote()

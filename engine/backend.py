@@ -1,0 +1,47 @@
+"""What a rollout replica needs from an inference engine, as a protocol.
+
+Invariant: the engine core (``RolloutCore``) sees only this protocol, never vLLM, so the
+same sample loop runs on vLLM (``shunter.actors.vllm_backend``), on the bench simulator,
+and on test fakes. ``generate`` returns the tokens produced so far when a request is
+aborted (``finish_reason == "abort"``): a cut generation loses nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GenParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+
+
+class Backend(Protocol):
+    async def start(self) -> None: ...
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenParams) -> GenResult: ...
+    async def abort(self, request_ids: list[str]) -> None: ...
+    async def load_weights(self, blob: bytes) -> float: ...
+    async def sleep(self, level: int = 1) -> None: ...
+    async def wake_up(self) -> None: ...
+    async def shutdown(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...

@@ -1,0 +1,195 @@
+"""``SampleBuffer``: prompt groups from dispatch to trained (or dropped), and the
+staleness bound.
+
+Invariants (checked by :meth:`check`):
+
+- every group dispatched is in exactly one state — in flight, ready, trained, dropped —
+  so ``dispatched == in_flight + ready + trained + sum(dropped)``; nothing is lost or
+  trained twice;
+- capacity gate (AReaL's rule, in groups): a new group may start on a replica holding
+  weights of version ``v`` only while
+  ``dispatched - dropped < (max_staleness + v + 1) * groups_per_train_batch``;
+- no trained sample has ``trainer_version - min_token_version > max_staleness``:
+  ``on_stale="wait"`` trains groups strictly oldest-first (with the gate this keeps
+  every group within the bound, so the trainer waits for stragglers instead of dropping);
+  ``on_stale="drop"`` trains finished groups in completion order and drops those that
+  exceeded the bound (reason ``stale``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from shunter.events import PromptSpec, Sample
+
+
+@dataclass
+class Group:
+    group_id: int
+    prompt: PromptSpec
+    n: int
+    dispatch_version: int
+    samples: dict[str, Sample] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.samples) >= self.n
+
+    @property
+    def min_version(self) -> int:
+        return min((s.min_version for s in self.samples.values()), default=self.dispatch_version)
+
+
+@dataclass
+class Batch:
+    batch_id: int
+    samples: list[Sample]
+    group_ids: list[int]
+    min_version: int
+    max_staleness: int
+
+
+class SampleBuffer:
+    def __init__(
+        self,
+        *,
+        group_size: int,
+        groups_per_batch: int,
+        batches_per_version: int,
+        max_staleness: int,
+        on_stale: str = "wait",
+    ) -> None:
+        if on_stale not in ("wait", "drop"):
+            raise ValueError(f"on_stale must be 'wait' or 'drop', got {on_stale!r}")
+        self.group_size = group_size
+        self.groups_per_batch = groups_per_batch
+        self.groups_per_version = groups_per_batch * batches_per_version
+        self.max_staleness = max_staleness
+        self.on_stale = on_stale
+        self._groups: dict[int, Group] = {}  # in flight or ready, by group id (= dispatch order)
+        self._ready: dict[int, None] = {}  # complete groups in completion order
+        self._next_group = 0
+        self._next_batch = 0
+        self.trained = 0
+        self.dropped: Counter[str] = Counter()
+
+    # -- dispatch side ---------------------------------------------------------------
+    @property
+    def dispatched(self) -> int:
+        return self._next_group
+
+    def capacity(self, version: int) -> int:
+        """Groups that may still start on weights of ``version``."""
+        limit = (self.max_staleness + version + 1) * self.groups_per_version
+        return limit - (self._next_group - sum(self.dropped.values()))
+
+    def open(self, prompt: PromptSpec, version: int) -> Group:
+        g = Group(self._next_group, prompt, self.group_size, version)
+        self._groups[g.group_id] = g
+        self._next_group += 1
+        return g
+
+    def add(self, sample: Sample) -> bool:
+        """Record a finished sample; True when it completes its group. Samples of unknown
+        (dropped or trained) groups are ignored and return False."""
+        sample.check()
+        g = self._groups.get(sample.group_id)
+        if g is None or g.complete:
+            return False
+        g.samples[sample.sample_id] = sample
+        if g.complete:
+            self._ready[g.group_id] = None
+            return True
+        return False
+
+    def group(self, group_id: int) -> Group | None:
+        return self._groups.get(group_id)
+
+    # -- batch side ------------------------------------------------------------------
+    def staleness(self, g: Group, version: int) -> int:
+        return version - g.min_version
+
+    def prune(self, version: int) -> list[Group]:
+        """In drop mode, drop ready groups already past the bound; return them."""
+        if self.on_stale != "drop":
+            return []
+        stale = [self._groups[i] for i in self._ready if self.staleness(self._groups[i], version) > self.max_staleness]
+        for g in stale:
+            self.drop(g.group_id, "stale")
+        return stale
+
+    def _candidates(self) -> list[int]:
+        if self.on_stale == "drop":
+            return list(self._ready)
+        out = []
+        for gid in self._groups:  # oldest first; stop at the first group still in flight
+            if gid not in self._ready:
+                break
+            out.append(gid)
+        return out
+
+    def ready_batches(self) -> int:
+        return len(self._candidates()) // self.groups_per_batch
+
+    @property
+    def ready_samples(self) -> int:
+        return len(self._ready) * self.group_size
+
+    def take(self, version: int) -> tuple[Batch | None, list[Group]]:
+        """The next mini-batch for a trainer at ``version`` (None if not ready) and the
+        groups dropped on the way for staleness."""
+        dropped = self.prune(version)
+        cands = self._candidates()[: self.groups_per_batch]
+        if len(cands) < self.groups_per_batch:
+            return None, dropped
+        late = [gid for gid in cands if self.staleness(self._groups[gid], version) > self.max_staleness]
+        if late:  # cannot happen in wait mode while the gate holds; never train them anyway
+            for gid in late:
+                dropped.append(self._groups[gid])
+                self.drop(gid, "stale")
+            batch, more = self.take(version)
+            return batch, dropped + more
+        groups = [self._groups.pop(gid) for gid in cands]
+        for gid in cands:
+            del self._ready[gid]
+        self.trained += len(groups)
+        samples = [s for g in groups for s in sorted(g.samples.values(), key=lambda s: s.sample_id)]
+        min_v = min(g.min_version for g in groups)
+        batch = Batch(self._next_batch, samples, cands, min_v, version - min_v)
+        self._next_batch += 1
+        return batch, dropped
+
+    def drop(self, group_id: int, reason: str) -> Group | None:
+        g = self._groups.pop(group_id, None)
+        if g is None:
+            return None
+        self._ready.pop(group_id, None)
+        self.dropped[reason] += 1
+        return g
+
+    def drop_all(self, reason: str) -> list[Group]:
+        return [g for gid in list(self._groups) if (g := self.drop(gid, reason))]
+
+    # -- accounting --------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return len(self._groups) - len(self._ready)
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "dispatched": self.dispatched,
+            "in_flight": self.in_flight,
+            "ready": self.ready,
+            "trained": self.trained,
+            "dropped": sum(self.dropped.values()),
+            **{f"dropped_{k}": v for k, v in sorted(self.dropped.items())},
+        }
+
+    def check(self) -> None:
+        total = self.in_flight + self.ready + self.trained + sum(self.dropped.values())
+        assert total == self.dispatched, f"groups unaccounted for: {self.counters()}"

@@ -1,0 +1,180 @@
+"""Run configuration: msgspec Structs loaded from TOML, checked once at start.
+
+Invariant: a config that loads is internally consistent — every cross-field rule of the
+seed (``train_batch_size == parameter_sync_step * ppo_mini_batch_size``, whole prompt
+groups per mini-batch, replicas the policy needs ...) is checked in :func:`check`, and
+every failure raises :class:`ConfigError` naming the field(s) and the values. Unknown
+keys are errors (a typo never silently falls back to a default).
+
+Every field carries its documentation in ``msgspec.Meta(description=...)``;
+``shunter config-schema`` prints them as JSON schema.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and the values."""
+
+
+PosInt = Annotated[int, Meta(ge=1)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+PosFloat = Annotated[float, Meta(gt=0)]
+
+
+def _d(text: str, **kw) -> Meta:
+    return Meta(description=text, **kw)
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RunConfig(_Section):
+    name: Annotated[str, _d("Run name; the run id is '<name>-<random suffix>'.")] = "shunter"
+    seed: Annotated[int, _d("Seed for prompts, sampling and the trainer.")] = 0
+    output_dir: Annotated[str, _d("Where the run writes events.bin, metrics.jsonl, summary.json.")] = "runs"
+    total_steps: Annotated[PosInt, _d("Optimizer steps to run before stopping.")] = 100
+    policy: Annotated[str, _d("Switching policy: a built-in name (separate, lend_when_idle, colocated) or 'module:Class'.")] = "separate"
+    policy_options: Annotated[dict[str, float | int | str | bool], _d("Keyword arguments for the policy's constructor.")] = {}
+    trainer_driver: Annotated[Literal["engine", "user"], _d("'engine': the policy runs train steps; 'user': the embedding program takes batches and trains.")] = "engine"
+    ray_address: Annotated[str, _d("Ray cluster to join; empty: start a local one bound to 127.0.0.1, dashboard off.")] = ""
+    num_cpus: Annotated[float, _d("CPUs of the local Ray cluster (0: all cores).", ge=0)] = 0
+    timeout_s: Annotated[PosFloat, _d("Upper bound on any single wait (actor setup, weight load, RPC).")] = 300.0
+    progress: Annotated[bool, _d("Show a progress bar on the terminal.")] = True
+
+
+class ModelConfig(_Section):
+    path: Annotated[str, _d("HF-format model directory (config.json, weights, tokenizer).")] = ".shunter/models/sort-tiny"
+    build_tiny: Annotated[str, _d("If set to a task name and 'path' holds no model, build the tiny warm-started model there first.")] = ""
+    sft_steps: Annotated[NonNegInt, _d("Supervised warm-start steps when building the tiny model.")] = 25
+
+
+class TaskConfig(_Section):
+    name: Annotated[str, _d("Built-in task (sort_digits) or 'module:Class'.")] = "sort_digits"
+    reward: Annotated[str, _d("Reward override 'module:function' (prompt, response, answer) -> float; empty: the task's own.")] = ""
+
+
+class RolloutConfig(_Section):
+    standalone_replicas: Annotated[NonNegInt, _d("vLLM replicas on their own resources; they generate continuously.")] = 1
+    hybrid_replicas: Annotated[NonNegInt, _d("vLLM replicas that share the trainer's resources; the policy lends them to rollout.")] = 0
+    n_samples_per_prompt: Annotated[PosInt, _d("Samples per prompt (GRPO group size).")] = 8
+    max_tokens: Annotated[PosInt, _d("Token budget of one sample, including any resumed part.")] = 16
+    temperature: Annotated[float, _d("Sampling temperature.", ge=0)] = 1.0
+    top_p: Annotated[float, _d("Nucleus sampling.", gt=0, le=1)] = 1.0
+    top_k: Annotated[int, _d("Top-k sampling; -1 disables.")] = -1
+    max_staleness: Annotated[NonNegInt, _d("Largest allowed (trainer version - oldest token version) of a trained sample.")] = 1
+    on_stale: Annotated[Literal["wait", "drop"], _d("'wait': batches wait for the oldest groups so none exceeds the bound; 'drop': batches take finished groups first and drop any that exceeded it.")] = "wait"
+    max_in_flight_per_replica: Annotated[PosInt, _d("Samples in flight on one replica at most.")] = 128
+    max_model_len: Annotated[PosInt, _d("vLLM context length.")] = 64
+    num_cpus: Annotated[float, _d("Ray CPUs reserved per replica actor (fractional is fine).", ge=0)] = 0.5
+    engine_args: Annotated[dict[str, float | int | str | bool], _d("Extra vLLM engine arguments.")] = {}
+    cpu_bind: Annotated[list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")] = []
+
+
+class TrainerConfig(_Section):
+    ppo_mini_batch_size: Annotated[PosInt, _d("Samples per optimizer step.")] = 128
+    parameter_sync_step: Annotated[PosInt, _d("Optimizer steps between weight publishes.")] = 2
+    train_batch_size: Annotated[PosInt, _d("Samples per publish cycle; must equal parameter_sync_step * ppo_mini_batch_size.")] = 256
+    lr: Annotated[PosFloat, _d("AdamW learning rate.")] = 2e-4
+    weight_decay: Annotated[float, _d("AdamW weight decay.", ge=0)] = 0.0
+    clip_ratio: Annotated[PosFloat, _d("PPO clip range epsilon.")] = 0.2
+    kl_coef: Annotated[float, _d("Weight of the KL penalty to the reference (initial) model; 0 disables it and loads no reference.", ge=0)] = 0.0
+    grad_clip: Annotated[float, _d("Gradient norm clip; 0 disables.", ge=0)] = 1.0
+    loss_fn: Annotated[str, _d("Loss override 'module:function'; empty: built-in PPO clip in bypass mode.")] = ""
+    num_threads: Annotated[PosInt, _d("torch intra-op threads of the trainer.")] = 1
+    num_cpus: Annotated[float, _d("Ray CPUs reserved for the trainer actor.", ge=0)] = 1.0
+    device: Annotated[str, _d("torch device; 'auto': cuda if available else cpu.")] = "auto"
+
+
+class ValidationConfig(_Section):
+    every: Annotated[NonNegInt, _d("Validate every this many published weight versions; 0 disables.")] = 0
+    prompts: Annotated[PosInt, _d("Held-out prompts, generated greedily.")] = 64
+
+
+class EngineConfig(_Section):
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    task: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    validation: ValidationConfig = msgspec.field(default_factory=ValidationConfig)
+
+    @property
+    def groups_per_mini_batch(self) -> int:
+        return self.trainer.ppo_mini_batch_size // self.rollout.n_samples_per_prompt
+
+
+def from_dict(data: dict, *, origin: str = "config") -> EngineConfig:
+    """Build and check a config from plain data (e.g. parsed TOML)."""
+    try:
+        cfg = msgspec.convert(data, EngineConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+    check(cfg)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> EngineConfig:
+    """Load a TOML file; ``overrides`` (nested dict) is merged over it before checking."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    return from_dict(merge(data, overrides or {}), origin=str(p))
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def check(cfg: EngineConfig) -> None:
+    """The seed's consistency checks; raise ConfigError naming fields and values."""
+    t, r = cfg.trainer, cfg.rollout
+    if t.train_batch_size != t.parameter_sync_step * t.ppo_mini_batch_size:
+        raise ConfigError(
+            f"trainer.train_batch_size ({t.train_batch_size}) must equal trainer.parameter_sync_step "
+            f"({t.parameter_sync_step}) * trainer.ppo_mini_batch_size ({t.ppo_mini_batch_size}) "
+            f"= {t.parameter_sync_step * t.ppo_mini_batch_size}"
+        )
+    if t.ppo_mini_batch_size % r.n_samples_per_prompt:
+        raise ConfigError(
+            f"trainer.ppo_mini_batch_size ({t.ppo_mini_batch_size}) must be a multiple of "
+            f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a mini-batch holds whole groups"
+        )
+    if r.standalone_replicas + r.hybrid_replicas == 0:
+        raise ConfigError("rollout.standalone_replicas + rollout.hybrid_replicas is 0: no replica to generate with")
+    if r.max_in_flight_per_replica < r.n_samples_per_prompt:
+        raise ConfigError(
+            f"rollout.max_in_flight_per_replica ({r.max_in_flight_per_replica}) is below "
+            f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): no group would ever fit"
+        )
+    if r.cpu_bind and len(r.cpu_bind) != r.standalone_replicas + r.hybrid_replicas:
+        raise ConfigError(
+            f"rollout.cpu_bind has {len(r.cpu_bind)} entries for "
+            f"{r.standalone_replicas + r.hybrid_replicas} replicas"
+        )
+    from shunter.policies import policy_class  # policies know what replicas they need
+
+    cls = policy_class(cfg.run.policy)
+    try:
+        cls.check_setup(standalone=r.standalone_replicas, hybrid=r.hybrid_replicas)
+    except ValueError as e:
+        raise ConfigError(f"run.policy = {cfg.run.policy!r}: {e}") from None
+
+
+def schema() -> dict:
+    return msgspec.json.schema(EngineConfig)

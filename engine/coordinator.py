@@ -1,0 +1,463 @@
+"""``Coordinator``: the one consumer loop of a run.
+
+Invariant: every message is handled by the same numbered steps, in arrival order, by one
+coroutine; nothing inside the loop awaits a component (the executor reports back with
+events), so a slow replica or trainer can never wedge it. A policy that raises becomes a
+``PolicyFailed`` event; the loop goes on.
+
+    1. record      the message goes to every sink (event log, logs, metrics, feed)
+    2. apply       events update the state, buffer and dispatcher (commands: their
+                   immediate effects)
+    3. decide      policy.decide(event, view) -> commands, each recorded and executed
+    4. pump        start new groups and resume partial samples while replicas have room
+                   and the staleness gate is open
+    5. finish      after ``total_steps``: publish, load and validate the final weights,
+                   account every group, emit ``RunEnded``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from shunter.engine.buffer import Batch, SampleBuffer
+from shunter.engine.config import EngineConfig
+from shunter.engine.dispatcher import Dispatcher
+from shunter.engine.executor import TRAINER as TRAINER_TARGET
+from shunter.engine.executor import Executor
+from shunter.engine.state import EngineState, ReplicaState
+from shunter.events import (
+    BatchReady,
+    BufferView,
+    Command,
+    CommandFailed,
+    EngineView,
+    Event,
+    Generate,
+    GroupDropped,
+    LoadWeights,
+    Message,
+    ModeChanged,
+    Offload,
+    Offloaded,
+    Onload,
+    Onloaded,
+    PolicyFailed,
+    PromptSpec,
+    PublishWeights,
+    ReplicaDown,
+    ReplicaUp,
+    RunEnded,
+    RunStarted,
+    Sample,
+    SampleAborted,
+    SampleEnd,
+    SamplingSpec,
+    Stamper,
+    StepBegin,
+    StepEnd,
+    Stop,
+    SwitchToRollout,
+    SwitchToTrainer,
+    TrainStep,
+    Validate,
+    ValidateEnd,
+    WeightsLoaded,
+    WeightsReady,
+    tag_of,
+)
+from shunter.events.view import DOWN, ROLLOUT, SWITCHING, TRAINER
+from shunter.policies import Policy
+
+Sink = Callable[[Message], None]
+
+
+class Coordinator:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        policy: Policy,
+        executor: Executor,
+        prompts: Iterator[PromptSpec],
+        *,
+        run_id: str,
+        validation_prompts: list[PromptSpec] | None = None,
+        sinks: list[Sink] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.executor = executor
+        self.prompts = prompts
+        self.validation_prompts = validation_prompts or []
+        self.sinks = list(sinks or [])
+        r, t = cfg.rollout, cfg.trainer
+        self.state = EngineState(
+            run_id=run_id,
+            ppo_mini_batch_size=t.ppo_mini_batch_size,
+            parameter_sync_step=t.parameter_sync_step,
+            train_batch_size=t.train_batch_size,
+            n_samples_per_prompt=r.n_samples_per_prompt,
+            max_staleness=r.max_staleness,
+            validate_every=cfg.validation.every,
+            trainer_driver=cfg.run.trainer_driver,
+        )
+        self.buffer = SampleBuffer(
+            group_size=r.n_samples_per_prompt,
+            groups_per_batch=cfg.groups_per_mini_batch,
+            batches_per_version=t.parameter_sync_step,
+            max_staleness=r.max_staleness,
+            on_stale=r.on_stale,
+        )
+        self.dispatcher = Dispatcher()
+        self.sampling = SamplingSpec(
+            max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k
+        )
+        self.stamp = Stamper(run_id, "coordinator")
+        self.policy_stamp = Stamper(run_id, "policy")
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._derived: deque[Event] = deque()
+        self._resumes: deque[Sample] = deque()
+        self._batches: deque[Batch] = deque()  # taken for a user-driven trainer
+        self._announced_batches = 0
+        self._finishing = False
+        self._final_validate_sent = False
+        self._failed_groups = 0
+        self.ended: RunEnded | None = None
+        self.started_at = time.time()
+        self.tokens = 0
+        self.rewards: list[float] = []  # mean reward of each trained batch, in order
+        self.validations: list[ValidateEnd] = []
+        executor.bind(self.post_many)
+
+    # -- inputs ----------------------------------------------------------------------
+    def post(self, msg: Message) -> None:
+        self._inbox.put_nowait(msg)
+
+    def post_many(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            self._inbox.put_nowait(m)
+
+    def emit(self, event: Event) -> None:
+        """An event the coordinator itself produced; handled before the next inbox item."""
+        self._derived.append(self.stamp(event))
+
+    # -- the loop --------------------------------------------------------------------
+    async def run(self) -> RunEnded:
+        while not self._inbox.empty():  # the replicas' opening events come first
+            self.handle(self._inbox.get_nowait())
+        self.emit(RunStarted(policy=self.policy.name or type(self.policy).__name__,
+                             replicas=len(self.state.replicas), trainer_driver=self.state.trainer_driver))
+        self._drain_derived()
+        while self.ended is None:
+            msg = await self._inbox.get()
+            self.handle(msg)
+            self._drain_derived()
+        return self.ended
+
+    def _drain_derived(self) -> None:
+        while self._derived and self.ended is None:
+            self.handle(self._derived.popleft())
+
+    def handle(self, msg: Message) -> None:
+        for sink in self.sinks:  # 1. record
+            sink(msg)
+        if isinstance(msg, Command):
+            self.execute(msg)
+            self.pump()
+            return
+        self.state.seq += 1
+        self.state.now = max(self.state.now, msg.wall_time)
+        self.apply(msg)  # 2. apply
+        for cmd in self.decide(msg):  # 3. decide
+            for sink in self.sinks:
+                sink(cmd)
+            self.execute(cmd)
+        self.pump()  # 4. pump
+        self.finish_if_done(msg)  # 5. finish
+
+    def view(self) -> EngineView:
+        b = self.buffer
+        gate = any(
+            b.capacity(r.version) > 0 for r in self.state.replicas.values() if r.replica_id in self.dispatcher
+        )
+        bv = BufferView(
+            ready_samples=b.ready_samples,
+            ready_batches=b.ready_batches() + len(self._batches),
+            in_flight_groups=b.in_flight,
+            in_flight_samples=sum(self.dispatcher.in_flight(r) for r in self.state.replicas),
+            dispatched_groups=b.dispatched,
+            trained_groups=b.trained,
+            dropped_groups=sum(b.dropped.values()),
+            gate_open=gate and not self._finishing,
+            pending_resumes=len(self._resumes),
+        )
+        return self.state.view(bv, {r: self.dispatcher.in_flight(r) for r in self.state.replicas})
+
+    def decide(self, event: Event) -> list[Command]:
+        try:
+            cmds = self.policy.decide(event, self.view())
+            bad = [c for c in cmds if not isinstance(c, Command)]
+            if bad:
+                raise TypeError(f"decide() must return Command objects, got {bad[:3]!r}")
+            return [self.policy_stamp(c) for c in cmds]
+        except Exception as e:  # noqa: BLE001 - a policy bug must not kill the loop
+            self.emit(PolicyFailed(policy=self.policy.name or type(self.policy).__name__,
+                                   on_kind=tag_of(event), error=f"{type(e).__name__}: {e}"))
+            return []
+
+    # -- 2. apply ------------------------------------------------------------------------
+    def apply(self, ev: Event) -> None:
+        st = self.state
+        match ev:
+            case ReplicaUp():
+                st.replicas[ev.replica_id] = ReplicaState(ev.replica_id, ev.replica_kind, ev.rank, ev.mode, ev.version)
+                if ev.mode == ROLLOUT:
+                    self._enter_rollout(ev.replica_id, ev.wall_time)
+            case ReplicaDown():
+                if (r := st.replicas.get(ev.replica_id)) is not None:
+                    r.mode = DOWN
+                    r.rate.stop()
+                self.dispatcher.forget(ev.replica_id)
+            case SampleEnd():
+                s = ev.sample
+                self.dispatcher.finished(ev.replica_id)
+                if (r := st.replicas.get(ev.replica_id)) is not None:
+                    r.rate.add(ev.wall_time)
+                    r.samples_done += 1
+                    r.tokens_done += len(s.token_ids)
+                self.tokens += len(s.token_ids)
+                if self.buffer.add(s):
+                    self._announce_batches()
+            case SampleAborted() if ev.reason == "failed":
+                self.dispatcher.finished(ev.replica_id)
+            case SampleAborted():
+                if ev.partial is not None:
+                    self.dispatcher.finished(ev.replica_id)
+                    if self.buffer.group(ev.group_id) is not None:
+                        self._resumes.append(ev.partial)
+            case StepBegin():
+                st.trainer.state = "training"
+            case StepEnd():
+                t = st.trainer
+                t.state, t.step = "idle", ev.step
+                t.steps_since_publish += 1
+                if st.trainer_driver == "engine" and t.step >= self.cfg.run.total_steps:
+                    st.done = self._finishing = True  # before the policy sees this event
+                t.step_s.add(ev.duration_s)
+                if "batch/reward_mean" in ev.metrics:
+                    self.rewards.append(ev.metrics["batch/reward_mean"])
+            case WeightsReady():
+                t = st.trainer
+                t.state, t.version, t.steps_since_publish, t.handle = "idle", ev.version, 0, ev.handle
+                for g in self.buffer.prune(ev.version):
+                    self.emit(GroupDropped(group_id=g.group_id, reason="stale", samples=len(g.samples)))
+            case WeightsLoaded():
+                if (r := st.replicas.get(ev.replica_id)) is not None:
+                    r.version = max(r.version, ev.version)
+            case ModeChanged():
+                if (r := st.replicas.get(ev.replica_id)) is not None:
+                    r.mode = ev.mode
+                    st.switch_cost[ev.mode].add(ev.duration_s)
+                    if ev.mode == ROLLOUT:
+                        r.version = max(r.version, int(ev.detail.get("version", r.version)))
+                        self._enter_rollout(ev.replica_id, ev.wall_time)
+                    else:
+                        r.rate.stop()
+            case CommandFailed():
+                self._on_failure(ev)
+            case ValidateEnd():
+                self.validations.append(ev)
+            case Offloaded():
+                st.trainer.offloaded |= set(ev.parts)
+            case Onloaded():
+                st.trainer.offloaded -= set(ev.parts)
+
+    def _enter_rollout(self, rid: str, t: float) -> None:
+        r = self.state.replicas[rid]
+        self.dispatcher.add(rid, rank=r.rank, capacity=self.cfg.rollout.max_in_flight_per_replica)
+        r.rate.start(t)
+
+    def _announce_batches(self) -> None:
+        ready = self.buffer.ready_batches()
+        while self._announced_batches < ready:
+            self._announced_batches += 1
+            self.emit(BatchReady(batch_id=self.buffer._next_batch + self._announced_batches - 1,
+                                 samples=self.cfg.trainer.ppo_mini_batch_size, groups=self.cfg.groups_per_mini_batch,
+                                 min_version=-1, max_staleness=self.cfg.rollout.max_staleness))
+
+    def _on_failure(self, ev: CommandFailed) -> None:
+        if ev.group_id >= 0:
+            if (g := self.buffer.drop(ev.group_id, "failed")) is not None:
+                self.emit(GroupDropped(group_id=g.group_id, reason="failed", samples=len(g.samples)))
+            self._failed_groups += 1
+            if self._failed_groups >= 8 and self.buffer.trained == 0:
+                self._end("error", error=f"every generation fails; last: {ev.error}")
+            return
+        if ev.target == TRAINER_TARGET:
+            self.state.trainer.state = "failed"
+            self._end("error", error=f"trainer failed on {ev.command_kind}: {ev.error}")
+        elif ev.target in self.state.replicas and self.state.replicas[ev.target].mode != DOWN:
+            self.emit(ReplicaDown(replica_id=ev.target, reason=f"{ev.command_kind}: {ev.error}"))
+
+    # -- commands --------------------------------------------------------------------------
+    def execute(self, cmd: Command) -> None:
+        st, ex = self.state, self.executor
+        match cmd:
+            case SwitchToRollout():
+                for rid in self._replicas_in(cmd.replica_ids, TRAINER):
+                    st.replicas[rid].mode = SWITCHING
+                    ex.send(rid, SwitchToRollout(replica_ids=[rid], version=st.trainer.version, handle=st.trainer.handle))
+            case SwitchToTrainer():
+                for rid in self._replicas_in(cmd.replica_ids, ROLLOUT):
+                    st.replicas[rid].mode = SWITCHING
+                    self.dispatcher.remove(rid)
+                    ex.send(rid, SwitchToTrainer(replica_ids=[rid], sleep_level=cmd.sleep_level))
+            case TrainStep():
+                self._train(cmd)
+            case PublishWeights():
+                st.trainer.state = "publishing"
+                ex.send(TRAINER_TARGET, cmd)
+            case LoadWeights():
+                ids = [i for i in cmd.replica_ids if i in st.replicas and st.replicas[i].mode != DOWN]
+                for rid in ids:
+                    ex.send(rid, LoadWeights(version=cmd.version, replica_ids=[rid], handle=cmd.handle or st.trainer.handle))
+            case Validate():
+                self._validate(cmd)
+            case Offload() | Onload():
+                ex.send(TRAINER_TARGET, cmd)
+            case Stop():
+                self._finishing = st.done = True
+            case _:
+                self.emit(CommandFailed(command_kind=tag_of(cmd), target="coordinator",
+                                        error="this command is not accepted on the bus"))
+
+    def _replicas_in(self, ids: list[str], mode: str) -> list[str]:
+        return [i for i in ids if i in self.state.replicas and self.state.replicas[i].mode == mode]
+
+    def _train(self, cmd: TrainStep) -> None:
+        t = self.state.trainer
+        if t.state != "idle":
+            self.emit(CommandFailed(command_kind=tag_of(cmd), target=TRAINER_TARGET, error=f"trainer is {t.state}"))
+            return
+        if not cmd.samples:
+            batch = self.next_batch()
+            if batch is None:
+                self.emit(CommandFailed(command_kind=tag_of(cmd), target="coordinator", error="no mini-batch is ready"))
+                return
+            cmd = TrainStep(batch_id=batch.batch_id, samples=batch.samples, loss_fn=cmd.loss_fn or self.cfg.trainer.loss_fn)
+        t.state = "training"
+        self.executor.send(TRAINER_TARGET, cmd)
+
+    def next_batch(self) -> Batch | None:
+        """Take the next mini-batch out of the buffer (for the trainer or a user loop)."""
+        if self._batches:
+            return self._batches.popleft()
+        batch, dropped = self.buffer.take(self.state.trainer.version)
+        for g in dropped:
+            self.emit(GroupDropped(group_id=g.group_id, reason="stale", samples=len(g.samples)))
+        if batch is not None:
+            self._announced_batches = max(0, self._announced_batches - 1)
+        return batch
+
+    def _validate(self, cmd: Validate) -> None:
+        ids = cmd.replica_ids or self.dispatcher.active() or [
+            r.replica_id for r in self.state.replicas.values() if r.mode == ROLLOUT
+        ]
+        if not ids or not self.validation_prompts:
+            return
+        # all held-out prompts go to one replica, so a validation reads one weight version
+        rid = min(ids, key=self.dispatcher.in_flight)
+        self.executor.send(rid, Validate(replica_ids=[rid], prompts=cmd.prompts or self.validation_prompts))
+
+    # -- 4. pump ---------------------------------------------------------------------------
+    def pump(self) -> None:
+        if self._finishing:
+            return
+        d, n = self.dispatcher, self.cfg.rollout.n_samples_per_prompt
+        while self._resumes:
+            p = self._resumes[0]
+            g = self.buffer.group(p.group_id)
+            if g is None:
+                self._resumes.popleft()
+                continue
+            rid = d.pick(1)
+            if rid is None:
+                break
+            self._resumes.popleft()
+            d.started(rid, 1)
+            self.executor.send(rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p]))
+        while True:
+            rid = d.pick(n)
+            if rid is None or self.buffer.capacity(self.state.replicas[rid].version) <= 0:
+                return
+            try:
+                prompt = next(self.prompts)
+            except StopIteration:
+                return
+            g = self.buffer.open(prompt, self.state.replicas[rid].version)
+            d.started(rid, n)
+            self.executor.send(rid, Generate(group_id=g.group_id, prompt=prompt, n=n, sampling=self.sampling))
+
+    # -- 5. finish -------------------------------------------------------------------------
+    def finish_if_done(self, ev: Event) -> None:
+        st = self.state
+        if self.ended is not None:
+            return
+        if not self._finishing or st.trainer.state not in ("idle",):
+            return
+        serving = [r for r in st.replicas.values() if r.mode == ROLLOUT]
+        if st.trainer.steps_since_publish > 0 and st.trainer_driver == "engine":
+            self._issue(PublishWeights())
+            return
+        if isinstance(ev, WeightsReady) and serving:
+            self._issue(LoadWeights(version=ev.version, replica_ids=[r.replica_id for r in serving]))
+            return
+        if any(r.version < st.trainer.version for r in serving):
+            return  # final weights still loading
+        if self.cfg.validation.every > 0 and serving and self.validation_prompts:
+            if not self._final_validate_sent:
+                self._final_validate_sent = True
+                self._issue(Validate())
+                return
+            if not (isinstance(ev, ValidateEnd) and ev.version >= st.trainer.version):
+                return
+        self._end("completed" if st.trainer_driver == "engine" or st.done else "stopped")
+
+    def _issue(self, cmd: Command) -> None:
+        cmd = self.stamp(cmd)
+        for sink in self.sinks:
+            sink(cmd)
+        self.execute(cmd)
+
+    def _end(self, reason: str, error: str = "") -> None:
+        for g in self.buffer.drop_all("run_end"):
+            self.handle_dropped(g.group_id, len(g.samples))
+        self.buffer.check()
+        ended = self.stamp(RunEnded(reason=reason, steps=self.state.trainer.step, summary=self.summary(), error=error))
+        for sink in self.sinks:
+            sink(ended)
+        self.ended = ended
+
+    def handle_dropped(self, group_id: int, samples: int) -> None:
+        ev = self.stamp(GroupDropped(group_id=group_id, reason="run_end", samples=samples))
+        for sink in self.sinks:
+            sink(ev)
+
+    def summary(self) -> dict[str, float]:
+        wall = time.time() - self.started_at
+        out: dict[str, float] = {"wall_s": wall, "steps": float(self.state.trainer.step),
+                                 "version": float(self.state.trainer.version),
+                                 "rollout/tokens_per_s": self.tokens / wall if wall > 0 else 0.0}
+        out.update({f"buffer/{k}_groups": float(v) for k, v in self.buffer.counters().items()})
+        if self.rewards:
+            k = max(1, min(5, len(self.rewards) // 4))
+            out["batch/reward_first"] = sum(self.rewards[:k]) / k
+            out["batch/reward_last"] = sum(self.rewards[-k:]) / k
+        if self.validations:
+            for key, val in self.validations[0].metrics.items():
+                out[f"validate/{key}_first"] = val
+            for key, val in self.validations[-1].metrics.items():
+                out[f"validate/{key}_last"] = val
+        return out

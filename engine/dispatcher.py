@@ -1,0 +1,63 @@
+"""``Dispatcher``: balances generation over the replicas currently in rollout mode.
+
+Invariants: a request goes only to a replica that is in the dispatcher (in rollout mode)
+and has room (``in_flight + n <= capacity``); among those, the least loaded wins (ties:
+lowest rank). ``in_flight`` counts samples, never goes negative, and a removed replica
+keeps its count until its samples come back (finished or aborted) or it is forgotten.
+"""
+
+from __future__ import annotations
+
+
+class Dispatcher:
+    def __init__(self) -> None:
+        self._capacity: dict[str, int] = {}
+        self._rank: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}
+
+    def add(self, replica_id: str, *, rank: int, capacity: int) -> None:
+        self._capacity[replica_id] = capacity
+        self._rank[replica_id] = rank
+        self._in_flight.setdefault(replica_id, 0)
+
+    def remove(self, replica_id: str) -> None:
+        """Stop sending to the replica (its in-flight count stays until they come back)."""
+        self._capacity.pop(replica_id, None)
+        self._rank.pop(replica_id, None)
+
+    def forget(self, replica_id: str) -> None:
+        """The replica is gone: drop it and its count."""
+        self.remove(replica_id)
+        self._in_flight.pop(replica_id, None)
+
+    def __contains__(self, replica_id: str) -> bool:
+        return replica_id in self._capacity
+
+    def active(self) -> list[str]:
+        return sorted(self._capacity, key=self._rank.__getitem__)
+
+    def pick(self, n: int) -> str | None:
+        """The replica that should take ``n`` more samples, or None if none has room."""
+        best = None
+        for rid, cap in self._capacity.items():
+            load = self._in_flight[rid]
+            if load + n > cap:
+                continue
+            key = (load, self._rank[rid])
+            if best is None or key < best[0]:
+                best = (key, rid)
+        return None if best is None else best[1]
+
+    def started(self, replica_id: str, n: int) -> None:
+        if replica_id in self._in_flight:
+            self._in_flight[replica_id] += n
+
+    def finished(self, replica_id: str, n: int = 1) -> None:
+        if replica_id in self._in_flight:
+            self._in_flight[replica_id] = max(0, self._in_flight[replica_id] - n)
+
+    def in_flight(self, replica_id: str) -> int:
+        return self._in_flight.get(replica_id, 0)
+
+    def free_slots(self) -> int:
+        return sum(max(0, c - self._in_flight[r]) for r, c in self._capacity.items())

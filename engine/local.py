@@ -1,0 +1,58 @@
+"""``LocalExecutor``: runs the coordinator's commands on in-process components.
+
+Invariant: the same command -> events contract as the Ray executor (``RayExecutor``),
+with the same component code (``RolloutCore.handle``, ``TrainerHost.handle``); only the
+process boundary is missing. Used by the unit tier and by simulations, where the
+backend and trainer core are stand-ins and everything else is the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from shunter.engine.executor import TRAINER, Post
+from shunter.engine.rollout import RolloutCore
+from shunter.engine.trainer_host import TrainerHost
+from shunter.events import CommandFailed, Generate, LoadWeights, Stamper, SwitchToRollout, WeightsReady, tag_of
+
+
+class LocalExecutor:
+    def __init__(self, run_id: str, trainer: TrainerHost, replicas: dict[str, RolloutCore], *, max_tokens: int = 16) -> None:
+        self.trainer = trainer
+        self.replicas = replicas
+        self.max_tokens = max_tokens
+        self.stamp = Stamper(run_id, "executor")
+        self.blobs: dict[str, bytes] = {}
+        self._post: Post | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def bind(self, post: Post) -> None:
+        self._post = post
+
+    def send(self, target: str, command) -> None:
+        task = asyncio.get_running_loop().create_task(self._call(target, command))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, target: str, cmd) -> None:
+        try:
+            if target == TRAINER:
+                events, blob = await self.trainer.handle(cmd)
+                for ev in events:
+                    if isinstance(ev, WeightsReady) and blob is not None:
+                        self.blobs[ev.handle] = blob
+                        for old in list(self.blobs)[:-2]:  # keep the last two versions
+                            del self.blobs[old]
+            else:
+                payload = self.blobs.get(cmd.handle) if isinstance(cmd, LoadWeights | SwitchToRollout) else None
+                events = await self.replicas[target].handle(cmd, payload, max_tokens=self.max_tokens)
+        except Exception as e:  # noqa: BLE001 - every failure becomes an event
+            events = [self.stamp(CommandFailed(command_kind=tag_of(cmd), target=target, error=f"{type(e).__name__}: {e}",
+                                               group_id=cmd.group_id if isinstance(cmd, Generate) else -1))]
+        assert self._post is not None
+        self._post(events)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,255 @@
+"""``RolloutCore``: one replica's sample loop — generate, cut, resume, load, switch.
+
+Invariants:
+
+- every token of a sample carries the weight version that produced it: a weight load
+  first aborts every running request and waits for them to hand back their prefix, then
+  swaps weights, then lets them resume (prompt + prefix, only the remaining budget) — so
+  a request never mixes two versions and a resumed sample never overruns its budget;
+- a sample that must leave the replica (``SwitchToTrainer``, shutdown) is returned whole
+  as ``SampleAborted.partial``; nothing generated is dropped;
+- each call returns the events it produced, in order, stamped by this replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from shunter.engine.backend import Backend, GenParams, Tokenizer
+from shunter.events import (
+    CommandFailed,
+    Event,
+    Generate,
+    LoadWeights,
+    ModeChanged,
+    PromptSpec,
+    Sample,
+    SampleAborted,
+    SampleBegin,
+    SampleEnd,
+    SampleResumed,
+    SamplingSpec,
+    Stamper,
+    SwitchToRollout,
+    SwitchToTrainer,
+    Validate,
+    ValidateBegin,
+    ValidateEnd,
+    WeightsLoaded,
+    tag_of,
+)
+from shunter.events.view import ROLLOUT, TRAINER
+
+Reward = Callable[[str, str, str], float]
+
+
+class RolloutCore:
+    def __init__(
+        self,
+        replica_id: str,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        reward: Reward,
+        stamp: Stamper,
+        *,
+        mode: str = ROLLOUT,
+        reward_name: str = "reward",
+        seed: int = 0,
+    ) -> None:
+        self.replica_id = replica_id
+        self.backend = backend
+        self.tok = tokenizer
+        self.reward = reward
+        self.reward_name = reward_name
+        self.stamp = stamp
+        self.mode = mode
+        self.version = 0
+        self.seed = seed
+        self._open = asyncio.Event()
+        self._open.set()
+        self._running: dict[str, str] = {}  # request id -> abort reason ("" while running)
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._req = itertools.count()
+        self._evicting = False
+        self._pending_weights: tuple[int, bytes] | None = None
+
+    async def handle(self, cmd, payload: bytes | None = None, *, max_tokens: int = 16) -> list[Event]:
+        """Carry out one command addressed to this replica; returns the events it produced."""
+        match cmd:
+            case Generate():
+                return await self.generate(cmd)
+            case LoadWeights():
+                return await self.load_weights(cmd.version, payload)
+            case SwitchToRollout():
+                return await self.switch_to_rollout(cmd.version, payload)
+            case SwitchToTrainer():
+                return await self.switch_to_trainer(cmd.sleep_level)
+            case Validate():
+                return await self.validate(cmd, max_tokens)
+        raise TypeError(f"a rollout replica does not take {type(cmd).__name__}")
+
+    # -- generation --------------------------------------------------------------------
+    async def generate(self, cmd: Generate) -> list[Event]:
+        prompt_ids = self.tok.encode(cmd.prompt.text)
+        if cmd.resume:
+            samples = [s if s.prompt_token_ids else msgspec.structs.replace(s, prompt_token_ids=prompt_ids)
+                       for s in cmd.resume]
+        else:
+            samples = [
+                Sample(sample_id=f"{cmd.group_id}.{k}", group_id=cmd.group_id, prompt_id=cmd.prompt.prompt_id,
+                       prompt_token_ids=prompt_ids, max_tokens=cmd.sampling.max_tokens)
+                for k in range(cmd.n)
+            ]
+        results = await asyncio.gather(*(self._run(s, cmd.prompt, cmd.sampling) for s in samples))
+        events = [e for evs in results for e in evs]
+        failed = [e for e in events if isinstance(e, CommandFailed)]
+        return [e for e in events if not isinstance(e, CommandFailed)] + failed[:1]
+
+    async def _run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec) -> list[Event]:
+        ev: list[Event] = []
+        resumed = bool(s.token_ids)
+        while True:
+            await self._open.wait()
+            if self._evicting or self.mode != ROLLOUT:
+                ev.append(self._aborted(s, "reclaimed", partial=True))
+                return ev
+            rid = f"{self.replica_id}-{next(self._req)}"
+            self._running[rid] = ""
+            self._drained.clear()
+            (ev.append(self._stamp(SampleResumed(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
+                                                 prefix_len=len(s.token_ids), remaining_tokens=s.remaining_tokens,
+                                                 version=self.version)))
+             if resumed else
+             ev.append(self._stamp(SampleBegin(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
+                                               version=self.version))))
+            version = self.version
+            try:
+                res = await self.backend.generate(rid, s.prompt_token_ids + s.token_ids, self._params(sp, s))
+            finally:
+                reason = self._running.pop(rid, "")
+                if not self._running:
+                    self._drained.set()
+            s = msgspec.structs.replace(
+                s, token_ids=s.token_ids + res.token_ids, logprobs=s.logprobs + res.logprobs,
+                versions=s.versions + [version] * len(res.token_ids), finish_reason=res.finish_reason)
+            if res.finish_reason != "abort" or s.remaining_tokens == 0:
+                break
+            if reason == "weights_update":
+                ev.append(self._aborted(s, reason, partial=False))
+                resumed = True
+                continue
+            ev.append(self._aborted(s, reason or "reclaimed", partial=True))
+            return ev
+        if s.finish_reason == "abort":
+            s = msgspec.structs.replace(s, finish_reason="length")
+        return ev + self._finish(s, prompt)
+
+    def _params(self, sp: SamplingSpec, s: Sample) -> GenParams:
+        return GenParams(max_tokens=s.remaining_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+                         ignore_eos=sp.ignore_eos, stop_token_ids=(self.tok.eos_token_id,))
+
+    def _finish(self, s: Sample, prompt: PromptSpec) -> list[Event]:
+        text = self.tok.decode([t for t in s.token_ids if t != self.tok.eos_token_id])
+        try:
+            r = float(self.reward(prompt.text, text, prompt.answer))
+        except Exception as e:  # noqa: BLE001 - report the user's reward error, drop the group
+            return [self._stamp(SampleAborted(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
+                                              reason="failed", tokens=len(s.token_ids))),
+                    self._stamp(CommandFailed(command_kind=tag_of(Generate), target=self.replica_id,
+                                              group_id=s.group_id,
+                                              error=f"reward function {self.reward_name} raised {type(e).__name__}: {e}"))]
+        s = msgspec.structs.replace(s, reward=r, response_text=text)
+        return [self._stamp(SampleEnd(replica_id=self.replica_id, sample=s))]
+
+    def _aborted(self, s: Sample, reason: str, *, partial: bool) -> SampleAborted:
+        return self._stamp(SampleAborted(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
+                                         reason=reason, tokens=len(s.token_ids), partial=s if partial else None))
+
+    def _stamp(self, e):
+        return self.stamp(e)
+
+    async def _cut(self, reason: str) -> int:
+        """Abort every running request with ``reason`` and wait until all have returned."""
+        ids = [rid for rid, r in self._running.items() if not r]
+        for rid in ids:
+            self._running[rid] = reason
+        if ids:
+            await self.backend.abort(ids)
+        await self._drained.wait()
+        return len(ids)
+
+    # -- weights and modes -------------------------------------------------------------
+    async def load_weights(self, version: int, blob: bytes) -> list[Event]:
+        if version <= self.version:
+            return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=self.version, duration_s=0.0))]
+        if self.mode != ROLLOUT:  # asleep: load on wake
+            self._pending_weights = (version, blob)
+            return []
+        t0 = time.perf_counter()
+        self._open.clear()
+        try:
+            cut = await self._cut("weights_update")
+            await self.backend.load_weights(blob)
+            self.version = version
+        finally:
+            self._open.set()
+        return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=version,
+                                          duration_s=time.perf_counter() - t0, interrupted=cut))]
+
+    async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
+        t0 = time.perf_counter()
+        self._evicting = True
+        try:
+            await self._cut("reclaimed")
+            t1 = time.perf_counter()
+            await self.backend.sleep(sleep_level)
+            self.mode = TRAINER
+        finally:
+            self._evicting = False
+        t2 = time.perf_counter()
+        return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=TRAINER, previous=ROLLOUT, duration_s=t2 - t0,
+                                        detail={"abort_s": t1 - t0, "sleep_s": t2 - t1}))]
+
+    async def switch_to_rollout(self, version: int, blob: bytes | None) -> list[Event]:
+        t0 = time.perf_counter()
+        await self.backend.wake_up()
+        t1 = time.perf_counter()
+        pending, self._pending_weights = self._pending_weights, None
+        if blob is None and pending is not None:
+            version, blob = pending
+        if blob is not None and version > self.version:
+            await self.backend.load_weights(blob)
+            self.version = version
+        t2 = time.perf_counter()
+        previous, self.mode = self.mode, ROLLOUT
+        return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=ROLLOUT, previous=previous, duration_s=t2 - t0,
+                                        detail={"wake_s": t1 - t0, "load_s": t2 - t1, "version": float(self.version)}))]
+
+    # -- validation ----------------------------------------------------------------------
+    async def validate(self, cmd: Validate, max_tokens: int) -> list[Event]:
+        t0 = time.perf_counter()
+        begin = self._stamp(ValidateBegin(version=self.version, prompts=len(cmd.prompts), replica_ids=[self.replica_id]))
+        version = self.version
+        params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
+
+        async def one(p: PromptSpec) -> float:
+            rid = f"{self.replica_id}-val-{next(self._req)}"
+            res = await self.backend.generate(rid, self.tok.encode(p.text), params)
+            text = self.tok.decode([t for t in res.token_ids if t != self.tok.eos_token_id])
+            return float(self.reward(p.text, text, p.answer))
+
+        rewards = await asyncio.gather(*(one(p) for p in cmd.prompts))
+        n = max(1, len(rewards))
+        metrics = {"reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
+        return [begin, self._stamp(ValidateEnd(version=version, duration_s=time.perf_counter() - t0, metrics=metrics))]
+
+    async def shutdown(self) -> list[Event]:
+        self._evicting = True
+        await self._cut("shutdown")
+        return []

@@ -1,0 +1,161 @@
+"""``Trainer``: the torch side — an HF causal LM, AdamW, one optimizer step per mini-batch,
+weights published as a safetensors blob.
+
+Invariants: ``version`` counts publishes (0 = the weights the run started from, which the
+replicas also start from); a sample's staleness at a step is ``version - min(versions)``;
+each ``train_step`` is exactly one optimizer step on the samples it is given. The user's
+own loss plugs in as ``loss_fn(logp, old_logp, advantages, mask, ref_logp, cfg) ->
+(loss, metrics)`` with [B, T] tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from shunter.engine import rl
+from shunter.engine.config import TrainerConfig
+from shunter.events import Sample
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+
+class ModelDirError(ValueError):
+    """The model directory is missing or does not hold a loadable HF model."""
+
+
+def load_causal_lm(model_dir: str, device: str):
+    from transformers import AutoModelForCausalLM
+
+    p = Path(model_dir)
+    if not (p / "config.json").is_file():
+        raise ModelDirError(f"model dir {model_dir!r} has no config.json (missing or not an HF model folder)")
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32).to(device)
+    except Exception as e:  # noqa: BLE001 - name the folder and the cause
+        raise ModelDirError(f"model dir {model_dir!r} does not load: {type(e).__name__}: {e}") from e
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, model_dir: str, *, seed: int = 0, pad_token_id: int = 0) -> None:
+        self.cfg = cfg
+        self.model_dir = model_dir
+        self.seed = seed
+        self.pad_token_id = pad_token_id
+        self.version = 0
+        self.step = 0
+        self.device = "cpu"
+        self.model = None
+        self.ref = None
+        self.opt = None
+
+    def setup(self) -> None:
+        torch.manual_seed(self.seed)
+        torch.set_num_threads(self.cfg.num_threads)
+        dev = self.cfg.device
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev
+        self.model = load_causal_lm(self.model_dir, self.device)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        if self.cfg.kl_coef > 0:
+            self.ref = load_causal_lm(self.model_dir, self.device).eval().requires_grad_(False)
+
+    # -- one optimizer step --------------------------------------------------------------
+    def collate(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
+        rows = [s.prompt_token_ids + s.token_ids for s in samples]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width - 1))
+        old = torch.zeros((len(rows), width - 1))
+        for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
+            ids[i, : len(row)] = torch.tensor(row)
+            attn[i, : len(row)] = 1
+            p, n = len(s.prompt_token_ids), len(s.token_ids)
+            mask[i, p - 1 : p - 1 + n] = 1  # logits at t predict token t+1
+            old[i, p - 1 : p - 1 + n] = torch.tensor(s.logprobs, dtype=torch.float32)
+        dev = self.device
+        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask.to(dev), "old": old.to(dev)}
+
+    def _logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1]
+        return rl.token_logprobs(logits, b["ids"][:, 1:])
+
+    def train_step(self, samples: list[Sample], loss_fn: LossFn | None = None) -> dict[str, float]:
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        t0 = time.perf_counter()
+        b = self.collate(samples)
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
+        adv_tok = adv[:, None].expand_as(b["mask"])
+        logp = self._logp(self.model, b)
+        ref_logp = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logp = self._logp(self.ref, b)
+        if loss_fn is None:
+            loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=self.cfg.clip_ratio)
+            if ref_logp is not None:
+                kl = rl.masked_mean(rl.kl_k3(logp, ref_logp), b["mask"])
+                loss = loss + self.cfg.kl_coef * kl
+                stats["kl"] = float(kl)
+        else:
+            loss, stats = loss_fn(logp, b["old"], adv_tok, b["mask"], ref_logp, self.cfg)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        self.opt.step()
+        self.step += 1
+        stale = [self.version - s.min_version for s in samples]
+        lens = [len(s.token_ids) for s in samples]
+        out = {f"trainer/{k}": float(v) for k, v in stats.items()}
+        out.update({
+            "trainer/loss": float(loss.detach()),
+            "trainer/grad_norm": grad_norm,
+            "trainer/step_s": time.perf_counter() - t0,
+            "trainer/tokens": float(sum(lens)),
+            "batch/reward_mean": float(rewards.mean()),
+            "batch/reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
+            "batch/response_len_mean": sum(lens) / len(lens),
+            "batch/staleness_mean": sum(stale) / len(stale),
+            "batch/staleness_max": float(max(stale)),
+            "batch/multi_version_samples": float(sum(len(set(s.versions)) > 1 for s in samples)),
+        })
+        return out
+
+    # -- weights ---------------------------------------------------------------------------
+    def publish(self) -> bytes:
+        """Bump the version and return the weights as a safetensors blob (HF names)."""
+        from safetensors.torch import save
+
+        state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
+        blob = save(state)
+        self.version += 1
+        return blob
+
+    def offload(self, parts: list[str]) -> int:
+        return self._move(parts, "cpu")
+
+    def onload(self, parts: list[str]) -> int:
+        return self._move(parts, self.device)
+
+    def _move(self, parts: list[str], device: str) -> int:
+        """Move optimizer state / params / grads; returns bytes that changed device."""
+        moved = 0
+        tensors: list[torch.Tensor] = []
+        if "optimizer" in parts:
+            tensors += [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
+        if "params" in parts:
+            tensors += [p.data for p in self.model.parameters()]
+        if "grads" in parts:
+            tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        for t in tensors:
+            if t.device.type != torch.device(device).type:
+                moved += t.numel() * t.element_size()
+                t.data = t.data.to(device, non_blocking=True)
+        return moved

@@ -1,0 +1,74 @@
+"""``TrainerHost``: turns trainer commands into calls on a trainer core and events back.
+
+Invariant: one command at a time (a lock), each answered by its events —
+``TrainStep`` -> ``StepBegin`` + ``StepEnd``; ``PublishWeights`` -> ``WeightsReady`` (the
+weight blob is returned beside the events, never inside one); ``Offload``/``Onload`` ->
+``Offloaded``/``Onloaded``. Heavy work runs in a thread so the host's loop stays live.
+The core is anything with ``train_step``, ``publish``, ``offload``, ``onload``, ``step``
+and ``version`` — the torch ``Trainer``, or a simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from shunter.events import (
+    Event,
+    Offload,
+    Offloaded,
+    Onload,
+    Onloaded,
+    PublishWeights,
+    Stamper,
+    StepBegin,
+    StepEnd,
+    TrainStep,
+    WeightsReady,
+)
+
+
+def load_loss(spec: str):
+    from shunter.policies import import_object
+
+    fn = import_object(spec, "loss_fn")
+    if not callable(fn):
+        raise ValueError(f"loss_fn {spec!r} is not callable")
+    return fn
+
+
+class TrainerHost:
+    def __init__(self, core: Any, stamp: Stamper, *, transport: str = "ray_object_store", threaded: bool = True) -> None:
+        self.core = core
+        self.stamp = stamp
+        self.transport = transport
+        self.threaded = threaded
+        self._lock = asyncio.Lock()
+
+    async def _run(self, fn, *args):
+        return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
+
+    async def handle(self, cmd) -> tuple[list[Event], bytes | None]:
+        core = self.core
+        async with self._lock:
+            t0 = time.perf_counter()
+            match cmd:
+                case TrainStep():
+                    loss_fn = load_loss(cmd.loss_fn) if cmd.loss_fn else None
+                    begin = self.stamp(StepBegin(step=core.step + 1, batch_id=cmd.batch_id, samples=len(cmd.samples),
+                                                 version=core.version))
+                    metrics = await self._run(core.train_step, cmd.samples, loss_fn)
+                    return [begin, self.stamp(StepEnd(step=core.step, batch_id=cmd.batch_id,
+                                                      duration_s=time.perf_counter() - t0, metrics=metrics))], None
+                case PublishWeights():
+                    blob = await self._run(core.publish)
+                    return [self.stamp(WeightsReady(version=core.version, handle=f"{self.transport}:{core.version}",
+                                                    transport=self.transport, nbytes=len(blob),
+                                                    duration_s=time.perf_counter() - t0))], blob
+                case Offload() | Onload():
+                    off = isinstance(cmd, Offload)
+                    n = await self._run(core.offload if off else core.onload, cmd.parts)
+                    cls = Offloaded if off else Onloaded
+                    return [self.stamp(cls(parts=cmd.parts, nbytes=n, duration_s=time.perf_counter() - t0))], None
+        raise TypeError(f"the trainer does not take {type(cmd).__name__}")

@@ -1,0 +1,82 @@
+"""Commands: intents issued by a policy or a user, carried out by the executor.
+
+Invariant: a command names *what* should happen; its outcome is reported by events
+(``SwitchToRollout`` -> ``ModeChanged``, ``PublishWeights`` -> ``WeightsReady``,
+``LoadWeights`` -> ``WeightsLoaded``, ``TrainStep`` -> ``StepBegin``/``StepEnd``,
+``Validate`` -> ``ValidateBegin``/``ValidateEnd``). A command that fails yields
+``CommandFailed``.
+
+Fields left at their defaults by a policy (``TrainStep.samples``, ``LoadWeights.handle``,
+``Validate.prompts``) are filled in by the coordinator before the command reaches an
+actor; policies decide, the coordinator supplies data.
+"""
+
+from __future__ import annotations
+
+from shunter.events.base import Command
+from shunter.events.data import PromptSpec, Sample, SamplingSpec
+
+
+class SwitchToRollout(Command, frozen=True, kw_only=True, tag="replica.switch_to_rollout"):
+    """Lend replicas to rollout: wake them, bring their weights current, add them to the dispatcher."""
+
+    replica_ids: list[str]
+    version: int = -1
+    """Filled by the coordinator: the weights the replica must serve once switched."""
+    handle: str = ""
+
+
+class SwitchToTrainer(Command, frozen=True, kw_only=True, tag="replica.switch_to_trainer"):
+    """Give replicas back to the trainer: remove from the dispatcher, cut their in-flight
+    samples (they resume elsewhere), put vLLM to sleep at ``sleep_level``."""
+
+    replica_ids: list[str]
+    sleep_level: int = 1
+
+
+class Offload(Command, frozen=True, kw_only=True, tag="trainer.offload"):
+    parts: list[str]
+    """Any of ``optimizer``, ``params``, ``grads``."""
+
+
+class Onload(Command, frozen=True, kw_only=True, tag="trainer.onload"):
+    parts: list[str]
+
+
+class TrainStep(Command, frozen=True, kw_only=True, tag="trainer.train_step"):
+    """One optimizer step on the next ready mini-batch (``batch_id`` < 0: the oldest)."""
+
+    batch_id: int = -1
+    samples: list[Sample] = []
+    loss_fn: str = ""
+    """Optional ``"module:function"`` overriding the built-in loss for this step."""
+
+
+class PublishWeights(Command, frozen=True, kw_only=True, tag="trainer.publish_weights"):
+    pass
+
+
+class LoadWeights(Command, frozen=True, kw_only=True, tag="rollout.load_weights"):
+    version: int
+    replica_ids: list[str]
+    handle: str = ""
+
+
+class Generate(Command, frozen=True, kw_only=True, tag="rollout.generate"):
+    """Generate ``n`` samples for one prompt group, or resume the given partial samples."""
+
+    group_id: int
+    prompt: PromptSpec
+    n: int
+    sampling: SamplingSpec
+    resume: list[Sample] = []
+
+
+class Validate(Command, frozen=True, kw_only=True, tag="validate.run"):
+    replica_ids: list[str] = []
+    """Where to run; empty: any replica currently in rollout mode."""
+    prompts: list[PromptSpec] = []
+
+
+class Stop(Command, frozen=True, kw_only=True, tag="run.stop"):
+    reason: str = "stopped"

@@ -1,0 +1,69 @@
+"""Value types that ride inside events and commands.
+
+Invariant: these are plain data (ints, floats, strings, lists) — never tensors, never
+Ray object refs. Token ids, per-token log-probs and per-token policy versions of a sample
+are the facts an RL step needs, so they travel inline; model weights travel by handle
+(see ``WeightsReady.handle``).
+
+For every sample: ``len(token_ids) == len(logprobs) == len(versions)``; ``versions[i]``
+is the weight version that produced token ``i``, so a sample cut by a weight update and
+resumed on new weights carries two versions.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class PromptSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One prompt of the task; the rollout replica tokenizes ``text`` with its own tokenizer."""
+
+    prompt_id: int
+    text: str
+    answer: str = ""
+    """What the reward function compares against (task specific)."""
+
+
+class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    ignore_eos: bool = False
+
+
+class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A finished (or partial) completion with everything the trainer needs."""
+
+    sample_id: str
+    group_id: int
+    prompt_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    finish_reason: str = ""
+    """``stop`` | ``length`` | ``abort`` (partial)."""
+    max_tokens: int = 0
+    """The sample's whole token budget; a resumed sample may only use what is left."""
+    reward: float = 0.0
+    response_text: str = ""
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions) if self.versions else -1
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(0, self.max_tokens - len(self.token_ids))
+
+    def check(self) -> None:
+        """Raise ValueError if the per-token lists disagree or the budget is overrun."""
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"sample {self.sample_id}: {n} tokens but {len(self.logprobs)} logprobs "
+                f"and {len(self.versions)} versions"
+            )
+        if self.max_tokens and n > self.max_tokens:
+            raise ValueError(f"sample {self.sample_id}: {n} tokens overrun its budget {self.max_tokens}")

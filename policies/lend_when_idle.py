@@ -1,0 +1,119 @@
+"""``lend_when_idle``: lend hybrid replicas to rollout while the trainer waits (verl #7373).
+
+Behaviour: like ``separate``, plus — when the trainer is idle with no mini-batch ready,
+the hybrid replicas are switched to rollout if the expected time saved beats the
+measured cost of switching there and back; as soon as a mini-batch is ready they are
+reclaimed, and the trainer trains only once every lent replica is back.
+
+The estimate (all inputs come from the view):
+
+    need   = ppo_mini_batch_size - ready_samples            samples still missing
+    r_s    = sum of measured samples/s of standalone replicas in rollout
+    r_h    = per-replica rate (mean of measured replicas) * number of hybrids
+    wait   = need / r_s                                     trainer idle time without lending
+    lend   = c_to + max(0, need - r_s * c_to) / (r_s + r_h) + c_back
+    lend iff wait - lend > min_gain_s
+
+``c_to`` / ``c_back`` are the smoothed measured switch times (``switch_cost_prior_s``
+until a switch has been measured). Nothing is lent while the staleness gate is closed
+(extra replicas would have no new group to start) or before any rate is measured.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shunter.events import (
+    BatchReady,
+    Command,
+    EngineView,
+    Event,
+    SwitchToRollout,
+    SwitchToTrainer,
+)
+from shunter.events.view import DOWN, HYBRID, ROLLOUT, STANDALONE, SWITCHING, TRAINER
+from shunter.policies.base import (
+    Policy,
+    ValidationState,
+    live_ids,
+    load_on_ready,
+    train_or_publish,
+    validate_when_due,
+)
+
+
+class LendState(msgspec.Struct):
+    lent: list[str] = []
+    lends: int = 0
+    skipped: int = 0
+    last_estimate_gain_s: float = 0.0
+    validation: ValidationState = msgspec.field(default_factory=ValidationState)
+
+
+class LendWhenIdlePolicy(Policy):
+    name = "lend_when_idle"
+    State = LendState
+
+    def __init__(self, *, switch_cost_prior_s: float = 1.0, min_gain_s: float = 0.0, sleep_level: int = 1) -> None:
+        super().__init__()
+        self.switch_cost_prior_s = float(switch_cost_prior_s)
+        self.min_gain_s = float(min_gain_s)
+        self.sleep_level = int(sleep_level)
+
+    @classmethod
+    def check_setup(cls, *, standalone: int, hybrid: int) -> None:
+        if standalone < 1:
+            raise ValueError(f"needs at least one standalone replica (rollout.standalone_replicas = {standalone})")
+        if hybrid < 1:
+            raise ValueError(f"needs at least one hybrid replica to lend (rollout.hybrid_replicas = {hybrid})")
+
+    def decide(self, event: Event, view: EngineView) -> list[Command]:
+        cmds: list[Command] = load_on_ready(event, view)
+        cmds += validate_when_due(event, view, self.state.validation)
+        lent = [i for i in self.state.lent if (r := view.replica(i)) is not None and r.mode != DOWN]
+        if lent and (view.buffer.ready_batches > 0 or isinstance(event, BatchReady) or view.done):
+            back = [i for i in lent if view.replica(i).mode == ROLLOUT]  # still switching: next event
+            lent = [i for i in lent if i not in back]
+            if back:
+                cmds.append(SwitchToTrainer(replica_ids=back, sleep_level=self.sleep_level))
+        self.state.lent = lent
+        if lent or any(r.kind == HYBRID and r.mode in (ROLLOUT, SWITCHING) for r in view.replicas):
+            return cmds  # never train while replicas on trainer resources are lent or switching
+        cmds += train_or_publish(event, view)
+        if not cmds and self._should_lend(view):
+            ids = [i for i in live_ids(view, HYBRID) if view.replica(i).mode == TRAINER]
+            if ids:
+                self.state.lent = ids
+                self.state.lends += 1
+                cmds.append(SwitchToRollout(replica_ids=ids))
+        return cmds
+
+    def estimate_gain_s(self, view: EngineView) -> float | None:
+        """Expected trainer time saved by lending now (None: not estimable)."""
+        need = view.ppo_mini_batch_size - view.buffer.ready_samples
+        standalone = [r for r in view.replicas if r.kind == STANDALONE and r.mode == ROLLOUT]
+        r_s = sum(r.samples_per_s for r in standalone)
+        measured = [r.samples_per_s for r in view.replicas if r.samples_per_s > 0]
+        hybrids = [r for r in view.replicas if r.kind == HYBRID and r.mode == TRAINER]
+        if need <= 0 or r_s <= 0 or not measured or not hybrids:
+            return None
+        r_h = sum(measured) / len(measured) * len(hybrids)
+        c_to = view.switch_cost_s.get(ROLLOUT, self.switch_cost_prior_s)
+        c_back = view.switch_cost_s.get(TRAINER, self.switch_cost_prior_s)
+        wait = need / r_s
+        lend = c_to + max(0.0, need - r_s * c_to) / (r_s + r_h) + c_back
+        return wait - lend
+
+    def _should_lend(self, view: EngineView) -> bool:
+        if view.done or view.trainer_driver != "engine" or view.trainer.state != "idle":
+            return False
+        if view.buffer.ready_batches > 0 or not (view.buffer.gate_open or view.buffer.pending_resumes):
+            return False
+        gain = self.estimate_gain_s(view)
+        if gain is None:
+            return False
+        self.state.last_estimate_gain_s = gain
+        if gain > self.min_gain_s:
+            return True
+        self.state.skipped += 1
+        return False

@@ -1,0 +1,52 @@
+"""Run an engine with a terminal progress bar and print what was learned.
+
+Invariant: reads the run only through ``Engine.events()``; the bar shows optimizer step,
+mean batch reward, rollout tokens/s and staleness, the summary the ``RunEnded`` figures.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+from shunter.api import Engine
+from shunter.engine.config import EngineConfig
+from shunter.events import PolicyFailed, RunEnded, StepEnd, ValidateEnd
+from shunter.events.lifecycle import CommandFailed, EventRejected
+
+
+async def run_with_progress(cfg: EngineConfig) -> RunEnded:
+    bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
+    val = ""
+    async with Engine(cfg) as engine:
+        print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
+        async for ev in engine.events():
+            if isinstance(ev, StepEnd):
+                m = ev.metrics
+                bar.update(ev.step - bar.n)
+                bar.set_postfix_str(
+                    f"reward {m.get('batch/reward_mean', 0):.3f} | stale {m.get('batch/staleness_mean', 0):.2f}"
+                    f" | {m.get('rollout/tokens_per_s', 0) or 0:.0f} tok/s{val}", refresh=False)
+            elif isinstance(ev, ValidateEnd):
+                val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
+            elif isinstance(ev, PolicyFailed | CommandFailed | EventRejected):
+                tqdm.write(f"error: {ev}", file=sys.stderr)
+        ended = engine.ended or await engine.wait()
+    bar.close()
+    print_summary(ended)
+    return ended
+
+
+def print_summary(ended: RunEnded) -> None:
+    s = ended.summary
+    print(f"\nrun ended: {ended.reason} after {ended.steps} optimizer steps, {s.get('wall_s', 0):.0f} s"
+          + (f" — error: {ended.error}" if ended.error else ""))
+    if "batch/reward_first" in s:
+        print(f"  sampled reward   {s['batch/reward_first']:.3f} -> {s['batch/reward_last']:.3f}")
+    if "validate/exact_first" in s:
+        print(f"  greedy held-out  exact {s['validate/exact_first']:.2f} -> {s['validate/exact_last']:.2f}, "
+              f"reward {s['validate/reward_mean_first']:.3f} -> {s['validate/reward_mean_last']:.3f}")
+    print(f"  rollout          {s.get('rollout/tokens_per_s', 0):.0f} tokens/s, weight version {s.get('version', 0):.0f}")
+    print(f"  prompt groups    dispatched {s.get('buffer/dispatched_groups', 0):.0f}, trained "
+          f"{s.get('buffer/trained_groups', 0):.0f}, dropped {s.get('buffer/dropped_groups', 0):.0f}")

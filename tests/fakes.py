@@ -1,0 +1,158 @@
+"""Test fakes — the only stand-ins in the suite. Each replaces exactly one boundary:
+
+- ``FakeBackend`` replaces vLLM (``shunter.engine.backend.Backend``): it "generates" a
+  deterministic answer token by token with a delay per token, honours ``abort`` (returning
+  the prefix), and ``load_weights`` changes what it generates next;
+- ``CharTokenizer`` replaces the HF tokenizer (one id per character, 0 = eos);
+- ``FakeTrainerCore`` replaces the torch ``Trainer``: it counts steps and versions, checks
+  the samples it is given, and reports metrics from them.
+
+Everything else under test — coordinator, policies, buffer, dispatcher, rollout core,
+trainer host, executor contract — is the real code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from shunter.engine.backend import GenParams, GenResult
+from shunter.events import Sample
+
+ALPHABET = "\0" + "0123456789abcdefghijklmnopqrstuvwxyz>+=,"
+
+
+class CharTokenizer:
+    eos_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return [ALPHABET.index(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(ALPHABET[i] for i in ids if i)
+
+
+class FakeBackend:
+    """Answers the sort task correctly (sorted prompt digits, then eos), one token per
+    ``token_s``; a resumed request continues after the prefix it is given."""
+
+    def __init__(self, token_s: float = 0.001, answer_len: int | None = None) -> None:
+        self.token_s = token_s
+        self.answer_len = answer_len
+        self.weights = b"v0"
+        self.loads = 0
+        self.sleeping = False
+        self._aborted: set[str] = set()
+        self.requests = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenParams) -> GenResult:
+        assert not self.sleeping, "generate on a sleeping engine"
+        self.requests += 1
+        tok = CharTokenizer()
+        text = tok.decode(prompt_token_ids)
+        prompt, _, done = text.partition(">")
+        target = "".join(sorted(prompt)) if self.answer_len is None else "1" * self.answer_len
+        rest = [tok.encode(c)[0] for c in target[len(done):]] + [0]
+        out: list[int] = []
+        for t in rest[: params.max_tokens]:
+            if request_id in self._aborted:
+                return GenResult(out, [-0.5] * len(out), "abort")
+            await asyncio.sleep(self.token_s)
+            out.append(t)
+        finish = "stop" if out and out[-1] == 0 else "length"
+        return GenResult(out, [math.log(0.5)] * len(out), finish)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        self._aborted.update(request_ids)
+
+    async def load_weights(self, blob: bytes) -> float:
+        self.weights = blob
+        self.loads += 1
+        return 0.0
+
+    async def sleep(self, level: int = 1) -> None:
+        self.sleeping = True
+
+    async def wake_up(self) -> None:
+        self.sleeping = False
+
+    async def shutdown(self) -> None:
+        pass
+
+
+class FakeTrainerCore:
+    def __init__(self, step_s: float = 0.0) -> None:
+        self.step = 0
+        self.version = 0
+        self.step_s = step_s
+        self.seen: list[list[Sample]] = []
+        self.offloaded: set[str] = set()
+
+    def train_step(self, samples: list[Sample], loss_fn=None) -> dict[str, float]:
+        import time
+
+        for s in samples:
+            s.check()
+        if self.step_s:
+            time.sleep(self.step_s)
+        self.step += 1
+        self.seen.append(samples)
+        stale = [self.version - s.min_version for s in samples]
+        return {
+            "batch/reward_mean": sum(s.reward for s in samples) / len(samples),
+            "batch/staleness_mean": sum(stale) / len(stale),
+            "batch/staleness_max": float(max(stale)),
+        }
+
+    def publish(self) -> bytes:
+        self.version += 1
+        return f"v{self.version}".encode()
+
+    def offload(self, parts: list[str]) -> int:
+        self.offloaded |= set(parts)
+        return 0
+
+    def onload(self, parts: list[str]) -> int:
+        self.offloaded -= set(parts)
+        return 0
+
+
+def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None, run_id: str = "test",
+              answer_len: int | None = None):
+    """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
+    and a ``TrainerHost`` around ``FakeTrainerCore``. Returns (coordinator, backends, trainer core)."""
+    import time
+
+    from shunter.engine.coordinator import Coordinator
+    from shunter.engine.local import LocalExecutor
+    from shunter.engine.rollout import RolloutCore
+    from shunter.engine.tasks import load_task
+    from shunter.engine.trainer_host import TrainerHost
+    from shunter.events import PromptSpec, ReplicaUp, Stamper
+    from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
+    from shunter.policies import make_policy
+
+    task = load_task(cfg.task.name)
+    kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
+    backends, cores, ups = {}, {}, []
+    for rank, kind in enumerate(kinds):
+        rid = f"{kind}-{rank}"
+        mode = ROLLOUT if kind == STANDALONE else TRAINER
+        backends[rid] = FakeBackend(token_s=token_s, answer_len=answer_len)
+        if mode == TRAINER:
+            backends[rid].sleeping = True
+        cores[rid] = RolloutCore(rid, backends[rid], CharTokenizer(), task.reward, Stamper(run_id, rid), mode=mode)
+        ups.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, wall_time=time.time()))
+    trainer = FakeTrainerCore(step_s=step_s)
+    executor = LocalExecutor(run_id, TrainerHost(trainer, Stamper(run_id, "trainer"), threaded=False), cores,
+                             max_tokens=cfg.rollout.max_tokens)
+    prompts = (PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed)))
+    val = [PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
+           for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))]
+    coord = Coordinator(cfg, policy or make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts,
+                        run_id=run_id, validation_prompts=val)
+    coord.post_many(ups)
+    return coord, backends, trainer

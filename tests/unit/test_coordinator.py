@@ -1,0 +1,122 @@
+"""The real coordinator, policies, buffer and rollout core over in-process fakes of vLLM
+and the torch trainer (see tests/fakes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fakes import local_run
+
+from shunter.engine.config import from_dict
+from shunter.events import GroupDropped, ModeChanged, SampleAborted, SampleResumed, StepEnd, WeightsLoaded
+
+
+def cfg(**over):
+    base = {
+        "run": {"total_steps": 6, "policy": "separate"},
+        "rollout": {"standalone_replicas": 2, "n_samples_per_prompt": 4, "max_tokens": 12, "max_staleness": 1,
+                    "max_in_flight_per_replica": 16},
+        "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
+        "validation": {"every": 2, "prompts": 8},
+    }
+    for k, v in over.items():
+        base[k] = {**base.get(k, {}), **v}
+    return from_dict(base)
+
+
+async def run(coord, timeout=20):
+    seen = []
+    coord.sinks.append(seen.append)
+    async with asyncio.timeout(timeout):
+        ended = await coord.run()
+    return ended, seen
+
+
+async def test_separate_run_completes_and_accounts_every_group():
+    coord, backends, trainer = local_run(cfg())
+    ended, seen = await run(coord)
+    assert ended.reason == "completed", ended
+    assert trainer.step == 6 and trainer.version == 3
+    c = coord.buffer.counters()
+    assert c["dispatched"] == c["trained"] + c["dropped"] + c["in_flight"] + c["ready"]
+    assert c["trained"] == 6 * 2  # 2 groups per mini-batch
+    steps = [e for e in seen if isinstance(e, StepEnd)]
+    assert [e.step for e in steps] == list(range(1, 7))
+    assert max(e.metrics["batch/staleness_max"] for e in steps) <= 1
+    assert ended.summary["validate/exact_last"] == 1.0  # the fake answers correctly
+    loaded = {(e.replica_id, e.version) for e in seen if isinstance(e, WeightsLoaded)}
+    assert {("standalone-0", 3), ("standalone-1", 3)} <= loaded
+
+
+async def test_weight_update_cuts_and_resumes_samples_with_two_versions():
+    coord, _, trainer = local_run(cfg(run={"total_steps": 8}), token_s=0.003)
+    ended, seen = await run(coord)
+    assert ended.reason == "completed"
+    cut = [e for e in seen if isinstance(e, SampleAborted) and e.reason == "weights_update"]
+    resumed = [e for e in seen if isinstance(e, SampleResumed)]
+    assert cut and resumed
+    multi = [s for batch in trainer.seen for s in batch if len(set(s.versions)) > 1]
+    assert multi, "some trained sample must carry tokens of two versions"
+    for s in multi:
+        assert len(s.token_ids) <= s.max_tokens
+        assert s.versions == sorted(s.versions)
+
+
+@pytest.mark.parametrize("on_stale", ["wait", "drop"])
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+async def test_staleness_bound_holds(on_stale, max_staleness):
+    coord, _, trainer = local_run(cfg(rollout={"max_staleness": max_staleness, "on_stale": on_stale}))
+    ended, seen = await run(coord)
+    assert ended.reason == "completed"
+    for batch in trainer.seen:
+        pass
+    stal = [e.metrics["batch/staleness_max"] for e in seen if isinstance(e, StepEnd)]
+    assert max(stal) <= max_staleness
+    if on_stale == "wait":
+        assert not [e for e in seen if isinstance(e, GroupDropped) and e.reason == "stale"]
+
+
+async def test_lend_when_idle_lends_and_reclaims_hybrids():
+    c = cfg(run={"policy": "lend_when_idle", "total_steps": 8,
+                 "policy_options": {"switch_cost_prior_s": 0.0}},
+            rollout={"standalone_replicas": 1, "hybrid_replicas": 1})
+    coord, backends, trainer = local_run(c, token_s=0.002)
+    ended, seen = await run(coord)
+    assert ended.reason == "completed", ended
+    modes = [(e.replica_id, e.mode) for e in seen if isinstance(e, ModeChanged)]
+    assert ("hybrid-1", "rollout") in modes and ("hybrid-1", "trainer") in modes
+    # every sample cut by a reclaim was resumed, none lost
+    c = coord.buffer.counters()
+    assert c["dispatched"] == c["trained"] + c["dropped"]
+    assert c["trained"] == 16
+
+
+async def test_colocated_never_overlaps_training_and_rollout():
+    c = cfg(run={"policy": "colocated", "total_steps": 4},
+            rollout={"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0})
+    coord, backends, trainer = local_run(c)
+    ended, seen = await run(coord)
+    assert ended.reason == "completed", ended
+    stal = [e.metrics["batch/staleness_max"] for e in seen if isinstance(e, StepEnd)]
+    assert stal == [0.0] * 4
+
+
+async def test_policy_that_raises_becomes_an_event_and_the_loop_survives():
+    from shunter.events import PolicyFailed
+    from shunter.policies import SeparatePolicy
+
+    class Flaky(SeparatePolicy):
+        n = 0
+
+        def decide(self, event, view):
+            Flaky.n += 1
+            if Flaky.n % 7 == 0:
+                raise RuntimeError("boom")
+            return super().decide(event, view)
+
+    coord, _, _ = local_run(cfg(), policy=Flaky())
+    ended, seen = await run(coord)
+    fails = [e for e in seen if isinstance(e, PolicyFailed)]
+    assert fails and "boom" in fails[0].error
+    assert ended.reason in ("completed", "error")

@@ -26,6 +26,7 @@ from shunter.engine.config import EngineConfig, load_config
 from shunter.events import (
     Codec,
     Command,
+    ComponentReady,
     Event,
     ReplicaUp,
     RunEnded,
@@ -106,6 +107,9 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - surface the actor's own error
                 cause = getattr(e, "cause", None) or e
                 raise EngineSetupError(f"{comp} failed to start: {type(cause).__name__}: {cause}") from e
+        now = time.time()
+        opening += [ComponentReady(component=comp, setup_s=t, run_id=self.run_id, source="engine", wall_time=now)
+                    for comp, t in times.items()]
         for rid, (_, kind, rank) in replicas.items():
             opening.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank,
                                      mode=ROLLOUT if kind == STANDALONE else TRAINER, setup_s=times[rid],
@@ -113,7 +117,7 @@ class Engine:
         self.coordinator = coordinator.remote_class().options(
             name=f"shunter.{self.run_id}.coordinator", namespace=NAMESPACE).remote(
             msgspec.msgpack.encode(cfg), self.run_id, tr, {rid: h for rid, (h, _, _) in replicas.items()},
-            str(self.out_dir))
+            str(self.out_dir), self.registry)
         self._actors.append(self.coordinator)
         await self.coordinator.start.remote(self._codec.encode_batch(opening))
 

@@ -12,22 +12,27 @@ from tqdm import tqdm
 
 from shunter.api import Engine
 from shunter.engine.config import EngineConfig
-from shunter.events import PolicyFailed, RunEnded, StepEnd, ValidateEnd
+from shunter.events import PolicyFailed, RunEnded, SampleEnd, StepEnd, ValidateEnd
 from shunter.events.lifecycle import CommandFailed, EventRejected
 
 
 async def run_with_progress(cfg: EngineConfig) -> RunEnded:
     bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
     val = ""
+    tokens, t0 = 0, None
     async with Engine(cfg) as engine:
         print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
         async for ev in engine.events():
-            if isinstance(ev, StepEnd):
+            if isinstance(ev, SampleEnd):
+                tokens += len(ev.sample.token_ids)
+                t0 = t0 or ev.wall_time
+            elif isinstance(ev, StepEnd):
                 m = ev.metrics
+                rate = tokens / (ev.wall_time - t0) if t0 and ev.wall_time > t0 else 0.0
                 bar.update(ev.step - bar.n)
                 bar.set_postfix_str(
                     f"reward {m.get('batch/reward_mean', 0):.3f} | stale {m.get('batch/staleness_mean', 0):.2f}"
-                    f" | {m.get('rollout/tokens_per_s', 0) or 0:.0f} tok/s{val}", refresh=False)
+                    f" | {rate:.0f} tok/s{val}", refresh=False)
             elif isinstance(ev, ValidateEnd):
                 val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
             elif isinstance(ev, PolicyFailed | CommandFailed | EventRejected):

@@ -21,6 +21,8 @@ from shunter.engine.records import EventLog, Feed, LogSink, MetricsSink, make_lo
 from shunter.engine.tasks import load_task
 from shunter.events import (
     Command,
+    CommandFailed,
+    ReplicaDown,
     Event,
     EventRejected,
     Message,
@@ -58,7 +60,7 @@ class Waiters:
 
 
 class CoordinatorActor:
-    def __init__(self, cfg: bytes, run_id: str, trainer, replicas: dict, out_dir: str) -> None:
+    def __init__(self, cfg: bytes, run_id: str, trainer, replicas: dict, out_dir: str, registry=None) -> None:
         self.cfg = msgspec.msgpack.decode(cfg, type=config_mod.EngineConfig)
         self.run_id = run_id
         self.out = Path(out_dir)
@@ -77,9 +79,23 @@ class CoordinatorActor:
         self.core = Coordinator(
             self.cfg, make_policy(self.cfg.run.policy, self.cfg.run.policy_options), self.executor, prompts,
             run_id=run_id, validation_prompts=val,
-            sinks=[self.log, LogSink(make_logger(self.out / "run.log")), self.metrics, self.feed, self.waiters],
+            sinks=[self.log, LogSink(make_logger(self.out / "run.log")), self.metrics, self.feed, self.waiters,
+                   self._release_dead],
         )
+        self.registry = registry
         self._task: asyncio.Task | None = None
+
+    def _release_dead(self, msg: Message) -> None:
+        """A replica that is down gives its rank back to the registry (RankReleased)."""
+        if isinstance(msg, ReplicaDown) and self.registry is not None:
+            asyncio.get_running_loop().create_task(self._release(msg.replica_id, msg.reason))
+
+    async def _release(self, replica_id: str, reason: str) -> None:
+        try:
+            self.ingest(await self.registry.release.remote(replica_id, reason), "registry")
+        except Exception as e:  # noqa: BLE001 - report, never crash the loop
+            self.core.post(self.core.stamp(CommandFailed(command_kind="registry.release", target="registry",
+                                                         error=f"{type(e).__name__}: {e}")))
 
     async def start(self, initial: bytes) -> None:
         """Post the replicas' opening events (ReplicaUp, RankAssigned ...) and start the loop."""
@@ -156,8 +172,6 @@ class CoordinatorActor:
 
 
 def _failed(m: Message, target: str) -> bool:
-    from shunter.events import CommandFailed
-
     return isinstance(m, CommandFailed) and m.target == target
 
 

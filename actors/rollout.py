@@ -1,13 +1,16 @@
 """``RolloutWorker``: a Ray actor hosting one vLLM engine for one replica.
 
 Invariant: generation and control run in separate Ray concurrency groups, so a flood of
-``generate`` calls can never starve a switch, a weight load or an abort. All logic is in
+``generate`` calls can never starve a switch, a weight load or an abort. Ray gives each
+group its own event loop thread, but vLLM's ``AsyncLLM`` belongs to the loop it was built
+on, so every group hands its coroutine to that one engine loop (built in ``setup``). All logic is in
 ``shunter.engine.rollout.RolloutCore``; this shell only decodes commands, picks the core
 method and encodes the events it returns.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -28,6 +31,7 @@ class RolloutWorker:
         self.engine_args = dict(engine_args or {})
         self.cpu_bind = cpu_bind
         self.core = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def setup(self) -> float:
         """Start vLLM and load the tokenizer and reward; returns seconds taken."""
@@ -46,6 +50,7 @@ class RolloutWorker:
         backend = VLLMBackend(EngineSpec(model_dir=self.model_dir, seed=self.seed, max_model_len=self.max_model_len,
                                          extra=self.engine_args))
         await backend.start()
+        self._loop = asyncio.get_running_loop()
         self.core = RolloutCore(self.replica_id, backend, _Tok(tok), reward, Stamper(self.run_id, self.replica_id),
                                 mode=self.mode, reward_name=self.reward_spec or f"{self.task}.reward", seed=self.seed)
         return time.perf_counter() - t0
@@ -55,17 +60,23 @@ class RolloutWorker:
         cmd = decode_command(data)
         if not isinstance(cmd, Generate):
             raise TypeError(f"generate() takes rollout.generate, got {type(cmd).__name__}")
-        return encode_events(await self.core.generate(cmd))
+        return encode_events(await self._on_engine_loop(self.core.generate(cmd)))
 
     @ray.method(concurrency_group="control")
     async def control(self, data: bytes, payload: bytes | None = None) -> bytes:
-        return encode_events(await self.core.handle(decode_command(data), payload, max_tokens=self.max_tokens))
+        cmd = decode_command(data)
+        return encode_events(await self._on_engine_loop(self.core.handle(cmd, payload, max_tokens=self.max_tokens)))
+
+    async def _on_engine_loop(self, coro):
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     @ray.method(concurrency_group="control")
     async def shutdown(self) -> None:
         if self.core is not None:
-            await self.core.shutdown()
-            await self.core.backend.shutdown()
+            await self._on_engine_loop(self.core.shutdown())
+            await self._on_engine_loop(self.core.backend.shutdown())
 
 
 class _Tok:

@@ -169,8 +169,8 @@ def check(cfg: EngineConfig) -> None:
         )
     from shunter.policies import policy_class  # policies know what replicas they need
 
-    cls = policy_class(cfg.run.policy)
     try:
+        cls = policy_class(cfg.run.policy)
         cls.check_setup(standalone=r.standalone_replicas, hybrid=r.hybrid_replicas)
     except ValueError as e:
         raise ConfigError(f"run.policy = {cfg.run.policy!r}: {e}") from None

@@ -23,6 +23,23 @@ from shunter.events import Sample
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
+def state_dict_to_blob(state_dict: dict) -> bytes:
+    """An HF-named state dict as safetensors bytes. Tensors that share storage (tied
+    ``lm_head.weight`` / ``model.embed_tokens.weight``) are written once, under the first
+    name; the replica side restores the tie."""
+    from safetensors.torch import save
+
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple] = set()
+    for name, t in state_dict.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu").contiguous()
+    return save(out)
+
+
 class ModelDirError(ValueError):
     """The model directory is missing or does not hold a loadable HF model."""
 
@@ -131,10 +148,7 @@ class Trainer:
     # -- weights ---------------------------------------------------------------------------
     def publish(self) -> bytes:
         """Bump the version and return the weights as a safetensors blob (HF names)."""
-        from safetensors.torch import save
-
-        state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
-        blob = save(state)
+        blob = state_dict_to_blob(self.model.state_dict())
         self.version += 1
         return blob
 

@@ -7,6 +7,19 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can import fakes
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="shunter",
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,372 @@
+"""The only module of shunter that imports vLLM: a thin async generation backend.
+
+Invariants this module keeps (callers rely on them):
+
+1. No vLLM types cross this module's boundary.  Inputs and outputs are plain
+   Python values (``EngineSpec``, ``GenParams``, ``GenResult``, ``bytes``,
+   ``float``), so nothing else in shunter imports vLLM, and every vLLM version
+   difference is absorbed here (or in ``vllm_ext``, the worker-side half).
+2. Tokens are never lost to an abort: ``generate`` returns every token (and its
+   log-prob) that the engine delivered before the request was aborted, with
+   ``finish_reason="abort"``, instead of raising.  ``len(token_ids) ==
+   len(logprobs)`` always holds for a returned ``GenResult``.
+3. ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the
+   distribution the engine actually sampled it from (after temperature /
+   top-k / top-p; see ``_LOGPROBS_MODE``) with the weights live at that step.
+4. After ``load_weights`` returns, every forward pass -- including those of
+   requests already in flight -- runs with the new weights, and no KV block
+   computed with the old weights is reused by prefix caching.
+
+Importing this module is cheap: vLLM is imported lazily in ``start()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "EngineSpec",
+    "GenParams",
+    "GenResult",
+    "VLLMBackend",
+    "BackendStartError",
+    "state_dict_to_blob",
+]
+
+# Dotted path of the worker extension; derived from our own package so that it
+# follows the package if it is ever renamed (== "shunter.actors.vllm_ext...").
+_EXT_QUALNAME = f"{__package__ or 'shunter.actors'}.vllm_ext.WeightSyncExtension"
+_EXT_RPC = "shunter_load_safetensors"
+
+# Which log-probs vLLM reports for the sampled token.
+#   "raw_logprobs" (vLLM default): log_softmax of the model logits before
+#       temperature / top-k / top-p -- i.e. the temperature-1 policy.
+#   "processed_logprobs": log_softmax of the logits the sampler actually drew
+#       from (after temperature scaling and top-k/top-p masking).
+# We choose "processed_logprobs": an RL learner that importance-corrects
+# against the behaviour policy needs the probability of the distribution the
+# token was drawn from.  For temperature == 1 without top-k/top-p the two are
+# identical; for greedy (temperature 0) vLLM reports the unscaled log_softmax.
+# Caveat: with top-k/top-p the processed distribution is renormalised over the
+# kept set, so a learner that recomputes log-probs at temperature T without
+# the same truncation will disagree by that renormalisation.
+_LOGPROBS_MODE = "processed_logprobs"
+
+_FINISH_MAP = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+from shunter.engine.backend import GenParams, GenResult  # noqa: E402 - the shared protocol types
+
+__all__ = ["BackendStartError", "EngineSpec", "GenParams", "GenResult", "VLLMBackend"]
+
+
+class BackendStartError(RuntimeError):
+    """The engine could not be built; the message names the model dir."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model_dir: str
+    seed: int = 0
+    max_model_len: int = 256
+    max_num_seqs: int = 256
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.5  # ignored on CPU
+    enable_sleep_mode: bool = False  # GPU only (forced off on CPU)
+    extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
+
+
+class VLLMBackend:
+    """One vLLM ``AsyncLLM`` engine behind a small, version-neutral interface.
+
+    All methods must be called from the event loop that ran ``start()``.
+    """
+
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+        self._engine: Any = None
+        self._vllm: dict[str, Any] = {}  # lazily imported vLLM symbols
+        self._sleeping = False
+        self._inflight: set[str] = set()
+        self._abort_requested: set[str] = set()
+        self._on_cpu = False
+        self.timings: dict[str, float] = {}  # informational: start-up breakdown
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self) -> None:
+        if self._engine is not None:
+            return
+        model_dir = Path(self.spec.model_dir)
+        if not model_dir.is_dir():
+            raise BackendStartError(f"model dir {str(model_dir)!r} does not exist or is not a directory")
+        if not (model_dir / "config.json").is_file():
+            raise BackendStartError(f"model dir {str(model_dir)!r} has no config.json (not an HF model dir)")
+
+        # Harmless defaults: read only by vLLM's CPU platform (GiB of KV cache;
+        # without it vLLM CPU sizes the KV cache from free RAM). Never overrides
+        # a value the caller set.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+        t0 = time.perf_counter()
+        try:
+            from vllm import SamplingParams
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.sampling_params import RequestOutputKind
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except Exception as e:  # pragma: no cover - install problem
+            raise BackendStartError(f"cannot import vLLM for model dir {str(model_dir)!r}: {e}") from e
+        self._vllm = {"SamplingParams": SamplingParams, "RequestOutputKind": RequestOutputKind}
+        self._on_cpu = bool(getattr(current_platform, "is_cpu", lambda: False)())
+        t1 = time.perf_counter()
+
+        kwargs: dict[str, Any] = dict(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            seed=self.spec.seed,
+            max_model_len=self.spec.max_model_len,
+            max_num_seqs=self.spec.max_num_seqs,
+            enforce_eager=self.spec.enforce_eager,
+            gpu_memory_utilization=self.spec.gpu_memory_utilization,
+            enable_sleep_mode=self.spec.enable_sleep_mode and not self._on_cpu,
+            worker_extension_cls=_EXT_QUALNAME,
+            logprobs_mode=_LOGPROBS_MODE,  # exists since vLLM ~0.10.2
+            disable_log_stats=True,
+        )
+        kwargs.update(self.spec.extra)
+        try:
+            args = AsyncEngineArgs(**kwargs)
+            # Blocks this loop for the engine-core start-up (seconds); the
+            # client objects bind to the running loop, so build it here.
+            self._engine = AsyncLLM.from_engine_args(args)
+        except Exception as e:
+            raise BackendStartError(
+                f"vLLM engine failed to start for model dir {str(model_dir)!r}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        self._sleeping = False
+        self.timings["start_import_s"] = t1 - t0
+        self.timings["start_engine_s"] = time.perf_counter() - t1
+
+    def _require(self) -> Any:
+        if self._engine is None:
+            raise RuntimeError("VLLMBackend used before start() (or after shutdown())")
+        return self._engine
+
+    # --------------------------------------------------------------- generate
+
+    def _sampling_params(self, p: GenParams) -> Any:
+        SamplingParams = self._vllm["SamplingParams"]
+        RequestOutputKind = self._vllm["RequestOutputKind"]
+        if p.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {p.max_tokens}")
+        # "disabled" top-k: vLLM >= ~0.10 uses 0 (and maps -1 -> 0); older
+        # releases used -1 and rejected 0.  Both spellings mean disabled here.
+        top_k = p.top_k if p.top_k and p.top_k > 0 else 0
+        kw = dict(
+            n=1,
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=top_k,
+            seed=p.seed,
+            stop_token_ids=list(p.stop_token_ids),
+            ignore_eos=p.ignore_eos,
+            logprobs=0,  # sampled token only (vLLM always includes it)
+            detokenize=False,  # we deal in token ids only
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            return SamplingParams(**kw)
+        except ValueError:
+            if top_k == 0:  # pre-0.10 spelling of "disabled"
+                kw["top_k"] = -1
+                return SamplingParams(**kw)
+            raise
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenParams
+    ) -> GenResult:
+        """Generate one completion of ``prompt_token_ids``.
+
+        Returns normally on "stop", "length" and on ``abort()`` / ``sleep()``
+        (partial tokens, ``finish_reason="abort"``).  Cancelling the task that
+        awaits this is *not* an abort: vLLM then drops the request and the
+        ``CancelledError`` propagates (tokens are lost).  Request ids must be
+        unique among in-flight requests (a resubmission uses a new id).
+        """
+        engine = self._require()
+        if self._sleeping:
+            raise RuntimeError("generate() called while the engine is asleep; call wake_up() first")
+        if request_id in self._inflight:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        sp = self._sampling_params(params)
+        prompt = {"prompt_token_ids": [int(t) for t in prompt_token_ids]}  # TokensPrompt
+
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        finish: str | None = None
+        self._inflight.add(request_id)
+        try:
+            stream = engine.generate(prompt, sp, request_id)
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    for comp in out.outputs:  # n == 1: exactly one completion
+                        self._take(comp, tokens, logprobs)
+                        if comp.finish_reason is not None:
+                            finish = str(comp.finish_reason)
+                    if out.finished:
+                        break
+                    if request_id in self._abort_requested:
+                        # abort() raced ahead of vLLM registering the request;
+                        # repeat it now that vLLM knows the id.
+                        await engine.abort(request_id)
+        finally:
+            self._inflight.discard(request_id)
+            aborted_by_us = request_id in self._abort_requested
+            self._abort_requested.discard(request_id)
+
+        if finish is None:
+            # Stream ended without a finish reason: only happens on abort.
+            finish = "abort"
+        if aborted_by_us and finish not in ("stop", "length"):
+            finish = "abort"
+        if finish not in _FINISH_MAP:
+            raise RuntimeError(
+                f"request {request_id!r} finished with vLLM reason {finish!r} "
+                f"after {len(tokens)} tokens"
+            )
+        return GenResult(token_ids=tokens, logprobs=logprobs, finish_reason=_FINISH_MAP[finish])
+
+    @staticmethod
+    def _take(comp: Any, tokens: list[int], logprobs: list[float]) -> None:
+        new = list(comp.token_ids)
+        if not new:
+            return
+        lps = comp.logprobs
+        if lps is None or len(lps) != len(new):
+            raise RuntimeError(
+                f"vLLM returned {len(new)} tokens but "
+                f"{'no' if lps is None else len(lps)} log-prob positions"
+            )
+        # Each position is a {token_id: Logprob} mapping (a dict, or a view of
+        # vLLM's FlatLogprobs); the sampled token is always present.
+        for tok, pos in zip(new, lps):
+            entry = pos[tok]
+            lp = float(entry.logprob)
+            if math.isnan(lp):
+                raise RuntimeError(f"NaN log-prob for sampled token {tok}")
+            tokens.append(int(tok))
+            logprobs.append(lp)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Abort in-flight requests; their ``generate`` calls return partials.
+
+        Ids that are not in flight (unknown, or already finished) are ignored.
+        """
+        engine = self._require()
+        ids = [r for r in request_ids if r in self._inflight]
+        if not ids:
+            return
+        self._abort_requested.update(ids)
+        await engine.abort(ids)
+
+    # ---------------------------------------------------------------- weights
+
+    async def load_weights(self, blob: bytes) -> float:
+        """Install a safetensors-serialised HF state dict; returns seconds taken.
+
+        In-flight requests keep running and switch to the new weights at the
+        next engine step (their earlier tokens were produced by the old ones).
+        """
+        engine = self._require()
+        if not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise TypeError(f"load_weights expects bytes, got {type(blob).__name__}")
+        t0 = time.perf_counter()
+        results = await engine.collective_rpc(_EXT_RPC, args=(bytes(blob),))
+        await self._drop_stale_prefix_cache()
+        dt = time.perf_counter() - t0
+        log.debug("load_weights: %s in %.3fs", results, dt)
+        return dt
+
+    async def _drop_stale_prefix_cache(self) -> None:
+        engine = self._engine
+        # vLLM >= ~0.11: reset_prefix_cache(reset_running_requests=...) -> bool.
+        # A plain reset fails (returns False) while requests hold KV blocks;
+        # then preempt them so their KV is recomputed under the new weights --
+        # otherwise old-weight blocks would stay cached for future prompts.
+        try:
+            ok = await engine.reset_prefix_cache()
+        except Exception as e:  # pragma: no cover - engine without prefix caching
+            log.warning("reset_prefix_cache failed: %s", e)
+            return
+        if ok is False:
+            try:
+                await engine.reset_prefix_cache(reset_running_requests=True)
+            except TypeError:  # older vLLM: no such argument
+                log.warning("prefix cache not reset: requests in flight (old vLLM)")
+
+    # ------------------------------------------------------------ sleep/wake
+
+    async def sleep(self, level: int = 1) -> None:
+        """Release accelerator memory (level 1: offload weights, drop KV; level
+        2: drop both).  In-flight requests are aborted first and return
+        partial results.  On CPU vLLM's sleep is a no-op, but it is still
+        called so the code path is the same as on GPU.
+        """
+        engine = self._require()
+        if self._sleeping:
+            return
+        if self._inflight:
+            await self.abort(list(self._inflight))
+        # 0.32: sleep(level, mode="abort"); older: sleep(level). Positional
+        # level works for both.
+        await engine.sleep(level)
+        self._sleeping = True
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-acquire memory.  ``tags`` (GPU only, e.g. ``["weights"]`` then
+        ``["kv_cache"]``) allows loading weights before re-allocating the KV
+        cache; the backend counts as asleep until a wake-up without tags (or
+        one that covers everything) has happened.
+        """
+        engine = self._require()
+        if not self._sleeping:
+            return
+        if tags is None:
+            await engine.wake_up()
+            self._sleeping = False
+            return
+        fully_awake = await engine.wake_up(list(tags))
+        # 0.32 returns bool; older releases return None -> ask the engine.
+        if fully_awake is None:
+            with contextlib.suppress(Exception):
+                fully_awake = not await engine.is_sleeping()
+        self._sleeping = not bool(fully_awake)
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self._sleeping
+
+    # --------------------------------------------------------------- shutdown
+
+    async def shutdown(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        if self._inflight:
+            with contextlib.suppress(Exception):
+                await engine.abort(list(self._inflight))
+        engine.shutdown()
+        self._sleeping = False

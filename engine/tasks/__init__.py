@@ -1,0 +1,19 @@
+"""Verifiable tasks and reward loading.
+
+Invariant: everything here is importable without torch, Ray or vLLM; tasks and rewards
+are resolved only from names the user gives (built-in short names or "module:attr").
+"""
+
+from .base import BUILTIN_TASKS, RewardFn, Task, TaskPrompt, is_held_out, load_reward, load_task
+from .sort_digits import SortDigitsTask
+
+__all__ = [
+    "BUILTIN_TASKS",
+    "RewardFn",
+    "SortDigitsTask",
+    "Task",
+    "TaskPrompt",
+    "is_held_out",
+    "load_reward",
+    "load_task",
+]

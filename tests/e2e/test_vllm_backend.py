@@ -1,0 +1,20 @@
+"""The vLLM-facing module against HF transformers on the same weights (greedy tokens,
+log-probs, abort + resume, weight load, sleep/wake); the check runs in its own process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_vllm_backend_matches_hf_through_abort_resume_and_weight_load():
+    script = Path(__file__).with_name("vllm_backend_check.py")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=400)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

@@ -1,0 +1,77 @@
+"""One fixed instance of every message type; their encodings are committed under
+tests/golden/ and decoded in CI, so a change that breaks the wire format fails loudly.
+
+A new message type needs a case here; regenerate with
+``python tests/golden_cases.py --write`` (only for *new* tags — an existing golden file
+must never change: a breaking change gets a new tag).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from shunter import events as e
+
+ENV = {"run_id": "golden-run", "source": "golden", "seq": 7, "wall_time": 1795950000.25}
+SAMPLE = e.Sample(sample_id="3.1", group_id=3, prompt_id=42, prompt_token_ids=[30, 31, 40], token_ids=[29, 30, 0],
+                  logprobs=[-0.5, -0.25, -1.0], versions=[1, 1, 2], finish_reason="stop", max_tokens=8, reward=0.9,
+                  response_text="34")
+PROMPT = e.PromptSpec(prompt_id=42, text="43>", answer="34")
+SAMPLING = e.SamplingSpec(max_tokens=8, temperature=1.0)
+
+CASES: list[e.Message] = [
+    e.RunStarted(policy="separate", replicas=3, **ENV),
+    e.RunEnded(reason="completed", steps=10, summary={"wall_s": 12.5}, **ENV),
+    e.ComponentReady(component="trainer", setup_s=1.5, **ENV),
+    e.ComponentFailed(component="standalone-0", error="boom", **ENV),
+    e.EventRejected(origin="user", error="truncated", nbytes=3, **ENV),
+    e.PolicyFailed(policy="separate", on_kind="trainer.step_end", error="ValueError: x", **ENV),
+    e.CommandFailed(command_kind="rollout.generate", target="standalone-0", error="died", group_id=3, **ENV),
+    e.SampleBegin(sample_id="3.1", group_id=3, replica_id="standalone-0", version=1, **ENV),
+    e.SampleEnd(replica_id="standalone-0", sample=SAMPLE, **ENV),
+    e.SampleAborted(sample_id="3.1", group_id=3, replica_id="hybrid-1", reason="reclaimed", tokens=2, partial=SAMPLE, **ENV),
+    e.SampleResumed(sample_id="3.1", group_id=3, replica_id="standalone-0", prefix_len=2, remaining_tokens=6,
+                    version=2, **ENV),
+    e.GroupDropped(group_id=4, reason="stale", samples=8, **ENV),
+    e.BatchReady(batch_id=2, samples=16, groups=2, min_version=1, max_staleness=1, **ENV),
+    e.StepBegin(step=3, batch_id=2, samples=16, version=1, **ENV),
+    e.StepEnd(step=3, batch_id=2, duration_s=0.2, metrics={"trainer/loss": 0.1}, **ENV),
+    e.WeightsReady(version=2, handle="ray:2", transport="ray", nbytes=2_000_000, duration_s=0.01, **ENV),
+    e.WeightsLoaded(replica_id="standalone-0", version=2, duration_s=0.02, interrupted=5, **ENV),
+    e.ModeChanged(replica_id="hybrid-1", mode="rollout", previous="trainer", duration_s=0.3, detail={"wake_s": 0.1}, **ENV),
+    e.Offloaded(parts=["optimizer"], nbytes=1024, duration_s=0.01, **ENV),
+    e.Onloaded(parts=["optimizer"], nbytes=1024, duration_s=0.01, **ENV),
+    e.RankAssigned(replica_id="hybrid-1", replica_kind="hybrid", rank=1, actor_name="shunter.r.rollout.r1.g2", **ENV),
+    e.RankReleased(replica_id="hybrid-1", rank=1, reason="replica.down", **ENV),
+    e.ReplicaUp(replica_id="hybrid-1", replica_kind="hybrid", rank=1, mode="trainer", setup_s=3.0, **ENV),
+    e.ReplicaDown(replica_id="hybrid-1", reason="actor died", **ENV),
+    e.ValidateBegin(version=2, prompts=64, replica_ids=["standalone-0"], **ENV),
+    e.ValidateEnd(version=2, duration_s=0.5, metrics={"exact": 0.5}, **ENV),
+    e.SwitchToRollout(replica_ids=["hybrid-1"], version=2, handle="ray:2", **ENV),
+    e.SwitchToTrainer(replica_ids=["hybrid-1"], sleep_level=2, **ENV),
+    e.Offload(parts=["optimizer", "params"], **ENV),
+    e.Onload(parts=["optimizer"], **ENV),
+    e.TrainStep(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
+    e.PublishWeights(**ENV),
+    e.LoadWeights(version=2, replica_ids=["standalone-0"], handle="ray:2", **ENV),
+    e.Generate(group_id=3, prompt=PROMPT, n=8, sampling=SAMPLING, resume=[SAMPLE], **ENV),
+    e.Validate(replica_ids=["standalone-0"], prompts=[PROMPT], **ENV),
+    e.Stop(reason="user", **ENV),
+]
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def path_for(msg: e.Message) -> Path:
+    return GOLDEN / f"{e.tag_of(msg)}.msgpack"
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    codec = e.Codec()
+    for msg in CASES:
+        p = path_for(msg)
+        if p.exists():
+            continue  # never rewrite an existing golden file
+        p.write_bytes(codec.encode(msg))
+        print("wrote", p)

@@ -1,0 +1,127 @@
+"""SampleBuffer (accounting, gate, staleness) and Dispatcher (least in flight)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shunter.engine.buffer import SampleBuffer
+from shunter.engine.dispatcher import Dispatcher
+from shunter.events import PromptSpec, Sample
+
+
+def buf(**kw):
+    args = dict(group_size=2, groups_per_batch=2, batches_per_version=1, max_staleness=1, on_stale="wait")
+    args.update(kw)
+    return SampleBuffer(**args)
+
+
+def finish(b: SampleBuffer, gid: int, version: int):
+    done = False
+    for k in range(b.group_size):
+        done = b.add(Sample(sample_id=f"{gid}.{k}", group_id=gid, prompt_id=gid, prompt_token_ids=[1],
+                            token_ids=[2], logprobs=[-1.0], versions=[version], max_tokens=4))
+    return done
+
+
+def test_gate_admits_max_staleness_plus_one_versions_of_groups():
+    b = buf(max_staleness=1)  # 2 groups per version
+    opened = 0
+    while b.capacity(0) > 0:
+        b.open(PromptSpec(prompt_id=opened, text="1>"), 0)
+        opened += 1
+    assert opened == 4
+    assert b.capacity(1) == 2
+
+
+def test_wait_mode_trains_oldest_first_and_waits_for_stragglers():
+    b = buf()
+    for i in range(4):
+        b.open(PromptSpec(prompt_id=i, text="1>"), 0)
+    finish(b, 1, 0)
+    finish(b, 2, 0)
+    finish(b, 3, 0)
+    assert b.ready_batches() == 0  # group 0 is the straggler
+    finish(b, 0, 0)
+    assert b.ready_batches() == 2
+    batch, dropped = b.take(0)
+    assert batch.group_ids == [0, 1] and not dropped
+    b.check()
+
+
+def test_drop_mode_takes_finished_groups_and_drops_stale_ones():
+    b = buf(on_stale="drop", max_staleness=0)
+    for i in range(4):
+        b.open(PromptSpec(prompt_id=i, text="1>"), 0)
+    finish(b, 2, 0)
+    finish(b, 3, 0)
+    assert b.ready_batches() == 1
+    batch, dropped = b.take(1)  # trainer already at version 1: both are stale
+    assert batch is None and [g.group_id for g in dropped] == [2, 3]
+    assert b.counters()["dropped_stale"] == 2
+    b.check()
+
+
+def test_samples_of_dropped_groups_are_ignored_and_counted_once():
+    b = buf()
+    b.open(PromptSpec(prompt_id=0, text="1>"), 0)
+    b.drop(0, "failed")
+    assert finish(b, 0, 0) is False
+    assert b.counters()["dropped"] == 1
+    b.check()
+
+
+def test_budget_overrun_is_rejected():
+    b = buf()
+    b.open(PromptSpec(prompt_id=0, text="1>"), 0)
+    with pytest.raises(ValueError, match="overrun its budget"):
+        b.add(Sample(sample_id="0.0", group_id=0, prompt_id=0, prompt_token_ids=[1], token_ids=[2, 3],
+                     logprobs=[0.0, 0.0], versions=[0, 0], max_tokens=1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["open", "finish", "take", "publish", "drop"]), st.integers(0, 30)),
+                max_size=80), st.sampled_from(["wait", "drop"]), st.integers(0, 3))
+def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
+    """Versions advance only as the gate allows; whatever the order, every group is
+    accounted for and no trained group exceeds the bound."""
+    b = buf(on_stale=mode, max_staleness=eta)
+    version = 0
+    for op, x in ops:
+        if op == "open" and b.capacity(version) > 0:
+            b.open(PromptSpec(prompt_id=b.dispatched, text="1>"), version)
+        elif op == "finish":
+            live = [g for g in list(b._groups) if g not in b._ready]
+            if live:
+                finish(b, live[x % len(live)], b.group(live[x % len(live)]).dispatch_version)
+        elif op == "take":
+            batch, _ = b.take(version)
+            if batch is not None:
+                assert batch.max_staleness <= eta
+        elif op == "publish":
+            version += 1
+            b.prune(version)
+        elif op == "drop" and b._groups:
+            b.drop(list(b._groups)[x % len(b._groups)], "failed")
+        b.check()
+
+
+def test_dispatcher_picks_least_loaded_with_room():
+    d = Dispatcher()
+    d.add("a", rank=0, capacity=8)
+    d.add("b", rank=1, capacity=8)
+    assert d.pick(4) == "a"
+    d.started("a", 4)
+    assert d.pick(4) == "b"
+    d.started("b", 6)
+    assert d.pick(4) == "a"
+    d.started("a", 4)
+    assert d.pick(4) is None
+    d.remove("a")
+    assert "a" not in d and d.in_flight("a") == 8  # count kept until samples come back
+    d.finished("a", 8)
+    assert d.in_flight("a") == 0
+    d.finished("a", 5)
+    assert d.in_flight("a") == 0  # never negative
+    assert d.active() == ["b"]

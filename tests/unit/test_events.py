@@ -1,0 +1,117 @@
+"""events/: tags, codec round trips, golden encodings, bad bytes, the event log, lightness."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import msgspec
+import pytest
+from golden_cases import CASES, path_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shunter import events as e
+
+
+def test_every_message_type_has_a_golden_case():
+    assert {e.tag_of(m) for m in CASES} == set(e.BY_TAG)
+
+
+@pytest.mark.parametrize("msg", CASES, ids=e.tag_of)
+def test_golden_encoding_decodes_to_the_case_and_is_stable(msg):
+    codec = e.Codec()
+    golden = path_for(msg).read_bytes()
+    assert codec.decode(golden) == msg
+    assert codec.encode(msg) == golden
+
+
+def test_tags_are_explicit_dotted_names_not_class_names():
+    for tag, cls in e.BY_TAG.items():
+        assert "." in tag and tag != cls.__name__
+        assert tag.split(".")[0].isidentifier()
+
+
+def test_messages_are_frozen():
+    m = CASES[0]
+    with pytest.raises(AttributeError):
+        m.run_id = "other"
+
+
+def test_batch_round_trip_and_kinds():
+    codec = e.Codec()
+    assert codec.decode_batch(codec.encode_batch(CASES)) == CASES
+    assert all(isinstance(m, e.Event) for m in CASES if m.role == "event")
+    assert {type(m) for m in CASES if isinstance(m, e.Command)} == set(e.COMMAND_TYPES)
+
+
+def test_unknown_tag_and_wrong_types_raise_validation_errors():
+    codec = e.Codec()
+    bad = msgspec.msgpack.encode({"kind": "rollout.no_such_event"})
+    with pytest.raises(msgspec.ValidationError, match="Invalid value 'rollout.no_such_event'"):
+        codec.decode(bad)
+    wrong = msgspec.msgpack.encode({"kind": "trainer.step_end", "step": "three", "batch_id": 0, "duration_s": 1.0})
+    with pytest.raises(msgspec.ValidationError, match=r"\$.step"):
+        codec.decode(wrong)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_decode_into_anything_but_an_error_or_a_message(data):
+    codec = e.Codec()
+    try:
+        msg = codec.decode(data)
+    except msgspec.MsgspecError:
+        return
+    assert isinstance(msg, e.Message)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(CASES), st.data())
+def test_truncated_golden_bytes_raise(msg, data):
+    golden = path_for(msg).read_bytes()
+    cut = data.draw(st.integers(0, len(golden) - 1))
+    with pytest.raises(msgspec.MsgspecError):
+        e.Codec().decode(golden[:cut])
+
+
+def test_event_log_reads_back_and_reports_a_torn_tail(tmp_path):
+    codec = e.Codec()
+    path = tmp_path / "events.bin"
+    path.write_bytes(b"".join(codec.frame(m) for m in CASES))
+    assert list(e.read_log(path)) == CASES
+    with open(path, "ab") as f:
+        f.write(codec.frame(CASES[0])[:-3])
+    assert list(e.read_log(path)) == CASES
+    with pytest.raises(e.TornLog):
+        list(e.read_log(path, strict=True))
+
+
+def test_stamper_sets_monotonic_envelope():
+    stamp = e.Stamper("run-1", "trainer")
+    a = stamp(e.PublishWeights())
+    b = stamp(e.PublishWeights())
+    assert (a.run_id, a.source, a.seq, b.seq) == ("run-1", "trainer", 1, 2)
+    assert b.wall_time >= a.wall_time > 0
+
+
+def test_events_and_policies_import_no_torch_vllm_or_ray():
+    code = (
+        "import sys, shunter.events, shunter.policies; "
+        "bad = [m for m in ('torch', 'vllm', 'ray', 'transformers') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_package_installs_under_shunter_only(tmp_path):
+    """Outside the checkout, only ``shunter.*`` is importable — no top-level ``events``."""
+    code = (
+        "import importlib.util as u, sys; "
+        "assert u.find_spec('shunter.events') is not None; "
+        "bad = [n for n in ('events', 'engine', 'policies', 'actors', 'bench') if u.find_spec(n)]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,93 @@
+"""RL math on hand-computed cases, and one real trainer step on the tiny model (no Ray)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from shunter.engine import rl
+
+
+def test_group_advantages_normalise_within_each_group():
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 4.0])
+    adv = rl.group_advantages(r, [7, 7, 3, 3, 9, 9])
+    # group 7: mean .5, std (unbiased) .7071 -> +-0.7071; group 3: all equal -> 0
+    assert torch.allclose(adv[:2], torch.tensor([0.70710, -0.70710]), atol=1e-4)
+    assert torch.equal(adv[2:4], torch.zeros(2))
+    assert torch.allclose(adv[4:], torch.tensor([-0.70710, 0.70710]), atol=1e-4)
+    unscaled = rl.group_advantages(r, [7, 7, 3, 3, 9, 9], scale=False)
+    assert torch.allclose(unscaled, torch.tensor([0.5, -0.5, 0, 0, -1.0, 1.0]))
+
+
+def test_ppo_clip_loss_hand_computed():
+    # two tokens; ratios e^0.5 = 1.6487 (clipped to 1.2 for A>0) and e^-0.5 = .6065 (A<0: clip to .8)
+    logp = torch.tensor([[0.0, 0.0, 0.0]])
+    old = torch.tensor([[-0.5, 0.5, 0.0]])
+    adv = torch.tensor([[1.0, -1.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # third position is padding
+    loss, stats = rl.ppo_clip_loss(logp, old, adv, mask, clip=0.2)
+    # token 1: min(1.6487*1, 1.2*1) = 1.2 ; token 2: min(.6065*-1, .8*-1) = -.8 ; mean = .2 ; loss = -.2
+    assert math.isclose(float(loss), -0.2, abs_tol=1e-5)
+    assert stats["pg_clipfrac"] == 1.0
+    assert math.isclose(stats["mismatch_kl"], 0.0, abs_tol=1e-6)
+
+
+def test_unclipped_ratio_of_one_gives_minus_mean_advantage_and_gradient():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    loss, stats = rl.ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([[2.0, -1.0]]), torch.ones(1, 2), clip=0.2)
+    assert math.isclose(float(loss), -0.5)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, 0.5]]))  # -A / n_tokens
+    assert stats["ratio_mean"] == 1.0
+
+
+def test_kl_k3_is_zero_at_equality_and_positive_otherwise():
+    a = torch.tensor([-1.0, -2.0])
+    assert torch.equal(rl.kl_k3(a, a), torch.zeros(2))
+    assert (rl.kl_k3(a, a + 0.3) > 0).all()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from shunter.engine.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", sft_steps=0))
+
+
+def test_trainer_step_changes_weights_and_publish_round_trips(model_dir):
+    from safetensors.torch import load
+
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer
+    from shunter.events import Sample
+
+    tr = Trainer(TrainerConfig(ppo_mini_batch_size=4, parameter_sync_step=1, train_batch_size=4, lr=1e-2,
+                               kl_coef=0.1), model_dir)
+    tr.setup()
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    samples = [Sample(sample_id=f"0.{i}", group_id=0, prompt_id=0, prompt_token_ids=[29, 31, 30, 40],
+                      token_ids=[29, 30, 0][: 1 + i % 3], logprobs=[-3.7] * (1 + i % 3), versions=[0] * (1 + i % 3),
+                      max_tokens=4, reward=float(i)) for i in range(4)]
+    m = tr.train_step(samples)
+    assert tr.step == 1 and m["batch/reward_mean"] == 1.5 and m["batch/staleness_max"] == 0.0
+    assert "trainer/kl" in m and math.isfinite(m["trainer/loss"])
+    changed = [k for k, v in tr.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed
+    blob = tr.publish()
+    assert tr.version == 1
+    loaded = load(blob)
+    assert torch.equal(loaded["model.embed_tokens.weight"], tr.model.state_dict()["model.embed_tokens.weight"])
+
+
+def test_missing_model_dir_names_the_folder(tmp_path):
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import ModelDirError, Trainer
+
+    with pytest.raises(ModelDirError, match="no config.json"):
+        Trainer(TrainerConfig(), str(tmp_path / "nope")).setup()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(ModelDirError, match="does not load"):
+        Trainer(TrainerConfig(), str(tmp_path / "broken")).setup()

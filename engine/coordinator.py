@@ -72,6 +72,7 @@ from shunter.events.view import DOWN, ROLLOUT, SWITCHING, TRAINER
 from shunter.policies import Policy
 
 Sink = Callable[[Message], None]
+REPLICA_STATE_COMMANDS = frozenset(tag_of(c) for c in (LoadWeights, SwitchToRollout, SwitchToTrainer))
 
 
 class Coordinator:
@@ -124,6 +125,8 @@ class Coordinator:
         self._finishing = False
         self._final_validate_sent = False
         self._failed_groups = 0
+        self._stop_reason = ""
+        self._on_replica: dict[int, dict[str, int]] = {}  # group -> replica -> samples generating
         self.ended: RunEnded | None = None
         self.started_at = time.time()
         self.tokens = 0
@@ -166,6 +169,7 @@ class Coordinator:
         if isinstance(msg, Command):
             self.execute(msg)
             self.pump()
+            self.finish_if_done(msg)
             return
         self.state.seq += 1
         self.state.now = max(self.state.now, msg.wall_time)
@@ -222,7 +226,7 @@ class Coordinator:
                 self.dispatcher.forget(ev.replica_id)
             case SampleEnd():
                 s = ev.sample
-                self.dispatcher.finished(ev.replica_id)
+                self._left(s.group_id, ev.replica_id)
                 if (r := st.replicas.get(ev.replica_id)) is not None:
                     r.rate.add(ev.wall_time)
                     r.samples_done += 1
@@ -231,10 +235,10 @@ class Coordinator:
                 if self.buffer.add(s):
                     self._announce_batches()
             case SampleAborted() if ev.reason == "failed":
-                self.dispatcher.finished(ev.replica_id)
+                self._left(ev.group_id, ev.replica_id)
             case SampleAborted():
                 if ev.partial is not None:
-                    self.dispatcher.finished(ev.replica_id)
+                    self._left(ev.group_id, ev.replica_id)
                     if self.buffer.group(ev.group_id) is not None:
                         self._resumes.append(ev.partial)
             case StepBegin():
@@ -287,8 +291,27 @@ class Coordinator:
                                  samples=self.cfg.trainer.ppo_mini_batch_size, groups=self.cfg.groups_per_mini_batch,
                                  min_version=-1, max_staleness=self.cfg.rollout.max_staleness))
 
+    def _started(self, group_id: int, rid: str, n: int) -> None:
+        per = self._on_replica.setdefault(group_id, {})
+        per[rid] = per.get(rid, 0) + n
+        self.dispatcher.started(rid, n)
+
+    def _left(self, group_id: int, rid: str, n: int = 1) -> None:
+        """``n`` samples of a group are no longer generating on ``rid``."""
+        per = self._on_replica.get(group_id, {})
+        n = min(n, per.get(rid, 0))
+        if n <= 0:
+            return
+        per[rid] -= n
+        if not per[rid]:
+            del per[rid]
+        if not per:
+            self._on_replica.pop(group_id, None)
+        self.dispatcher.finished(rid, n)
+
     def _on_failure(self, ev: CommandFailed) -> None:
         if ev.group_id >= 0:
+            self._left(ev.group_id, ev.target, 1 << 30)  # whatever of the call is still counted
             if (g := self.buffer.drop(ev.group_id, "failed")) is not None:
                 self.emit(GroupDropped(group_id=g.group_id, reason="failed", samples=len(g.samples)))
             self._failed_groups += 1
@@ -298,8 +321,9 @@ class Coordinator:
         if ev.target == TRAINER_TARGET:
             self.state.trainer.state = "failed"
             self._end("error", error=f"trainer failed on {ev.command_kind}: {ev.error}")
-        elif ev.target in self.state.replicas and self.state.replicas[ev.target].mode != DOWN:
-            self.emit(ReplicaDown(replica_id=ev.target, reason=f"{ev.command_kind}: {ev.error}"))
+        elif ev.command_kind in REPLICA_STATE_COMMANDS and (r := self.state.replicas.get(ev.target)) and r.mode != DOWN:
+            # its mode or weights are unknown now: stop using it (a dead actor is reported by the executor)
+            self.emit(ReplicaDown(replica_id=ev.target, reason=f"{ev.command_kind} failed: {ev.error}"))
 
     # -- commands --------------------------------------------------------------------------
     def execute(self, cmd: Command) -> None:
@@ -329,6 +353,7 @@ class Coordinator:
                 ex.send(TRAINER_TARGET, cmd)
             case Stop():
                 self._finishing = st.done = True
+                self._stop_reason = self._stop_reason or cmd.reason
             case _:
                 self.emit(CommandFailed(command_kind=tag_of(cmd), target="coordinator",
                                         error="this command is not accepted on the bus"))
@@ -386,7 +411,7 @@ class Coordinator:
             if rid is None:
                 break
             self._resumes.popleft()
-            d.started(rid, 1)
+            self._started(g.group_id, rid, 1)
             self.executor.send(rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p]))
         while True:
             rid = d.pick(n)
@@ -397,11 +422,11 @@ class Coordinator:
             except StopIteration:
                 return
             g = self.buffer.open(prompt, self.state.replicas[rid].version)
-            d.started(rid, n)
+            self._started(g.group_id, rid, n)
             self.executor.send(rid, Generate(group_id=g.group_id, prompt=prompt, n=n, sampling=self.sampling))
 
     # -- 5. finish -------------------------------------------------------------------------
-    def finish_if_done(self, ev: Event) -> None:
+    def finish_if_done(self, ev: Message) -> None:
         st = self.state
         if self.ended is not None:
             return
@@ -423,7 +448,7 @@ class Coordinator:
                 return
             if not (isinstance(ev, ValidateEnd) and ev.version >= st.trainer.version):
                 return
-        self._end("completed" if st.trainer_driver == "engine" or st.done else "stopped")
+        self._end("stopped" if self._stop_reason else "completed")
 
     def _issue(self, cmd: Command) -> None:
         cmd = self.stamp(cmd)

@@ -238,16 +238,29 @@ class RolloutCore:
         version = self.version
         params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
 
+        errors: list[str] = []
+
         async def one(p: PromptSpec) -> float:
             rid = f"{self.replica_id}-val-{next(self._req)}"
             res = await self.backend.generate(rid, self.tok.encode(p.text), params)
             text = self.tok.decode([t for t in res.token_ids if t != self.tok.eos_token_id])
-            return float(self.reward(p.text, text, p.answer))
+            try:
+                return float(self.reward(p.text, text, p.answer))
+            except Exception as e:  # noqa: BLE001 - counted and reported below
+                errors.append(f"{type(e).__name__}: {e}")
+                return 0.0
 
         rewards = await asyncio.gather(*(one(p) for p in cmd.prompts))
         n = max(1, len(rewards))
         metrics = {"reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
-        return [begin, self._stamp(ValidateEnd(version=version, duration_s=time.perf_counter() - t0, metrics=metrics))]
+        if errors:
+            metrics["reward_errors"] = float(len(errors))
+        out = [begin, self._stamp(ValidateEnd(version=version, duration_s=time.perf_counter() - t0, metrics=metrics))]
+        if errors:
+            out.append(self._stamp(CommandFailed(command_kind=tag_of(Validate), target=self.replica_id,
+                                                 error=f"reward function {self.reward_name} raised on {len(errors)} "
+                                                       f"held-out prompts (scored 0), first: {errors[0]}")))
+        return out
 
     async def shutdown(self) -> list[Event]:
         self._evicting = True

@@ -20,20 +20,20 @@ BUILTIN: dict[str, type[Policy]] = {
 
 
 def import_object(spec: str, what: str) -> Any:
-    """Import ``"package.module:attr"``; ValueError naming ``spec`` if anything is off."""
+    """Import ``"package.module:attr"``; ValueError naming ``spec`` and the reason."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"{what} {spec!r}: expected 'module:name'")
+        raise ValueError(f"{what} spec {spec!r} must look like 'package.module:name'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {e}") from None
-    try:
-        obj = module
-        for part in attr.split("."):
+        raise ValueError(f"{what} spec {spec!r}: cannot import module {module_name!r} ({e})") from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
             obj = getattr(obj, part)
-    except AttributeError:
-        raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+        except AttributeError:
+            raise ValueError(f"{what} spec {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
     return obj
 
 

@@ -121,7 +121,7 @@ class FakeTrainerCore:
 
 
 def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None, run_id: str = "test",
-              answer_len: int | None = None):
+              answer_len: int | None = None, reward=None):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
     and a ``TrainerHost`` around ``FakeTrainerCore``. Returns (coordinator, backends, trainer core)."""
     import time
@@ -144,7 +144,8 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
         backends[rid] = FakeBackend(token_s=token_s, answer_len=answer_len)
         if mode == TRAINER:
             backends[rid].sleeping = True
-        cores[rid] = RolloutCore(rid, backends[rid], CharTokenizer(), task.reward, Stamper(run_id, rid), mode=mode)
+        cores[rid] = RolloutCore(rid, backends[rid], CharTokenizer(), reward or task.reward, Stamper(run_id, rid),
+                                 mode=mode, reward_name=getattr(reward, "__name__", "task.reward"))
         ups.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, wall_time=time.time()))
     trainer = FakeTrainerCore(step_s=step_s)
     executor = LocalExecutor(run_id, TrainerHost(trainer, Stamper(run_id, "trainer"), threaded=False), cores,

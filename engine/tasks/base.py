@@ -14,12 +14,13 @@ gives (or a built-in short name); nothing is evaluated or unpickled.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from shunter.policies.registry import import_object
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -82,24 +83,6 @@ class Task(ABC):
                 seen.add(prompt.text)
                 out.append(prompt)
         return out
-
-
-def import_object(spec: str, what: str = "object") -> Any:
-    """Import ``"package.module:attr"``; ValueError naming the spec and the reason."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{what} spec {spec!r} must look like 'package.module:name'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{what} spec {spec!r}: cannot import module {module_name!r} ({exc})") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"{what} spec {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
-    return obj
 
 
 def load_task(name_or_import: str) -> Task:

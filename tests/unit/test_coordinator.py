@@ -120,3 +120,34 @@ async def test_policy_that_raises_becomes_an_event_and_the_loop_survives():
     fails = [e for e in seen if isinstance(e, PolicyFailed)]
     assert fails and "boom" in fails[0].error
     assert ended.reason in ("completed", "error")
+
+
+async def test_a_reward_that_raises_drops_its_group_with_the_cause_and_the_run_goes_on():
+    from shunter.events import CommandFailed
+
+    def picky_reward(prompt, response, answer):
+        if "7" in prompt:
+            raise ValueError("sevens are not supported")
+        return 1.0
+
+    coord, _, trainer = local_run(cfg(), reward=picky_reward)
+    ended, seen = await run(coord)
+    assert ended.reason == "completed"
+    failed = [e for e in seen if isinstance(e, CommandFailed)]
+    assert failed and "picky_reward raised ValueError: sevens are not supported" in failed[0].error
+    dropped = [e for e in seen if isinstance(e, GroupDropped) and e.reason == "failed"]
+    assert {e.group_id for e in dropped} == {e.group_id for e in failed if e.group_id >= 0}
+    assert any(e.command_kind == "validate.run" and "held-out prompts" in e.error for e in failed)
+    assert trainer.step == 6
+    c = coord.buffer.counters()
+    assert c["dispatched"] == c["trained"] + c["dropped"] + c["in_flight"] + c["ready"]
+    assert all(coord.dispatcher.in_flight(r) == 0 for r in coord.state.replicas)
+
+
+async def test_a_reward_that_always_raises_ends_the_run_with_an_error():
+    def broken(prompt, response, answer):
+        raise KeyError("answer")
+
+    coord, _, _ = local_run(cfg(), reward=broken)
+    ended, _ = await run(coord)
+    assert ended.reason == "error" and "broken raised KeyError" in ended.error

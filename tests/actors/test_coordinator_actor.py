@@ -1,0 +1,38 @@
+"""The coordinator's Ray boundary: bytes are decoded by type; bad bytes become an
+``EventRejected`` event and the loop goes on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from shunter.actors import coordinator
+from shunter.engine.config import from_dict
+from shunter.events import Codec, EventRejected, PublishWeights, RunStarted, Stop
+
+pytestmark = pytest.mark.actors
+
+
+async def test_bad_bytes_are_rejected_with_their_cause_and_the_loop_survives(ray_cluster, tmp_path):
+    cfg = from_dict({"run": {"output_dir": str(tmp_path)}, "validation": {"every": 0}})
+    codec = Codec()
+    # no replicas and a trainer handle that is never called: only the boundary is under test
+    actor = coordinator.remote_class().remote(msgspec.msgpack.encode(cfg), "bad-bytes", None, {}, str(tmp_path))
+    async with asyncio.timeout(60):
+        await actor.start.remote(codec.encode_batch([]))
+        assert await actor.ingest.remote(b"\x93\x01\x02", "fuzzer") == 0
+        assert await actor.ingest.remote(msgspec.msgpack.encode([{"kind": "no.such_event"}]), "fuzzer") == 0
+        assert await actor.submit.remote(codec.encode(PublishWeights())[:-1]) is False
+        assert await actor.submit.remote(codec.encode(RunStarted(policy="x", replicas=0))) is False  # an event
+        assert await actor.submit.remote(codec.encode(Stop(reason="test"))) is True
+        ended = codec.decode(await actor.wait_ended.remote())
+        items, _, missed = await actor.fetch.remote(0, 1000, 0.1)
+    msgs = [codec.decode(b) for b in items]
+    rejected = [m for m in msgs if isinstance(m, EventRejected)]
+    assert [r.origin for r in rejected] == ["fuzzer", "fuzzer", "user", "user"]
+    assert "no.such_event" in rejected[1].error and "truncated" in rejected[2].error.lower() or rejected[2].error
+    assert "got event RunStarted" in rejected[3].error
+    assert ended.reason in ("completed", "stopped") and missed == 0
+    ray_cluster.kill(actor)

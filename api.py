@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -95,7 +96,8 @@ class Engine:
             replicas[rid] = (h, kind, rank)
         tr = trainer.remote_class().options(
             name=f"shunter.{self.run_id}.trainer", namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus).remote(
-            self.run_id, msgspec.msgpack.encode(cfg.trainer), model_dir, seed=cfg.run.seed)
+            self.run_id, msgspec.msgpack.encode(cfg.trainer), model_dir, seed=cfg.run.seed,
+            temperature=cfg.rollout.temperature)
         self._actors.append(tr)
         setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
         times = {}
@@ -172,11 +174,16 @@ class Engine:
             self._owns_ray = False
 
     # -- observing and steering ---------------------------------------------------------
-    async def events(self, *, from_start: bool = True) -> AsyncIterator[Event]:
-        """Typed events of the run (commands on the bus are skipped), until ``RunEnded``."""
-        cursor = 0 if from_start else -1
+    async def events(self) -> AsyncIterator[Event]:
+        """Typed events of the run from its start (commands on the bus are skipped), until
+        ``RunEnded``. The feed keeps the last 200,000 messages; a reader that falls further
+        behind gets a warning with the number it missed."""
+        cursor = 0
         while True:
-            items, cursor, _missed = await self.coordinator.fetch.remote(max(cursor, 0), 4096, 1.0)
+            items, cursor, missed = await self.coordinator.fetch.remote(cursor, 4096, 1.0)
+            if missed:
+                warnings.warn(f"Engine.events(): fell behind, {missed} messages were dropped from the feed "
+                              "(the event log on disk has all of them)", stacklevel=2)
             for b in items:
                 msg = self._codec.decode(b)
                 if isinstance(msg, Event):

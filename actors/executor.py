@@ -103,6 +103,9 @@ class RayExecutor:
         assert self._post is not None
         self._post([self.stamp(e) for e in events])
 
+    def pending(self) -> int:
+        return len(self._tasks)
+
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()

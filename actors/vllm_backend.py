@@ -34,14 +34,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "EngineSpec",
-    "GenParams",
-    "GenResult",
-    "VLLMBackend",
-    "BackendStartError",
-    "state_dict_to_blob",
-]
 
 # Dotted path of the worker extension; derived from our own package so that it
 # follows the package if it is ever renamed (== "shunter.actors.vllm_ext...").

@@ -132,6 +132,17 @@ class SampleBuffer:
     def ready_batches(self) -> int:
         return len(self._candidates()) // self.groups_per_batch
 
+    def formable(self) -> list[list[Group]]:
+        """The mini-batches that could be taken now, in taking order (before staleness
+        checks at take time)."""
+        c = self._candidates()
+        g = self.groups_per_batch
+        return [[self._groups[i] for i in c[k : k + g]] for k in range(0, len(c) - g + 1, g)]
+
+    @property
+    def batches_taken(self) -> int:
+        return self._next_batch
+
     @property
     def ready_samples(self) -> int:
         return len(self._ready) * self.group_size

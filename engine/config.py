@@ -48,6 +48,7 @@ class RunConfig(_Section):
     ray_address: Annotated[str, _d("Ray cluster to join; empty: start a local one bound to 127.0.0.1, dashboard off.")] = ""
     num_cpus: Annotated[float, _d("CPUs of the local Ray cluster (0: all cores).", ge=0)] = 0
     timeout_s: Annotated[PosFloat, _d("Upper bound on any single wait (actor setup, weight load, RPC).")] = 300.0
+    stall_timeout_s: Annotated[PosFloat, _d("End the run with an error if nothing is in flight and no message arrives for this long (a policy that never acts again); engine-driven runs only.")] = 60.0
     progress: Annotated[bool, _d("Show a progress bar on the terminal.")] = True
 
 

@@ -153,8 +153,15 @@ class Coordinator:
         self.emit(RunStarted(policy=self.policy.name or type(self.policy).__name__,
                              replicas=len(self.state.replicas), trainer_driver=self.state.trainer_driver))
         self._drain_derived()
+        stall = self.cfg.run.stall_timeout_s
         while self.ended is None:
-            msg = await self._inbox.get()
+            try:
+                msg = await asyncio.wait_for(self._inbox.get(), stall)
+            except TimeoutError:
+                if self.state.trainer_driver == "engine" and self.executor.pending() == 0 and self._inbox.empty():
+                    self._end("error", error=f"stalled: nothing in flight and no message for {stall:.0f}s "
+                                             f"(run.stall_timeout_s); last view: {self.view()}")
+                continue
             self.handle(msg)
             self._drain_derived()
         return self.ended
@@ -284,12 +291,15 @@ class Coordinator:
         r.rate.start(t)
 
     def _announce_batches(self) -> None:
-        ready = self.buffer.ready_batches()
-        while self._announced_batches < ready:
+        """One ``BatchReady`` per mini-batch that became formable (ids in taking order)."""
+        version = self.state.trainer.version
+        for k, groups in enumerate(self.buffer.formable(), start=0):
+            if k < self._announced_batches:
+                continue
             self._announced_batches += 1
-            self.emit(BatchReady(batch_id=self.buffer._next_batch + self._announced_batches - 1,
-                                 samples=self.cfg.trainer.ppo_mini_batch_size, groups=self.cfg.groups_per_mini_batch,
-                                 min_version=-1, max_staleness=self.cfg.rollout.max_staleness))
+            min_v = min(g.min_version for g in groups)
+            self.emit(BatchReady(batch_id=self.buffer.batches_taken + k, samples=sum(len(g.samples) for g in groups),
+                                 groups=len(groups), min_version=min_v, max_staleness=version - min_v))
 
     def _started(self, group_id: int, rid: str, n: int) -> None:
         per = self._on_replica.setdefault(group_id, {})

@@ -25,4 +25,7 @@ class Executor(Protocol):
 
     def send(self, target: str, command: Command) -> None: ...
 
+    def pending(self) -> int:
+        """Commands sent whose outcome has not been posted yet."""
+
     async def close(self) -> None: ...

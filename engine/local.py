@@ -52,6 +52,9 @@ class LocalExecutor:
         assert self._post is not None
         self._post(events)
 
+    def pending(self) -> int:
+        return len(self._tasks)
+
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()

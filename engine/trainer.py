@@ -57,11 +57,15 @@ def load_causal_lm(model_dir: str, device: str):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, model_dir: str, *, seed: int = 0, pad_token_id: int = 0) -> None:
+    def __init__(self, cfg: TrainerConfig, model_dir: str, *, seed: int = 0, pad_token_id: int = 0,
+                 temperature: float = 1.0) -> None:
         self.cfg = cfg
         self.model_dir = model_dir
         self.seed = seed
         self.pad_token_id = pad_token_id
+        # the rollout samples from softmax(logits / T) and reports those log-probs; the
+        # trainer must score the same distribution or the PPO ratio is off by the temperature
+        self.temperature = temperature if temperature > 0 else 1.0
         self.version = 0
         self.step = 0
         self.device = "cpu"
@@ -98,7 +102,7 @@ class Trainer:
         return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask.to(dev), "old": old.to(dev)}
 
     def _logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1]
+        logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1] / self.temperature
         return rl.token_logprobs(logits, b["ids"][:, 1:])
 
     def train_step(self, samples: list[Sample], loss_fn: LossFn | None = None) -> dict[str, float]:

@@ -55,6 +55,10 @@ async def test_separate_run_learns_with_partial_rollout(ray_cluster, tiny_model,
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 0.05, f"reward did not rise: {first:.3f} -> {last:.3f}"
     assert max(e.metrics["batch/staleness_max"] for e in steps) <= cfg.rollout.max_staleness
+    # bypass mode: on the first step trainer and rollout hold the same weights, so vLLM's
+    # log-probs must be the trainer's own (ratio 1, no mismatch)
+    assert abs(steps[0].metrics["trainer/mismatch_kl"]) < 1e-3
+    assert abs(steps[0].metrics["trainer/ratio_mean"] - 1) < 1e-3
     # partial rollout: a sample cut by a weight update, resumed, trained with two versions
     cut = {e.sample_id for e in events if isinstance(e, SampleAborted) and e.reason == "weights_update"}
     resumed = {e.sample_id for e in events if isinstance(e, SampleResumed)}

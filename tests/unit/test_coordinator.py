@@ -151,3 +151,17 @@ async def test_a_reward_that_always_raises_ends_the_run_with_an_error():
     coord, _, _ = local_run(cfg(), reward=broken)
     ended, _ = await run(coord)
     assert ended.reason == "error" and "broken raised KeyError" in ended.error
+
+
+async def test_a_policy_that_stops_acting_ends_the_run_with_a_stall_error_not_a_hang():
+    from shunter.policies import Policy
+
+    class Idle(Policy):
+        name = "idle"
+
+        def decide(self, event, view):
+            return []  # never trains
+
+    coord, _, _ = local_run(cfg(run={"stall_timeout_s": 0.5}), policy=Idle())
+    ended, _ = await run(coord, timeout=10)
+    assert ended.reason == "error" and "stalled" in ended.error and "ready_batches" in ended.error

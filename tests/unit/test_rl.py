@@ -91,3 +91,20 @@ def test_missing_model_dir_names_the_folder(tmp_path):
     (tmp_path / "broken" / "config.json").write_text("{not json")
     with pytest.raises(ModelDirError, match="does not load"):
         Trainer(TrainerConfig(), str(tmp_path / "broken")).setup()
+
+
+def test_trainer_scores_the_tempered_distribution_the_rollout_sampled_from(model_dir):
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer
+    from shunter.events import Sample
+
+    tr = Trainer(TrainerConfig(), model_dir, temperature=0.5)
+    tr.setup()
+    s = Sample(sample_id="0.0", group_id=0, prompt_id=0, prompt_token_ids=[29, 31, 40], token_ids=[29, 31],
+               logprobs=[0.0, 0.0], versions=[0, 0], max_tokens=2)
+    b = tr.collate([s])
+    with torch.no_grad():
+        got = tr._logp(tr.model, b)[0, 2:4]
+        logits = tr.model(input_ids=b["ids"]).logits[0]
+        want = torch.log_softmax(logits / 0.5, -1)[[2, 3], [29, 31]]
+    assert torch.allclose(got, want, atol=1e-5)

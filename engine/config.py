@@ -96,7 +96,7 @@ class TrainerConfig(_Section):
 
 
 class ValidationConfig(_Section):
-    every: Annotated[NonNegInt, _d("Validate every this many published weight versions; 0 disables.")] = 0
+    every: Annotated[NonNegInt, _d("Validate at the start and every this many optimizer steps (on the first weights published at or after each multiple), and at the end; 0 disables.")] = 0
     prompts: Annotated[PosInt, _d("Held-out prompts, generated greedily.")] = 64
 
 

@@ -78,6 +78,7 @@ class RolloutCore:
         self._req = itertools.count()
         self._evicting = False
         self._pending_weights: tuple[int, bytes] | None = None
+        self._stable = asyncio.Lock()  # held by a validation: no weight swap under it
 
     async def handle(self, cmd, payload: bytes | None = None, *, max_tokens: int = 16) -> list[Event]:
         """Carry out one command addressed to this replica; returns the events it produced."""
@@ -192,6 +193,7 @@ class RolloutCore:
             self._pending_weights = (version, blob)
             return []
         t0 = time.perf_counter()
+        await self._stable.acquire()  # a validation in progress finishes on the weights it began with
         self._open.clear()
         try:
             cut = await self._cut("weights_update")
@@ -199,6 +201,7 @@ class RolloutCore:
             self.version = version
         finally:
             self._open.set()
+            self._stable.release()
         return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=version,
                                           duration_s=time.perf_counter() - t0, interrupted=cut))]
 
@@ -235,7 +238,6 @@ class RolloutCore:
     async def validate(self, cmd: Validate, max_tokens: int) -> list[Event]:
         t0 = time.perf_counter()
         begin = self._stamp(ValidateBegin(version=self.version, prompts=len(cmd.prompts), replica_ids=[self.replica_id]))
-        version = self.version
         params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
 
         errors: list[str] = []
@@ -250,7 +252,9 @@ class RolloutCore:
                 errors.append(f"{type(e).__name__}: {e}")
                 return 0.0
 
-        rewards = await asyncio.gather(*(one(p) for p in cmd.prompts))
+        async with self._stable:
+            version = self.version
+            rewards = await asyncio.gather(*(one(p) for p in cmd.prompts))
         n = max(1, len(rewards))
         metrics = {"reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
         if errors:

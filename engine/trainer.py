@@ -123,7 +123,7 @@ class Trainer:
             if ref_logp is not None:
                 kl = rl.masked_mean(rl.kl_k3(logp, ref_logp), b["mask"])
                 loss = loss + self.cfg.kl_coef * kl
-                stats["kl"] = float(kl)
+                stats["kl"] = float(kl.detach())
         else:
             loss, stats = loss_fn(logp, b["old"], adv_tok, b["mask"], ref_logp, self.cfg)
         self.opt.zero_grad(set_to_none=True)

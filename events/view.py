@@ -69,7 +69,7 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     n_samples_per_prompt: int = 1
     max_staleness: int = 0
     validate_every: int = 0
-    """Validate every this many published versions (0: never)."""
+    """Validate every this many optimizer steps (0: never)."""
     trainer_driver: str = "engine"
     replicas: tuple[ReplicaView, ...] = ()
     trainer: TrainerView = TrainerView()

@@ -85,21 +85,23 @@ def load_on_ready(event: Event, view: EngineView) -> list[Command]:
 
 class ValidationState(msgspec.Struct):
     validated: int = -1
+    """The last block of ``validate_every`` optimizer steps that was validated."""
 
 
 def validate_when_due(event: Event, view: EngineView, state: ValidationState) -> list[Command]:
-    """Validate at version 0 and every ``validate_every`` versions, once the rollout
-    replicas serve that version."""
+    """Validate the weights of version 0, then the first published version at or after
+    every ``validate_every`` optimizer steps, once the rollout replicas serve it."""
     every = view.validate_every
     if every <= 0 or view.done:
         return []
     version = view.trainer.version
-    if version % every or version <= state.validated:
+    block = version * view.parameter_sync_step // every
+    if block <= state.validated:
         return []
     if isinstance(event, RunStarted | WeightsLoaded | StepEnd):
         serving = [r for r in view.replicas if r.mode == ROLLOUT]
         if serving and all(r.version >= version for r in serving):
-            state.validated = version
+            state.validated = block
             return [Validate()]
     return []
 

@@ -9,7 +9,15 @@ import pytest
 from fakes import local_run
 
 from shunter.engine.config import from_dict
-from shunter.events import GroupDropped, ModeChanged, SampleAborted, SampleResumed, StepEnd, WeightsLoaded
+from shunter.events import (
+    GroupDropped,
+    ModeChanged,
+    SampleAborted,
+    SampleResumed,
+    StepEnd,
+    ValidateEnd,
+    WeightsLoaded,
+)
 
 
 def cfg(**over):
@@ -45,6 +53,8 @@ async def test_separate_run_completes_and_accounts_every_group():
     assert [e.step for e in steps] == list(range(1, 7))
     assert max(e.metrics["batch/staleness_max"] for e in steps) <= 1
     assert ended.summary["validate/exact_last"] == 1.0  # the fake answers correctly
+    validated = [e.version for e in seen if isinstance(e, ValidateEnd)]
+    assert sorted(set(validated)) == [0, 1, 2, 3]  # every 2 steps = every version here, and the end
     loaded = {(e.replica_id, e.version) for e in seen if isinstance(e, WeightsLoaded)}
     assert {("standalone-0", 3), ("standalone-1", 3)} <= loaded
 

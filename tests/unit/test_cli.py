@@ -1,0 +1,36 @@
+"""The command line: schema, event log printing, and bad configs that exit with a message."""
+
+from __future__ import annotations
+
+import json
+
+from golden_cases import CASES
+
+from shunter.cli import main
+from shunter.events import Codec
+
+
+def test_config_schema_prints_documented_json(capsys):
+    assert main(["config-schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert "RunConfig" in schema["$defs"]
+
+
+def test_events_prints_a_log_as_json_lines_and_filters_by_tag(tmp_path, capsys):
+    codec = Codec()
+    log = tmp_path / "events.bin"
+    log.write_bytes(b"".join(codec.frame(m) for m in CASES))
+    assert main(["events", str(log)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(CASES)
+    assert main(["events", str(log), "--kind", "trainer.step_end"]) == 0
+    only = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["kind"] for x in only] == ["trainer.step_end"]
+
+
+def test_run_with_a_bad_config_exits_2_naming_the_field(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[trainer]\ntrain_batch_size = 100\n")
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad config" in err and "trainer.train_batch_size (100)" in err

@@ -1,0 +1,106 @@
+"""Each built-in policy against a scripted trace of (event, view) pairs."""
+
+from __future__ import annotations
+
+import pytest
+from golden_cases import ENV
+from msgspec.structs import replace
+
+from shunter.events import (
+    BatchReady,
+    BufferView,
+    EngineView,
+    LoadWeights,
+    ModeChanged,
+    Offload,
+    Onload,
+    PublishWeights,
+    ReplicaView,
+    RunStarted,
+    StepEnd,
+    SwitchToRollout,
+    SwitchToTrainer,
+    TrainerView,
+    TrainStep,
+    WeightsReady,
+)
+from shunter.policies import ColocatedPolicy, LendWhenIdlePolicy, SeparatePolicy
+
+S0 = ReplicaView(replica_id="standalone-0", kind="standalone", rank=0, mode="rollout", samples_per_s=100.0)
+H1 = ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="trainer")
+
+
+def view(*replicas, trainer=None, buffer=None, **kw):
+    return EngineView(replicas=tuple(replicas), trainer=trainer or TrainerView(), buffer=buffer or BufferView(),
+                      ppo_mini_batch_size=128, parameter_sync_step=2, **kw)
+
+
+STEP = StepEnd(step=1, batch_id=0, duration_s=0.2, **ENV)
+READY = BatchReady(batch_id=0, samples=128, groups=16, min_version=0, max_staleness=0, **ENV)
+WEIGHTS = WeightsReady(version=1, handle="ray:1", transport="ray", nbytes=1, duration_s=0.0, **ENV)
+
+
+def test_separate_trains_publishes_and_loads():
+    p = SeparatePolicy()
+    assert p.decide(RunStarted(policy="separate", replicas=2, **ENV), view(S0, H1)) == []
+    assert p.decide(READY, view(S0, H1, buffer=BufferView(ready_batches=1))) == [TrainStep()]
+    busy = view(S0, H1, trainer=TrainerView(state="training"), buffer=BufferView(ready_batches=1))
+    assert p.decide(READY, busy) == []  # never twice while training
+    due = view(S0, H1, trainer=TrainerView(steps_since_publish=2), buffer=BufferView(ready_batches=1))
+    assert p.decide(STEP, due) == [PublishWeights()]
+    assert p.decide(WEIGHTS, view(S0, H1)) == [LoadWeights(version=1, replica_ids=["standalone-0"])]
+    with pytest.raises(ValueError, match="at least one standalone"):
+        SeparatePolicy.check_setup(standalone=0, hybrid=2)
+
+
+def test_lend_when_idle_estimate_is_the_documented_formula():
+    p = LendWhenIdlePolicy(switch_cost_prior_s=0.5)
+    v = view(S0, H1, buffer=BufferView(ready_samples=28))
+    # need 100; r_s = 100/s; r_h = 100/s (mean of measured) * 1; wait = 1.0 s
+    # lend = 0.5 + (100 - 50) / 200 + 0.5 = 1.25 s -> gain -0.25 s
+    assert p.estimate_gain_s(v) == pytest.approx(-0.25)
+    cheap = view(S0, H1, buffer=BufferView(ready_samples=28), switch_cost_s={"rollout": 0.1, "trainer": 0.1})
+    # lend = 0.1 + 90/200 + 0.1 = 0.65 -> gain 0.35
+    assert p.estimate_gain_s(cheap) == pytest.approx(0.35)
+
+
+def test_lend_when_idle_lends_only_when_it_pays_and_reclaims_before_training():
+    costly = LendWhenIdlePolicy(switch_cost_prior_s=5.0)
+    idle = view(S0, H1, buffer=BufferView(ready_samples=0))
+    assert costly.decide(STEP, idle) == []
+    assert costly.state.skipped == 1 and costly.state.lends == 0
+
+    p = LendWhenIdlePolicy(switch_cost_prior_s=0.01)
+    assert p.decide(STEP, idle) == [SwitchToRollout(replica_ids=["hybrid-1"])]
+    lent = replace(H1, mode="rollout")
+    # a mini-batch is ready: reclaim first, do not train yet
+    ready = view(S0, lent, buffer=BufferView(ready_batches=1))
+    assert p.decide(READY, ready) == [SwitchToTrainer(replica_ids=["hybrid-1"], sleep_level=1)]
+    switching = view(S0, replace(H1, mode="switching"), buffer=BufferView(ready_batches=1))
+    assert p.decide(READY, switching) == []
+    back = ModeChanged(replica_id="hybrid-1", mode="trainer", previous="rollout", duration_s=0.01, **ENV)
+    assert p.decide(back, view(S0, H1, buffer=BufferView(ready_batches=1))) == [TrainStep()]
+
+
+def test_lend_when_idle_does_not_lend_when_the_gate_is_closed():
+    p = LendWhenIdlePolicy(switch_cost_prior_s=0.0)
+    closed = view(S0, H1, buffer=BufferView(ready_samples=0, gate_open=False))
+    assert p.decide(STEP, closed) == []
+
+
+def test_colocated_runs_the_synchronous_schedule():
+    h0 = ReplicaView(replica_id="hybrid-0", kind="hybrid", rank=0, mode="trainer")
+    p = ColocatedPolicy()
+    assert p.decide(RunStarted(policy="colocated", replicas=1, **ENV), view(h0)) == [
+        Offload(parts=["optimizer"]), SwitchToRollout(replica_ids=["hybrid-0"])]
+    rolling = replace(h0, mode="rollout")
+    assert p.decide(READY, view(rolling, buffer=BufferView(ready_batches=1))) == []  # not a whole train batch
+    assert p.decide(READY, view(rolling, buffer=BufferView(ready_batches=2))) == [
+        SwitchToTrainer(replica_ids=["hybrid-0"], sleep_level=1), Onload(parts=["optimizer"])]
+    back = ModeChanged(replica_id="hybrid-0", mode="trainer", previous="rollout", duration_s=0.01, **ENV)
+    assert p.decide(back, view(h0, buffer=BufferView(ready_batches=2))) == [TrainStep()]
+    assert p.decide(STEP, view(h0, buffer=BufferView(ready_batches=1))) == [TrainStep()]
+    assert p.decide(STEP, view(h0, trainer=TrainerView(steps_since_publish=2))) == [PublishWeights()]
+    assert p.decide(WEIGHTS, view(h0)) == [Offload(parts=["optimizer"]), SwitchToRollout(replica_ids=["hybrid-0"])]
+    with pytest.raises(ValueError, match="standalone_replicas = 0"):
+        ColocatedPolicy.check_setup(standalone=1, hybrid=1)

@@ -86,6 +86,7 @@ class Coordinator:
         run_id: str,
         validation_prompts: list[PromptSpec] | None = None,
         sinks: list[Sink] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
         self.policy = policy
@@ -115,8 +116,9 @@ class Coordinator:
         self.sampling = SamplingSpec(
             max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k
         )
-        self.stamp = Stamper(run_id, "coordinator")
-        self.policy_stamp = Stamper(run_id, "policy")
+        self.clock = clock
+        self.stamp = Stamper(run_id, "coordinator", clock)
+        self.policy_stamp = Stamper(run_id, "policy", clock)
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._derived: deque[Event] = deque()
         self._resumes: deque[Sample] = deque()
@@ -128,7 +130,7 @@ class Coordinator:
         self._stop_reason = ""
         self._on_replica: dict[int, dict[str, int]] = {}  # group -> replica -> samples generating
         self.ended: RunEnded | None = None
-        self.started_at = time.time()
+        self.started_at = clock()
         self.tokens = 0
         self.rewards: list[float] = []  # mean reward of each trained batch, in order
         self.validations: list[ValidateEnd] = []
@@ -481,7 +483,7 @@ class Coordinator:
             sink(ev)
 
     def summary(self) -> dict[str, float]:
-        wall = time.time() - self.started_at
+        wall = self.clock() - self.started_at
         out: dict[str, float] = {"wall_s": wall, "steps": float(self.state.trainer.step),
                                  "version": float(self.state.trainer.version),
                                  "rollout/tokens_per_s": self.tokens / wall if wall > 0 else 0.0}

@@ -17,11 +17,12 @@ from shunter.events import CommandFailed, Generate, LoadWeights, Stamper, Switch
 
 
 class LocalExecutor:
-    def __init__(self, run_id: str, trainer: TrainerHost, replicas: dict[str, RolloutCore], *, max_tokens: int = 16) -> None:
+    def __init__(self, run_id: str, trainer: TrainerHost, replicas: dict[str, RolloutCore], *, max_tokens: int = 16,
+                 clock=None) -> None:
         self.trainer = trainer
         self.replicas = replicas
         self.max_tokens = max_tokens
-        self.stamp = Stamper(run_id, "executor")
+        self.stamp = Stamper(run_id, "executor", clock) if clock else Stamper(run_id, "executor")
         self.blobs: dict[str, bytes] = {}
         self._post: Post | None = None
         self._tasks: set[asyncio.Task] = set()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Callable
 
 import msgspec
@@ -46,6 +45,12 @@ from shunter.events import (
 from shunter.events.view import ROLLOUT, TRAINER
 
 Reward = Callable[[str, str, str], float]
+
+
+def _now() -> float:
+    """Durations are measured on the running loop's clock: monotonic in real runs,
+    virtual in a simulation (``shunter.bench``)."""
+    return asyncio.get_running_loop().time()
 
 
 class RolloutCore:
@@ -192,7 +197,7 @@ class RolloutCore:
         if self.mode != ROLLOUT:  # asleep: load on wake
             self._pending_weights = (version, blob)
             return []
-        t0 = time.perf_counter()
+        t0 = _now()
         await self._stable.acquire()  # a validation in progress finishes on the weights it began with
         self._open.clear()
         try:
@@ -203,40 +208,40 @@ class RolloutCore:
             self._open.set()
             self._stable.release()
         return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=version,
-                                          duration_s=time.perf_counter() - t0, interrupted=cut))]
+                                          duration_s=_now() - t0, interrupted=cut))]
 
     async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
-        t0 = time.perf_counter()
+        t0 = _now()
         self._evicting = True
         try:
             await self._cut("reclaimed")
-            t1 = time.perf_counter()
+            t1 = _now()
             await self.backend.sleep(sleep_level)
             self.mode = TRAINER
         finally:
             self._evicting = False
-        t2 = time.perf_counter()
+        t2 = _now()
         return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=TRAINER, previous=ROLLOUT, duration_s=t2 - t0,
                                         detail={"abort_s": t1 - t0, "sleep_s": t2 - t1}))]
 
     async def switch_to_rollout(self, version: int, blob: bytes | None) -> list[Event]:
-        t0 = time.perf_counter()
+        t0 = _now()
         await self.backend.wake_up()
-        t1 = time.perf_counter()
+        t1 = _now()
         pending, self._pending_weights = self._pending_weights, None
         if blob is None and pending is not None:
             version, blob = pending
         if blob is not None and version > self.version:
             await self.backend.load_weights(blob)
             self.version = version
-        t2 = time.perf_counter()
+        t2 = _now()
         previous, self.mode = self.mode, ROLLOUT
         return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=ROLLOUT, previous=previous, duration_s=t2 - t0,
                                         detail={"wake_s": t1 - t0, "load_s": t2 - t1, "version": float(self.version)}))]
 
     # -- validation ----------------------------------------------------------------------
     async def validate(self, cmd: Validate, max_tokens: int) -> list[Event]:
-        t0 = time.perf_counter()
+        t0 = _now()
         begin = self._stamp(ValidateBegin(version=self.version, prompts=len(cmd.prompts), replica_ids=[self.replica_id]))
         params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
 
@@ -259,7 +264,7 @@ class RolloutCore:
         metrics = {"reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
         if errors:
             metrics["reward_errors"] = float(len(errors))
-        out = [begin, self._stamp(ValidateEnd(version=version, duration_s=time.perf_counter() - t0, metrics=metrics))]
+        out = [begin, self._stamp(ValidateEnd(version=version, duration_s=_now() - t0, metrics=metrics))]
         if errors:
             out.append(self._stamp(CommandFailed(command_kind=tag_of(Validate), target=self.replica_id,
                                                  error=f"reward function {self.reward_name} raised on {len(errors)} "

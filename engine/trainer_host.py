@@ -5,13 +5,14 @@ Invariant: one command at a time (a lock), each answered by its events —
 weight blob is returned beside the events, never inside one); ``Offload``/``Onload`` ->
 ``Offloaded``/``Onloaded``. Heavy work runs in a thread so the host's loop stays live.
 The core is anything with ``train_step``, ``publish``, ``offload``, ``onload``, ``step``
-and ``version`` — the torch ``Trainer``, or a simulator.
+and ``version`` — the torch ``Trainer`` (plain methods, run in a thread), or a simulator
+(coroutine methods that spend virtual time).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import inspect
 from typing import Any
 
 from shunter.events import (
@@ -27,6 +28,12 @@ from shunter.events import (
     TrainStep,
     WeightsReady,
 )
+
+
+def _now() -> float:
+    """Durations are measured on the running loop's clock: monotonic in real runs,
+    virtual in a simulation (``shunter.bench``)."""
+    return asyncio.get_running_loop().time()
 
 
 def load_loss(spec: str):
@@ -47,12 +54,14 @@ class TrainerHost:
         self._lock = asyncio.Lock()
 
     async def _run(self, fn, *args):
+        if inspect.iscoroutinefunction(fn):  # a simulated core spends (virtual) time by awaiting
+            return await fn(*args)
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
 
     async def handle(self, cmd) -> tuple[list[Event], bytes | None]:
         core = self.core
         async with self._lock:
-            t0 = time.perf_counter()
+            t0 = _now()
             match cmd:
                 case TrainStep():
                     loss_fn = load_loss(cmd.loss_fn) if cmd.loss_fn else None
@@ -60,15 +69,16 @@ class TrainerHost:
                                                  version=core.version))
                     metrics = await self._run(core.train_step, cmd.samples, loss_fn)
                     return [begin, self.stamp(StepEnd(step=core.step, batch_id=cmd.batch_id,
-                                                      duration_s=time.perf_counter() - t0, metrics=metrics))], None
+                                                      duration_s=_now() - t0, metrics=metrics))], None
                 case PublishWeights():
                     blob = await self._run(core.publish)
+                    nbytes = getattr(core, "published_nbytes", None) or len(blob)  # a simulator models the size
                     return [self.stamp(WeightsReady(version=core.version, handle=f"{self.transport}:{core.version}",
-                                                    transport=self.transport, nbytes=len(blob),
-                                                    duration_s=time.perf_counter() - t0))], blob
+                                                    transport=self.transport, nbytes=nbytes,
+                                                    duration_s=_now() - t0))], blob
                 case Offload() | Onload():
                     off = isinstance(cmd, Offload)
                     n = await self._run(core.offload if off else core.onload, cmd.parts)
                     cls = Offloaded if off else Onloaded
-                    return [self.stamp(cls(parts=cmd.parts, nbytes=n, duration_s=time.perf_counter() - t0))], None
+                    return [self.stamp(cls(parts=cmd.parts, nbytes=n, duration_s=_now() - t0))], None
         raise TypeError(f"the trainer does not take {type(cmd).__name__}")

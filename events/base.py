@@ -60,15 +60,17 @@ def tag_of(cls_or_msg: type[Message] | Message) -> str:
 class Stamper:
     """Stamps the envelope of outgoing messages for one source (per process, not shared)."""
 
-    def __init__(self, run_id: str, source: str) -> None:
+    def __init__(self, run_id: str, source: str, clock=time.time) -> None:
         self.run_id = run_id
         self.source = source
+        self.clock = clock
+        """Where ``wall_time`` comes from (a simulation passes its virtual clock)."""
         self._seq = 0
 
     def __call__(self, msg: M) -> M:
         self._seq += 1
         return msgspec.structs.replace(
-            msg, run_id=self.run_id, source=self.source, seq=self._seq, wall_time=time.time()
+            msg, run_id=self.run_id, source=self.source, seq=self._seq, wall_time=self.clock()
         )
 
     @property

@@ -128,6 +128,7 @@ class Coordinator:
         self._final_validate_sent = False
         self._failed_groups = 0
         self._stop_reason = ""
+        self._serving_dirty, self._serving_cache = True, None
         self._on_replica: dict[int, dict[str, int]] = {}  # group -> replica -> samples generating
         self.ended: RunEnded | None = None
         self.started_at = clock()
@@ -182,6 +183,10 @@ class Coordinator:
             return
         self.state.seq += 1
         self.state.now = max(self.state.now, msg.wall_time)
+        if (rid := getattr(msg, "replica_id", None)) is not None:
+            self.state.touch(rid)
+        if isinstance(msg, ReplicaUp | ReplicaDown | ModeChanged | WeightsLoaded):
+            self._serving_dirty = True
         self.apply(msg)  # 2. apply
         for cmd in self.decide(msg):  # 3. decide
             for sink in self.sinks:
@@ -192,21 +197,19 @@ class Coordinator:
 
     def view(self) -> EngineView:
         b = self.buffer
-        gate = any(
-            b.capacity(r.version) > 0 for r in self.state.replicas.values() if r.replica_id in self.dispatcher
-        )
+        gate = self._serving_version is not None and b.capacity(self._serving_version) > 0
         bv = BufferView(
             ready_samples=b.ready_samples,
             ready_batches=b.ready_batches() + len(self._batches),
             in_flight_groups=b.in_flight,
-            in_flight_samples=sum(self.dispatcher.in_flight(r) for r in self.state.replicas),
+            in_flight_samples=self.dispatcher.total_in_flight,
             dispatched_groups=b.dispatched,
             trained_groups=b.trained,
             dropped_groups=sum(b.dropped.values()),
             gate_open=gate and not self._finishing,
             pending_resumes=len(self._resumes),
         )
-        return self.state.view(bv, {r: self.dispatcher.in_flight(r) for r in self.state.replicas})
+        return self.state.view(bv, self.dispatcher.in_flight)
 
     def decide(self, event: Event) -> list[Command]:
         try:
@@ -307,6 +310,7 @@ class Coordinator:
         per = self._on_replica.setdefault(group_id, {})
         per[rid] = per.get(rid, 0) + n
         self.dispatcher.started(rid, n)
+        self.state.touch(rid)
 
     def _left(self, group_id: int, rid: str, n: int = 1) -> None:
         """``n`` samples of a group are no longer generating on ``rid``."""
@@ -320,6 +324,7 @@ class Coordinator:
         if not per:
             self._on_replica.pop(group_id, None)
         self.dispatcher.finished(rid, n)
+        self.state.touch(rid)
 
     def _on_failure(self, ev: CommandFailed) -> None:
         if ev.group_id >= 0:
@@ -344,11 +349,14 @@ class Coordinator:
             case SwitchToRollout():
                 for rid in self._replicas_in(cmd.replica_ids, TRAINER):
                     st.replicas[rid].mode = SWITCHING
+                    st.touch(rid)
                     ex.send(rid, SwitchToRollout(replica_ids=[rid], version=st.trainer.version, handle=st.trainer.handle))
             case SwitchToTrainer():
                 for rid in self._replicas_in(cmd.replica_ids, ROLLOUT):
                     st.replicas[rid].mode = SWITCHING
+                    st.touch(rid)
                     self.dispatcher.remove(rid)
+                    self._serving_dirty = True
                     ex.send(rid, SwitchToTrainer(replica_ids=[rid], sleep_level=cmd.sleep_level))
             case TrainStep():
                 self._train(cmd)
@@ -369,6 +377,15 @@ class Coordinator:
             case _:
                 self.emit(CommandFailed(command_kind=tag_of(cmd), target="coordinator",
                                         error="this command is not accepted on the bus"))
+
+    @property
+    def _serving_version(self) -> int | None:
+        """Newest weight version among replicas taking requests (for the gate)."""
+        if self._serving_dirty:
+            vs = [r.version for r in self.state.replicas.values() if r.replica_id in self.dispatcher]
+            self._serving_cache = max(vs) if vs else None
+            self._serving_dirty = False
+        return self._serving_cache
 
     def _replicas_in(self, ids: list[str], mode: str) -> list[str]:
         return [i for i in ids if i in self.state.replicas and self.state.replicas[i].mode == mode]

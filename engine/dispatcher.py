@@ -8,17 +8,29 @@ keeps its count until its samples come back (finished or aborted) or it is forgo
 
 from __future__ import annotations
 
+import heapq
+
 
 class Dispatcher:
     def __init__(self) -> None:
         self._capacity: dict[str, int] = {}
         self._rank: dict[str, int] = {}
         self._in_flight: dict[str, int] = {}
+        self.total_in_flight = 0
+        self._heap: list[tuple[int, int, str]] = []  # (load, rank, id); stale entries skipped
 
     def add(self, replica_id: str, *, rank: int, capacity: int) -> None:
         self._capacity[replica_id] = capacity
         self._rank[replica_id] = rank
         self._in_flight.setdefault(replica_id, 0)
+        self._push(replica_id)
+
+    def _push(self, rid: str) -> None:
+        if rid in self._capacity:
+            heapq.heappush(self._heap, (self._in_flight[rid], self._rank[rid], rid))
+            if len(self._heap) > 4 * len(self._capacity) + 64:  # drop stale entries now and then
+                self._heap = [(self._in_flight[r], self._rank[r], r) for r in self._capacity]
+                heapq.heapify(self._heap)
 
     def remove(self, replica_id: str) -> None:
         """Stop sending to the replica (its in-flight count stays until they come back)."""
@@ -28,7 +40,7 @@ class Dispatcher:
     def forget(self, replica_id: str) -> None:
         """The replica is gone: drop it and its count."""
         self.remove(replica_id)
-        self._in_flight.pop(replica_id, None)
+        self.total_in_flight -= self._in_flight.pop(replica_id, 0)
 
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._capacity
@@ -38,23 +50,31 @@ class Dispatcher:
 
     def pick(self, n: int) -> str | None:
         """The replica that should take ``n`` more samples, or None if none has room."""
-        best = None
-        for rid, cap in self._capacity.items():
-            load = self._in_flight[rid]
-            if load + n > cap:
+        h = self._heap
+        while h:
+            load, rank, rid = h[0]
+            if rid not in self._capacity or self._in_flight[rid] != load:
+                heapq.heappop(h)  # stale
                 continue
-            key = (load, self._rank[rid])
-            if best is None or key < best[0]:
-                best = (key, rid)
-        return None if best is None else best[1]
+            if load + n <= self._capacity[rid]:
+                return rid
+            break
+        # the least loaded has no room; with unequal capacities another might
+        fits = [(self._in_flight[r], self._rank[r], r) for r, c in self._capacity.items() if self._in_flight[r] + n <= c]
+        return min(fits)[2] if fits else None
 
     def started(self, replica_id: str, n: int) -> None:
         if replica_id in self._in_flight:
             self._in_flight[replica_id] += n
+            self.total_in_flight += n
+            self._push(replica_id)
 
     def finished(self, replica_id: str, n: int = 1) -> None:
         if replica_id in self._in_flight:
-            self._in_flight[replica_id] = max(0, self._in_flight[replica_id] - n)
+            n = min(n, self._in_flight[replica_id])
+            self._in_flight[replica_id] -= n
+            self.total_in_flight -= n
+            self._push(replica_id)
 
     def in_flight(self, replica_id: str) -> int:
         return self._in_flight.get(replica_id, 0)

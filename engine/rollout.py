@@ -161,7 +161,8 @@ class RolloutCore:
                          ignore_eos=sp.ignore_eos, stop_token_ids=(self.tok.eos_token_id,))
 
     def _finish(self, s: Sample, prompt: PromptSpec) -> list[Event]:
-        text = self.tok.decode([t for t in s.token_ids if t != self.tok.eos_token_id])
+        ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
+        text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
         try:
             r = float(self.reward(prompt.text, text, prompt.answer))
         except Exception as e:  # noqa: BLE001 - report the user's reward error, drop the group

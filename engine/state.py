@@ -4,12 +4,15 @@ Invariant: the state changes only by applying events and the immediate effects o
 issued commands (a replica told to switch is ``switching`` until its ``ModeChanged``
 arrives; a trainer told to train is ``training`` at once), so the view a policy sees never
 lets it issue the same command twice. Rates and costs are measured on the events' own
-``wall_time``, so replaying a log reproduces the same views.
+``wall_time``, so replaying a log reproduces the same views. A replica's view is rebuilt
+when the replica is touched (an event about it, a dispatch to it); its smoothed rate is
+as of that moment.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shunter.events import BufferView, EngineView, ReplicaView, TrainerView
@@ -34,6 +37,7 @@ class WindowRate:
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
         self._hits: deque[tuple[float, int]] = deque()
+        self._sum = 0
         self._since: float | None = None
 
     def start(self, t: float) -> None:
@@ -43,18 +47,20 @@ class WindowRate:
     def stop(self) -> None:
         self._since = None
         self._hits.clear()
+        self._sum = 0
 
     def add(self, t: float, n: int = 1) -> None:
         self.start(t)
         self._hits.append((t, n))
+        self._sum += n
         while self._hits and self._hits[0][0] < t - self.window_s:
-            self._hits.popleft()
+            self._sum -= self._hits.popleft()[1]
 
     def rate(self, now: float) -> float:
         if self._since is None or not self._hits:
             return 0.0
         span = min(self.window_s, now - self._since)
-        return sum(n for _, n in self._hits) / span if span > 0 else 0.0
+        return self._sum / span if span > 0 else 0.0
 
 
 @dataclass
@@ -96,22 +102,37 @@ class EngineState:
     seq: int = 0
     now: float = 0.0
     done: bool = False
+    _order: list[ReplicaView] = field(default_factory=list)
+    _pos: dict[str, int] = field(default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)
+    _tuple: tuple[ReplicaView, ...] | None = None
 
-    def replica_views(self, in_flight: dict[str, int]) -> tuple[ReplicaView, ...]:
-        return tuple(
-            ReplicaView(
-                replica_id=r.replica_id,
-                kind=r.kind,
-                rank=r.rank,
-                mode=r.mode,
-                in_flight=in_flight.get(r.replica_id, 0),
-                version=r.version,
-                samples_per_s=r.rate.rate(self.now),
-            )
-            for r in sorted(self.replicas.values(), key=lambda r: r.rank)
-        )
+    def touch(self, replica_id: str) -> None:
+        """The replica's view must be rebuilt (its state or in-flight count changed)."""
+        self._dirty.add(replica_id)
 
-    def view(self, buffer: BufferView, in_flight: dict[str, int]) -> EngineView:
+    def replica_views(self, in_flight: Callable[[str], int]) -> tuple[ReplicaView, ...]:
+        """All replica views in rank order; only replicas touched since the last call are
+        rebuilt (so a view of 1,024 replicas costs a tuple copy, not 1,024 structs)."""
+        if not self._dirty and self._tuple is not None:
+            return self._tuple
+        for rid in self._dirty:
+            r = self.replicas.get(rid)
+            if r is None:
+                continue
+            v = ReplicaView(replica_id=rid, kind=r.kind, rank=r.rank, mode=r.mode, in_flight=in_flight(rid),
+                            version=r.version, samples_per_s=r.rate.rate(self.now))
+            if rid not in self._pos:
+                self._order.append(v)
+                self._order.sort(key=lambda x: x.rank)
+                self._pos = {x.replica_id: i for i, x in enumerate(self._order)}
+            else:
+                self._order[self._pos[rid]] = v
+        self._dirty.clear()
+        self._tuple = tuple(self._order)
+        return self._tuple
+
+    def view(self, buffer: BufferView, in_flight: Callable[[str], int]) -> EngineView:
         t = self.trainer
         return EngineView(
             run_id=self.run_id,

@@ -1,0 +1,268 @@
+"""Simulated rollout and trainer backends with stated cost models.
+
+Invariants: the simulator implements exactly the interfaces the real components do — a
+replica is a ``shunter.engine.backend.Backend`` behind the real ``RolloutCore``, the trainer
+a core behind the real ``TrainerHost`` — so the coordinator, policies, buffer, dispatcher
+and rank table run unchanged while generation, training, weight sync and switches spend
+simulated time on the running loop's clock (virtual under ``looptime``). Every random draw
+comes from generators seeded by the scenario, so a scenario replays identically.
+
+Cost model of one replica (continuous batching, processor sharing): every active sequence
+gains one token per decode step, and a step with ``b`` sequences takes
+``decode_step_s + decode_step_s_per_seq * b``. A request first spends
+``prefill_s_per_token * context`` (prompt + any resumed prefix), then joins the batch.
+Response lengths are lognormal (``length_median``, ``length_sigma``), capped by the token
+budget, or drawn from a file of lengths. The first generated token carries the sample's
+target length, so a sample cut by a weight update and resumed elsewhere keeps its length.
+
+Trainer: an optimizer step on ``t`` tokens takes ``train_step_s + train_s_per_token * t``;
+publishing takes ``weight_bytes / sync_bandwidth_Bps + sync_latency_s``; a replica applies
+weights in ``load_s``, sleeps in ``sleep_s``, wakes in ``wake_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from shunter.engine.backend import GenParams, GenResult
+from shunter.events import Sample
+
+EOS = 0
+FILL = 1
+
+
+class CostModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    prompt_tokens: int = 256
+    prefill_s_per_token: float = 2e-6
+    decode_step_s: float = 0.02
+    decode_step_s_per_seq: float = 1e-4
+    length_median: float = 1000.0
+    length_sigma: float = 0.8
+    lengths_file: str = ""
+    train_step_s: float = 0.5
+    train_s_per_token: float = 2e-6
+    weight_bytes: float = 15e9
+    sync_bandwidth_Bps: float = 50e9
+    sync_latency_s: float = 0.05
+    load_s: float = 0.05
+    sleep_s: float = 0.5
+    wake_s: float = 0.5
+    offload_s: float = 0.2
+
+    def step_s(self, batch: int) -> float:
+        return self.decode_step_s + self.decode_step_s_per_seq * batch
+
+    def train_s(self, tokens: int) -> float:
+        return self.train_step_s + self.train_s_per_token * tokens
+
+    def publish_s(self) -> float:
+        return self.weight_bytes / self.sync_bandwidth_Bps + self.sync_latency_s
+
+    def lengths(self, seed: int) -> LengthSampler:
+        return LengthSampler(self, seed)
+
+
+class LengthSampler:
+    """Seeded response lengths: lognormal, or uniform over the lengths in a file."""
+
+    def __init__(self, cost: CostModel, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.cost = cost
+        self.table: list[int] = []
+        if cost.lengths_file:
+            self.table = [int(x) for x in Path(cost.lengths_file).read_text().split() if x.strip()]
+            if not self.table:
+                raise ValueError(f"lengths_file {cost.lengths_file!r} holds no lengths")
+
+    def draw(self) -> int:
+        if self.table:
+            return max(1, self.rng.choice(self.table))
+        mu = math.log(self.cost.length_median)
+        return max(1, int(self.rng.lognormvariate(mu, self.cost.length_sigma)))
+
+
+@dataclass
+class _Req:
+    rid: str
+    target: int  # tokens still to produce in this request
+    first: int  # the length token (first token of the sample)
+    has_prefix: bool
+    natural_end: bool  # the sample ends (EOS) within this request's budget
+    fut: asyncio.Future
+    done: float = 0.0
+    joined: bool = False
+
+
+@dataclass
+class SimBackend:
+    """One simulated replica: a processor-sharing batch of sequences."""
+
+    cost: CostModel
+    seed: int = 0
+    sleeping: bool = False
+    lengths: LengthSampler = field(init=False)
+    _active: dict[str, _Req] = field(default_factory=dict, init=False)
+    _pending: dict[str, _Req] = field(default_factory=dict, init=False)
+    _last: float = field(default=0.0, init=False)
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    tokens_out: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.lengths = self.cost.lengths(self.seed)
+
+    async def start(self) -> None:
+        pass
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenParams) -> GenResult:
+        if self.sleeping:
+            raise RuntimeError("generate on a sleeping simulated replica")
+        loop = asyncio.get_running_loop()
+        prefix = prompt_token_ids[self.cost.prompt_tokens:]
+        length = prefix[0] if prefix else self.lengths.draw()
+        left = max(0, length - len(prefix))
+        target = min(left, params.max_tokens)
+        req = _Req(request_id, target, length, bool(prefix), target == left, loop.create_future())
+        if target == 0:
+            return GenResult([], [], "length")
+        self._pending[request_id] = req
+        context = self.cost.prompt_tokens + len(prefix)
+        loop.call_later(self.cost.prefill_s_per_token * context, self._join, request_id)
+        return await req.fut
+
+    # -- processor sharing -------------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        if self._active:
+            step = self.cost.step_s(len(self._active))
+            gained = (now - self._last) / step
+            for r in self._active.values():
+                r.done += gained
+        self._last = now
+        finished = [r for r in self._active.values() if r.done >= r.target - 1e-3]  # clock resolution
+        for r in finished:
+            self._resolve(r, r.target, "stop" if r.natural_end else "length")
+
+    def _rearm(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._active:
+            left = min(r.target - r.done for r in self._active.values())
+            self._timer = loop.call_later(max(0.0, left) * self.cost.step_s(len(self._active)), self._tick)
+
+    def _join(self, rid: str) -> None:
+        r = self._pending.pop(rid, None)
+        if r is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._advance(loop.time())
+        r.joined = True
+        self._active[rid] = r
+        self._rearm(loop)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = None
+        self._advance(loop.time())
+        self._rearm(loop)
+
+    def _resolve(self, r: _Req, n: int, reason: str) -> None:
+        self._active.pop(r.rid, None)
+        self._pending.pop(r.rid, None)
+        if r.fut.done():
+            return
+        toks = [FILL] * n
+        if n and not r.has_prefix:
+            toks[0] = r.first
+        if reason == "stop" and n:
+            toks[-1] = EOS
+        self.tokens_out += n
+        r.fut.set_result(GenResult(toks, [-1.0] * n, reason))
+
+    async def abort(self, request_ids: list[str]) -> None:
+        loop = asyncio.get_running_loop()
+        self._advance(loop.time())
+        for rid in request_ids:
+            r = self._active.get(rid) or self._pending.get(rid)
+            if r is not None:
+                self._resolve(r, min(r.target, int(r.done)), "abort")
+        self._rearm(loop)
+
+    async def load_weights(self, blob: bytes) -> float:
+        await asyncio.sleep(self.cost.load_s)
+        return self.cost.load_s
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.abort(list(self._active) + list(self._pending))
+        await asyncio.sleep(self.cost.sleep_s)
+        self.sleeping = True
+
+    async def wake_up(self) -> None:
+        await asyncio.sleep(self.cost.wake_s)
+        self.sleeping = False
+
+    async def shutdown(self) -> None:
+        await self.abort(list(self._active) + list(self._pending))
+
+
+class SimTokenizer:
+    """Every prompt is ``prompt_tokens`` ids; text is not modelled."""
+
+    eos_token_id = EOS
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+
+    def encode(self, text: str) -> list[int]:
+        return [FILL] * self.prompt_tokens
+
+    def decode(self, ids: list[int]) -> str:
+        return str(len(ids))
+
+
+def sim_reward(prompt: str, response: str, answer: str) -> float:
+    """A deterministic pseudo-reward in [0, 1] (throughput studies only)."""
+    h = hashlib.blake2b(f"{prompt}|{response}".encode(), digest_size=4).digest()
+    return int.from_bytes(h, "big") / 2**32
+
+
+class SimTrainer:
+    """The trainer core with simulated step, publish and offload times."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self.step = 0
+        self.version = 0
+        self.published_nbytes = int(cost.weight_bytes)
+
+    async def train_step(self, samples: list[Sample], loss_fn=None) -> dict[str, float]:
+        tokens = sum(len(s.prompt_token_ids) + len(s.token_ids) for s in samples)
+        await asyncio.sleep(self.cost.train_s(tokens))
+        self.step += 1
+        stale = [self.version - s.min_version for s in samples]
+        return {
+            "trainer/tokens": float(tokens),
+            "batch/reward_mean": sum(s.reward for s in samples) / len(samples),
+            "batch/response_len_mean": sum(len(s.token_ids) for s in samples) / len(samples),
+            "batch/staleness_mean": sum(stale) / len(stale),
+            "batch/staleness_max": float(max(stale)),
+        }
+
+    async def publish(self) -> bytes:
+        await asyncio.sleep(self.cost.publish_s())
+        self.version += 1
+        return b"sim-weights"
+
+    async def offload(self, parts: list[str]) -> int:
+        await asyncio.sleep(self.cost.offload_s)
+        return 0
+
+    async def onload(self, parts: list[str]) -> int:
+        await asyncio.sleep(self.cost.offload_s)
+        return 0

@@ -37,6 +37,8 @@ class SimResult:
     """Real seconds the simulation took."""
     handled: int
     """Messages the coordinator handled."""
+    coordinator_cpu_s: float
+    """Real seconds spent inside the coordinator's loop step (record/apply/decide/pump)."""
 
 
 def prompts() -> itertools.count:
@@ -86,7 +88,16 @@ async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop) 
     coord = Coordinator(cfg, make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts(),
                         run_id=run_id, sinks=[sink], clock=clock)
     coord.post_many(opening)
+    spent = [0.0]
+    handle = coord.handle
+
+    def timed(msg: Message) -> None:
+        t = time.perf_counter()
+        handle(msg)
+        spent[0] += time.perf_counter() - t
+
+    coord.handle = timed
     t0, wall0 = clock(), time.perf_counter()
     ended = await coord.run()
     await executor.close()
-    return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0])
+    return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], spent[0])

@@ -35,7 +35,7 @@ from shunter.events import (
 
 def to_trace(messages: Iterable[Message]) -> dict:
     msgs = list(messages)
-    t0 = min((m.wall_time for m in msgs if m.wall_time), default=0.0)
+    t0 = min((m.wall_time for m in msgs), default=0.0)
     tids: dict[str, int] = {}
     events: list[dict] = []
 

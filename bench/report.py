@@ -1,0 +1,110 @@
+"""Turn result JSONs into a Markdown report with PNG plots (matplotlib, headless).
+
+Invariant: the report shows only what the JSONs hold (medians, with min-max), names the
+commit, machine and command of every table, and can be rebuilt from them at any time:
+
+    python -m shunter.bench report bench/results/*.json --out bench/REPORT.md
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+COLUMNS = [
+    ("speedup_vs_colocated", "speedup vs colocated", "{:.2f}x"),
+    ("step_s", "step (s)", "{:.1f}"),
+    ("overlap_frac_of_ideal", "of ideal overlap", "{:.0%}"),
+    ("trainer_idle_frac", "trainer idle", "{:.0%}"),
+    ("rollout_idle_frac", "rollout idle", "{:.0%}"),
+    ("staleness_mean", "staleness", "{:.2f}"),
+    ("switches", "switches", "{:.0f}"),
+]
+
+
+def _cell(stats: dict | None, fmt: str) -> str:
+    if not stats:
+        return ""
+    med = fmt.format(stats["median"])
+    if stats["min"] != stats["max"]:
+        return f"{med} ({fmt.format(stats['min'])}–{fmt.format(stats['max'])})"
+    return med
+
+
+def table(result: dict) -> str:
+    metrics = result["metrics"]
+    base = result["scenario"]["scenario"].get("baseline", "")
+    cols = [(k, name.replace("colocated", base or "colocated"), f)
+            for k, name, f in COLUMNS if any(k.replace("colocated", base or "colocated") in m for m in metrics.values())]
+    cols = [(k.replace("colocated", base or "colocated"), n, f) for k, n, f in cols]
+    extra = [k for k in ("sim_over_analytic", "coordinator_share", "events_per_s", "latency_p50_ms", "latency_p99_ms")
+             if any(k in m for m in metrics.values())]
+    head = ["variant"] + [n for _, n, _ in cols] + extra
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in metrics.items():
+        row = [name] + [_cell(m.get(k), f) for k, _, f in cols] + [_cell(m.get(k), "{:.4g}") for k in extra]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    name = result["scenario"]["scenario"]["name"]
+    metrics = result["metrics"]
+    made = []
+    base = result["scenario"]["scenario"].get("baseline", "")
+    key = f"speedup_vs_{base}"
+    if base and any(key in m for m in metrics.values()):
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        names = list(metrics)
+        med = [metrics[n].get(key, {}).get("median", 0) for n in names]
+        lo = [med[i] - metrics[n].get(key, {}).get("min", 0) for i, n in enumerate(names)]
+        hi = [metrics[n].get(key, {}).get("max", 0) - med[i] for i, n in enumerate(names)]
+        ax.barh(names, med, xerr=[lo, hi], color="#4c72b0")
+        ax.axvline(1.0, color="grey", lw=1)
+        ax.set_xlabel(f"speedup vs {base} (median, min–max over seeds)")
+        ax.invert_yaxis()
+        fig.tight_layout()
+        p = out_dir / f"{name}-speedup.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    if any("trainer_idle_frac" in m for m in metrics.values()):
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        names = list(metrics)
+        y = range(len(names))
+        ax.barh([i - 0.2 for i in y], [metrics[n]["trainer_idle_frac"]["median"] for n in names], 0.4, label="trainer")
+        ax.barh([i + 0.2 for i in y], [metrics[n]["rollout_idle_frac"]["median"] for n in names], 0.4, label="rollout")
+        ax.set_yticks(list(y), names)
+        ax.set_xlabel("idle fraction of wall time (median)")
+        ax.invert_yaxis()
+        ax.legend()
+        fig.tight_layout()
+        p = out_dir / f"{name}-idle.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    return made
+
+
+def write_report(results: list[Path], out: Path) -> Path:
+    parts = ["# shunter bench report", "",
+             "Every figure below is read from the JSON named under its table; rebuild with "
+             "`python -m shunter.bench report bench/results/*.json`. Ratios compare runs of the same "
+             "seed side by side; cells are medians with min–max over seeds.", ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path in sorted(results):
+        r = json.loads(path.read_text())
+        sc = r["scenario"]["scenario"]
+        parts += [f"## {sc['name']}", "", sc.get("description", ""), "",
+                  f"`python -m shunter.bench run bench/scenarios/{sc['name']}.toml` — commit {r.get('commit', '?')}, "
+                  f"{r['machine'].get('cpus')} CPUs, {r['machine'].get('platform', '')}, seeds {sc.get('seeds')}, "
+                  f"results: `{path.as_posix()}`", "", table(r), ""]
+        for png in plot(r, path.parent):
+            parts += [f"![{png.stem}]({Path('results') / png.name if out.parent == path.parent.parent else png.as_posix()})", ""]
+    out.write_text("\n".join(parts))
+    return out

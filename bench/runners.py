@@ -1,0 +1,34 @@
+"""One entry point per scenario kind: ``sim`` (the simulated cluster), ``overhead`` (engine
+overhead next to raw Ray calls), ``real`` (real vLLM + trainer on this machine).
+
+Invariant: every kind writes the same JSON shape (``scenario.result_json``), so the report
+reads them all the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from shunter.bench import scenario as sc_mod
+
+
+def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = None) -> Path:
+    sc = sc_mod.load(path)
+    if seeds:
+        sc = msgspec.structs.replace(sc, scenario=msgspec.structs.replace(sc.scenario, seeds=seeds))
+    print(f"scenario {sc.scenario.name} ({sc.scenario.kind}): {sc.scenario.description}")
+    if sc.scenario.kind == "sim":
+        result = sc_mod.run_scenario(sc)
+    elif sc.scenario.kind == "overhead":
+        from shunter.bench.overhead import run_overhead
+
+        result = run_overhead(sc)
+    elif sc.scenario.kind == "real":
+        from shunter.bench.real import run_real
+
+        result = run_real(sc)
+    else:
+        raise ValueError(f"scenario {path}: unknown kind {sc.scenario.kind!r} (sim, overhead, real)")
+    return sc_mod.write(result, out or Path("bench/results") / f"{sc.scenario.name}.json")

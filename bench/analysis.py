@@ -48,52 +48,78 @@ def _intervals_busy(changes: list[tuple[float, int]], start: float, end: float) 
     return busy
 
 
-def summarize(messages: Iterable[Message]) -> dict[str, float]:
-    msgs = list(messages)
-    start = next((m.wall_time for m in msgs if isinstance(m, RunStarted)), msgs[0].wall_time if msgs else 0.0)
-    end = next((m.wall_time for m in reversed(msgs) if isinstance(m, RunEnded)), msgs[-1].wall_time if msgs else 0.0)
-    span = max(end - start, 1e-12)
-    steps = [m for m in msgs if isinstance(m, StepEnd)]
-    trainer_busy = sum(m.duration_s for m in steps) + sum(m.duration_s for m in msgs if isinstance(m, WeightsReady))
-    flight: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    rollout_spans: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    tokens = 0
-    for m in msgs:
+class Summary:
+    """A sink that folds messages as they pass (no log kept), then ``result()``."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.end: float | None = None
+        self.first = self.last = None
+        self.steps = 0
+        self.trainer_busy = 0.0
+        self.stale: list[float] = []
+        self.flight: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        self.rollout: dict[str, list[tuple[float, int]]] = {}
+        self.tokens = 0
+        self.switches = 0
+
+    def __call__(self, m: Message) -> None:
+        self.first = m.wall_time if self.first is None else self.first
+        self.last = m.wall_time
         match m:
+            case RunStarted():
+                self.start = m.wall_time if self.start is None else self.start
+            case RunEnded():
+                self.end = m.wall_time
+            case StepEnd():
+                self.steps += 1
+                self.trainer_busy += m.duration_s
+                self.stale.append(m.metrics.get("batch/staleness_mean", 0.0))
+            case WeightsReady():
+                self.trainer_busy += m.duration_s
             case ReplicaUp():
-                if m.mode == ROLLOUT:
-                    rollout_spans[m.replica_id].append((start, 1))
-                else:
-                    rollout_spans.setdefault(m.replica_id, [])
+                self.rollout.setdefault(m.replica_id, []).append((float("-inf") if m.mode == ROLLOUT else 0.0,
+                                                                   1 if m.mode == ROLLOUT else 0))
             case ModeChanged():
-                rollout_spans[m.replica_id].append((m.wall_time, 1 if m.mode == ROLLOUT else -1))
+                self.switches += 1
+                self.rollout.setdefault(m.replica_id, []).append((m.wall_time, 1 if m.mode == ROLLOUT else -1))
             case SampleBegin() | SampleResumed():
-                flight[m.replica_id].append((m.wall_time, 1))
+                self.flight[m.replica_id].append((m.wall_time, 1))
             case SampleEnd():
-                flight[m.replica_id].append((m.wall_time, -1))
-                tokens += len(m.sample.token_ids)
+                self.flight[m.replica_id].append((m.wall_time, -1))
+                self.tokens += len(m.sample.token_ids)
             case SampleAborted():
-                flight[m.replica_id].append((m.wall_time, -1))
-    replica_busy = {r: _intervals_busy(flight.get(r, []), start, end) for r in rollout_spans}
-    replica_avail = {r: _intervals_busy(ch, start, end) for r, ch in rollout_spans.items()}
-    n = max(1, len(steps))
-    mean_busy = sum(replica_busy.values()) / max(1, len(replica_busy))
-    avail = sum(replica_avail.values())
-    out = {
-        "wall_s": span,
-        "steps": float(len(steps)),
-        "step_s": span / n,
-        "trainer_busy_s": trainer_busy,
-        "trainer_idle_frac": max(0.0, 1 - trainer_busy / span),
-        "rollout_idle_frac": max(0.0, 1 - sum(replica_busy.values()) / avail) if avail > 0 else 1.0,
-        "rollout_tokens": float(tokens),
-        "rollout_tokens_per_s": tokens / span,
-        "ideal_step_s": max(trainer_busy, mean_busy) / n,
-    }
-    out["overlap_frac_of_ideal"] = out["ideal_step_s"] / out["step_s"] if out["step_s"] > 0 else 0.0
-    if steps:
-        stale = [m.metrics.get("batch/staleness_mean", 0.0) for m in steps]
-        out["staleness_mean"] = sum(stale) / len(stale)
-    switches = [m for m in msgs if isinstance(m, ModeChanged)]
-    out["switches"] = float(len(switches))
-    return out
+                self.flight[m.replica_id].append((m.wall_time, -1))
+
+    def result(self) -> dict[str, float]:
+        start = self.start if self.start is not None else (self.first or 0.0)
+        end = self.end if self.end is not None else (self.last or 0.0)
+        span = max(end - start, 1e-12)
+        replica_busy = {r: _intervals_busy(self.flight.get(r, []), start, end) for r in self.rollout}
+        replica_avail = {r: _intervals_busy([c for c in ch if c[1]], start, end) for r, ch in self.rollout.items()}
+        n = max(1, self.steps)
+        mean_busy = sum(replica_busy.values()) / max(1, len(replica_busy))
+        avail = sum(replica_avail.values())
+        out = {
+            "wall_s": span,
+            "steps": float(self.steps),
+            "step_s": span / n,
+            "trainer_busy_s": self.trainer_busy,
+            "trainer_idle_frac": max(0.0, 1 - self.trainer_busy / span),
+            "rollout_idle_frac": max(0.0, 1 - sum(replica_busy.values()) / avail) if avail > 0 else 1.0,
+            "rollout_tokens": float(self.tokens),
+            "rollout_tokens_per_s": self.tokens / span,
+            "ideal_step_s": max(self.trainer_busy, mean_busy) / n,
+            "switches": float(self.switches),
+        }
+        out["overlap_frac_of_ideal"] = out["ideal_step_s"] / out["step_s"] if out["step_s"] > 0 else 0.0
+        if self.stale:
+            out["staleness_mean"] = sum(self.stale) / len(self.stale)
+        return out
+
+
+def summarize(messages: Iterable[Message]) -> dict[str, float]:
+    s = Summary()
+    for m in messages:
+        s(m)
+    return s.result()

@@ -39,23 +39,26 @@ class SimResult:
     """Messages the coordinator handled."""
     coordinator_cpu_s: float
     """Real seconds spent inside the coordinator's loop step (record/apply/decide/pump)."""
+    handle_s: list[float]
+    """Real seconds of each loop step, in order (event in -> its commands out)."""
 
 
 def prompts() -> itertools.count:
     return (PromptSpec(prompt_id=i, text=f"p{i}") for i in itertools.count())
 
 
-def run_sim(cfg: EngineConfig, cost: CostModel, *, seed: int = 0, keep: bool = True) -> SimResult:
-    """Run one simulated job to ``RunEnded``; ``keep=False`` keeps only the count of messages."""
+def run_sim(cfg: EngineConfig, cost: CostModel, *, seed: int = 0, keep: bool = True, sinks=()) -> SimResult:
+    """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
+    folding sink such as ``analysis.Summary`` instead)."""
     # nothing in a simulation waits on I/O or threads: time may jump as soon as no callback is ready
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
     try:
-        return loop.run_until_complete(_run(cfg, cost, seed, keep, loop))
+        return loop.run_until_complete(_run(cfg, cost, seed, keep, loop, list(sinks)))
     finally:
         loop.close()
 
 
-async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop) -> SimResult:
+async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, sinks: list) -> SimResult:
     run_id = f"sim-{seed}"
     clock = loop.time
     table = RankTable(run_id)
@@ -86,18 +89,18 @@ async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop) 
             kept.append(m)
 
     coord = Coordinator(cfg, make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts(),
-                        run_id=run_id, sinks=[sink], clock=clock)
+                        run_id=run_id, sinks=[sink, *sinks], clock=clock)
     coord.post_many(opening)
-    spent = [0.0]
+    spent: list[float] = []
     handle = coord.handle
 
     def timed(msg: Message) -> None:
         t = time.perf_counter()
         handle(msg)
-        spent[0] += time.perf_counter() - t
+        spent.append(time.perf_counter() - t)
 
     coord.handle = timed
     t0, wall0 = clock(), time.perf_counter()
     ended = await coord.run()
     await executor.close()
-    return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], spent[0])
+    return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], sum(spent), spent)

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from shunter.bench.analysis import summarize
+from shunter.bench.analysis import Summary
 from shunter.bench.analytic import colocated_run_s
 from shunter.bench.cluster import run_sim
 from shunter.bench.sim import CostModel
@@ -105,10 +105,11 @@ def run_scenario(sc: Scenario, *, log=print) -> dict:
     for seed in sc.scenario.seeds:
         for v in sc.variant:
             cfg, cost = variant_setup(sc, v)
-            r = run_sim(cfg, cost, seed=seed)
+            summary = Summary()
+            r = run_sim(cfg, cost, seed=seed, keep=False, sinks=[summary])
             if r.ended.reason != "completed":
                 raise RuntimeError(f"{sc.scenario.name}/{v.name} seed {seed}: {r.ended.reason}: {r.ended.error}")
-            m = summarize(r.messages)
+            m = summary.result()
             m["cpu_s"] = r.cpu_wall_s
             m["messages"] = float(r.handled)
             m["coordinator_cpu_s"] = r.coordinator_cpu_s

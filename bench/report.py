@@ -104,7 +104,8 @@ def write_report(results: list[Path], out: Path) -> Path:
                   f"`python -m shunter.bench run bench/scenarios/{sc['name']}.toml` — commit {r.get('commit', '?')}, "
                   f"{r['machine'].get('cpus')} CPUs, {r['machine'].get('platform', '')}, seeds {sc.get('seeds')}, "
                   f"results: `{path.as_posix()}`", "", table(r), ""]
-        for png in plot(r, path.parent):
+        pngs = plot(r, path.parent) + sorted(path.parent.glob(f"{sc['name']}-timeline-*.png"))
+        for png in pngs:
             parts += [f"![{png.stem}]({Path('results') / png.name if out.parent == path.parent.parent else png.as_posix()})", ""]
     out.write_text("\n".join(parts))
     return out

@@ -19,8 +19,10 @@ def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = Non
     if seeds:
         sc = msgspec.structs.replace(sc, scenario=msgspec.structs.replace(sc.scenario, seeds=seeds))
     print(f"scenario {sc.scenario.name} ({sc.scenario.kind}): {sc.scenario.description}")
+    target = Path(out) if out else Path("bench/results") / f"{sc.scenario.name}.json"
     if sc.scenario.kind == "sim":
-        result = sc_mod.run_scenario(sc)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        result = sc_mod.run_scenario(sc, out_dir=target.parent)
     elif sc.scenario.kind == "overhead":
         from shunter.bench.overhead import run_overhead
 
@@ -31,4 +33,4 @@ def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = Non
         result = run_real(sc)
     else:
         raise ValueError(f"scenario {path}: unknown kind {sc.scenario.kind!r} (sim, overhead, real)")
-    return sc_mod.write(result, out or Path("bench/results") / f"{sc.scenario.name}.json")
+    return sc_mod.write(result, target)

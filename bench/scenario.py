@@ -59,6 +59,8 @@ class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kind: str = "sim"
     seeds: list[int] = msgspec.field(default_factory=lambda: [1, 2, 3])
     baseline: str = ""
+    timeline: bool = False
+    """Draw a timeline PNG of every variant's first-seed run next to the results."""
 
 
 class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -98,7 +100,7 @@ def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:
     return from_dict(data, origin=f"{sc.scenario.name}/{v.name}"), cost
 
 
-def run_scenario(sc: Scenario, *, log=print) -> dict:
+def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dict:
     if sc.scenario.kind != "sim":
         raise ValueError(f"scenario {sc.scenario.name!r}: kind {sc.scenario.kind!r} has its own runner")
     per_seed: dict[str, list[dict[str, float]]] = {v.name: [] for v in sc.variant}
@@ -106,7 +108,14 @@ def run_scenario(sc: Scenario, *, log=print) -> dict:
         for v in sc.variant:
             cfg, cost = variant_setup(sc, v)
             summary = Summary()
-            r = run_sim(cfg, cost, seed=seed, keep=False, sinks=[summary])
+            draw = sc.scenario.timeline and out_dir is not None and seed == sc.scenario.seeds[0]
+            r = run_sim(cfg, cost, seed=seed, keep=draw, sinks=[summary])
+            if draw:
+                from shunter.bench.timeline import plot_timeline
+
+                slug = "".join(c if c.isalnum() else "-" for c in v.name).strip("-")
+                plot_timeline(r.messages, out_dir / f"{sc.scenario.name}-timeline-{slug}.png",
+                              title=f"{sc.scenario.name}: {v.name} (seed {seed})")
             if r.ended.reason != "completed":
                 raise RuntimeError(f"{sc.scenario.name}/{v.name} seed {seed}: {r.ended.reason}: {r.ended.error}")
             m = summary.result()

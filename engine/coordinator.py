@@ -122,7 +122,6 @@ class Coordinator:
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._derived: deque[Event] = deque()
         self._resumes: deque[Sample] = deque()
-        self._batches: deque[Batch] = deque()  # taken for a user-driven trainer
         self._announced_batches = 0
         self._finishing = False
         self._final_validate_sent = False
@@ -200,7 +199,7 @@ class Coordinator:
         gate = self._serving_version is not None and b.capacity(self._serving_version) > 0
         bv = BufferView(
             ready_samples=b.ready_samples,
-            ready_batches=b.ready_batches() + len(self._batches),
+            ready_batches=b.ready_batches(),
             in_flight_groups=b.in_flight,
             in_flight_samples=self.dispatcher.total_in_flight,
             dispatched_groups=b.dispatched,
@@ -406,8 +405,6 @@ class Coordinator:
 
     def next_batch(self) -> Batch | None:
         """Take the next mini-batch out of the buffer (for the trainer or a user loop)."""
-        if self._batches:
-            return self._batches.popleft()
         batch, dropped = self.buffer.take(self.state.trainer.version)
         for g in dropped:
             self.emit(GroupDropped(group_id=g.group_id, reason="stale", samples=len(g.samples)))

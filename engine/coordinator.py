@@ -47,6 +47,7 @@ from shunter.events import (
     PolicyFailed,
     PromptSpec,
     PublishWeights,
+    Rebalance,
     ReplicaDown,
     ReplicaUp,
     RunEnded,
@@ -368,6 +369,8 @@ class Coordinator:
                     ex.send(rid, LoadWeights(version=cmd.version, replica_ids=[rid], handle=cmd.handle or st.trainer.handle))
             case Validate():
                 self._validate(cmd)
+            case Rebalance():
+                self._rebalance(cmd)
             case Offload() | Onload():
                 ex.send(TRAINER_TARGET, cmd)
             case Stop():
@@ -411,6 +414,24 @@ class Coordinator:
         if batch is not None:
             self._announced_batches = max(0, self._announced_batches - 1)
         return batch
+
+    def _rebalance(self, cmd: Rebalance) -> None:
+        """Ask replicas above the mean in-flight load to shed the excess (their partial
+        samples resume on the least loaded replicas through the pump)."""
+        d = self.dispatcher
+        serving = d.active()
+        if cmd.replica_ids:  # an explicit plan (from a user): pass it through
+            for rid in cmd.replica_ids:
+                if rid in self.state.replicas:
+                    self.executor.send(rid, Rebalance(replica_ids=[rid], count=cmd.count))
+            return
+        if len(serving) < 2:
+            return
+        mean = d.total_in_flight / len(serving)
+        for rid in serving:
+            excess = d.in_flight(rid) - int(mean + 0.5)
+            if excess >= self.cfg.rollout.n_samples_per_prompt:  # at least a group's worth
+                self.executor.send(rid, Rebalance(replica_ids=[rid], count=excess))
 
     def _validate(self, cmd: Validate) -> None:
         ids = cmd.replica_ids or self.dispatcher.active() or [

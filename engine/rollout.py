@@ -27,6 +27,7 @@ from shunter.events import (
     LoadWeights,
     ModeChanged,
     PromptSpec,
+    Rebalance,
     Sample,
     SampleAborted,
     SampleBegin,
@@ -78,6 +79,7 @@ class RolloutCore:
         self._open = asyncio.Event()
         self._open.set()
         self._running: dict[str, str] = {}  # request id -> abort reason ("" while running)
+        self._group_of: dict[str, int] = {}  # request id -> prompt group
         self._drained = asyncio.Event()
         self._drained.set()
         self._req = itertools.count()
@@ -98,6 +100,8 @@ class RolloutCore:
                 return await self.switch_to_trainer(cmd.sleep_level)
             case Validate():
                 return await self.validate(cmd, max_tokens)
+            case Rebalance():
+                return await self.shed(cmd.count)
         raise TypeError(f"a rollout replica does not take {type(cmd).__name__}")
 
     # -- generation --------------------------------------------------------------------
@@ -127,6 +131,7 @@ class RolloutCore:
                 return ev
             rid = f"{self.replica_id}-{next(self._req)}"
             self._running[rid] = ""
+            self._group_of[rid] = s.group_id
             self._drained.clear()
             (ev.append(self._stamp(SampleResumed(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
                                                  prefix_len=len(s.token_ids), remaining_tokens=s.remaining_tokens,
@@ -139,6 +144,7 @@ class RolloutCore:
                 res = await self.backend.generate(rid, s.prompt_token_ids + s.token_ids, self._params(sp, s))
             finally:
                 reason = self._running.pop(rid, "")
+                self._group_of.pop(rid, None)
                 if not self._running:
                     self._drained.set()
             s = msgspec.structs.replace(
@@ -190,6 +196,24 @@ class RolloutCore:
             await self.backend.abort(ids)
         await self._drained.wait()
         return len(ids)
+
+    async def shed(self, count: int) -> list[Event]:
+        """Cut whole prompt groups, most recently started first, until ``count`` running
+        samples are cut; their partials come back through their own ``generate`` calls."""
+        groups: dict[int, list[str]] = {}
+        for rid, reason in self._running.items():
+            if not reason:
+                groups.setdefault(self._group_of.get(rid, -1), []).append(rid)
+        cut: list[str] = []
+        for gid in sorted(groups, reverse=True):
+            if len(cut) >= count:
+                break
+            cut += groups[gid]
+        for rid in cut:
+            self._running[rid] = "rebalanced"
+        if cut:
+            await self.backend.abort(cut)
+        return []
 
     # -- weights and modes -------------------------------------------------------------
     async def load_weights(self, version: int, blob: bytes) -> list[Event]:

@@ -20,6 +20,7 @@ from shunter.events.commands import (
     Offload,
     Onload,
     PublishWeights,
+    Rebalance,
     Stop,
     SwitchToRollout,
     SwitchToTrainer,

@@ -62,6 +62,16 @@ class LoadWeights(Command, frozen=True, kw_only=True, tag="rollout.load_weights"
     handle: str = ""
 
 
+class Rebalance(Command, frozen=True, kw_only=True, tag="rollout.rebalance"):
+    """Even out in-flight samples over the replicas in rollout mode: busy replicas cut some
+    prompt groups (most recently started first) and hand back their partial samples, which
+    resume on the least loaded replicas. A policy issues it bare; the coordinator sends each
+    replica that must shed its own ``Rebalance(replica_ids=[id], count=k)``."""
+
+    replica_ids: list[str] = []
+    count: int = 0
+
+
 class Generate(Command, frozen=True, kw_only=True, tag="rollout.generate"):
     """Generate ``n`` samples for one prompt group, or resume the given partial samples."""
 

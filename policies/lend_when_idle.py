@@ -3,7 +3,10 @@
 Behaviour: like ``separate``, plus — when the trainer is idle with no mini-batch ready,
 the hybrid replicas are switched to rollout if the expected time saved beats the
 measured cost of switching there and back; as soon as a mini-batch is ready they are
-reclaimed, and the trainer trains only once every lent replica is back.
+reclaimed, and the trainer trains only once every lent replica is back. When a lent
+replica comes up it asks for a ``Rebalance``: busy standalone replicas hand part of their
+in-flight groups over (partial rollout makes the move cheap: only the prefix is
+re-prefilled), so lending helps even when every new group is already dispatched.
 
 The estimate (all inputs come from the view):
 
@@ -28,6 +31,8 @@ from shunter.events import (
     Command,
     EngineView,
     Event,
+    ModeChanged,
+    Rebalance,
     SwitchToRollout,
     SwitchToTrainer,
 )
@@ -54,8 +59,10 @@ class LendWhenIdlePolicy(Policy):
     name = "lend_when_idle"
     State = LendState
 
-    def __init__(self, *, switch_cost_prior_s: float = 1.0, min_gain_s: float = 0.0, sleep_level: int = 1) -> None:
+    def __init__(self, *, switch_cost_prior_s: float = 1.0, min_gain_s: float = 0.0, sleep_level: int = 1,
+                 rebalance: bool = True) -> None:
         super().__init__()
+        self.rebalance = bool(rebalance)
         self.switch_cost_prior_s = float(switch_cost_prior_s)
         self.min_gain_s = float(min_gain_s)
         self.sleep_level = int(sleep_level)
@@ -77,6 +84,9 @@ class LendWhenIdlePolicy(Policy):
             if back:
                 cmds.append(SwitchToTrainer(replica_ids=back, sleep_level=self.sleep_level))
         self.state.lent = lent
+        if (self.rebalance and isinstance(event, ModeChanged) and event.mode == ROLLOUT and event.replica_id in lent
+                and not view.buffer.ready_batches):
+            cmds.append(Rebalance())  # let the lent replica take over part of the queued work
         if lent or any(r.kind == HYBRID and r.mode in (ROLLOUT, SWITCHING) for r in view.replicas):
             return cmds  # never train while replicas on trainer resources are lent or switching
         cmds += train_or_publish(event, view)

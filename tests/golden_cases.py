@@ -55,6 +55,7 @@ CASES: list[e.Message] = [
     e.TrainStep(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
     e.PublishWeights(**ENV),
     e.LoadWeights(version=2, replica_ids=["standalone-0"], handle="ray:2", **ENV),
+    e.Rebalance(replica_ids=["standalone-0"], count=12, **ENV),
     e.Generate(group_id=3, prompt=PROMPT, n=8, sampling=SAMPLING, resume=[SAMPLE], **ENV),
     e.Validate(replica_ids=["standalone-0"], prompts=[PROMPT], **ENV),
     e.Stop(reason="user", **ENV),

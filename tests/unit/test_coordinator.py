@@ -175,3 +175,54 @@ async def test_a_policy_that_stops_acting_ends_the_run_with_a_stall_error_not_a_
     coord, _, _ = local_run(cfg(run={"stall_timeout_s": 0.5}), policy=Idle())
     ended, _ = await run(coord, timeout=10)
     assert ended.reason == "error" and "stalled" in ended.error and "ready_batches" in ended.error
+
+
+async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothing():
+    from shunter.events import Rebalance, SampleEnd, SwitchToRollout
+
+    c = cfg(run={"total_steps": 2}, rollout={"standalone_replicas": 1, "hybrid_replicas": 1,
+                                             "max_in_flight_per_replica": 32, "max_staleness": 2})
+    coord, backends, trainer = local_run(c, token_s=0.01)  # separate: the hybrid stays asleep
+    seen = []
+    coord.sinks.append(seen.append)
+
+    async def lend_then_rebalance():
+        await asyncio.sleep(0.03)  # every group so far went to standalone-0
+        coord.post(SwitchToRollout(replica_ids=["hybrid-1"]))
+        while coord.state.replicas["hybrid-1"].mode != "rollout":
+            await asyncio.sleep(0.001)
+        coord.post(Rebalance())
+
+    async with asyncio.timeout(20):
+        _, ended = await asyncio.gather(lend_then_rebalance(), coord.run())
+    assert ended.reason == "completed"
+    moved = [e for e in seen if isinstance(e, SampleAborted) and e.reason == "rebalanced"]
+    assert moved and {e.replica_id for e in moved} == {"standalone-0"}
+    groups = {e.group_id for e in moved}
+    finished = [e for e in seen if isinstance(e, SampleEnd) and e.sample.group_id in groups]
+    assert finished and {e.replica_id for e in finished} == {"hybrid-1"}  # whole groups moved
+    assert all(len(e.sample.token_ids) <= e.sample.max_tokens for e in finished)
+    counters = coord.buffer.counters()
+    assert counters["dispatched"] == counters["trained"] + counters["dropped"] + counters["in_flight"] + counters["ready"]
+
+
+async def test_rollout_core_sheds_the_most_recent_groups_first():
+    from fakes import CharTokenizer, FakeBackend
+
+    from shunter.engine.rollout import RolloutCore
+    from shunter.events import Generate, PromptSpec, SamplingSpec, Stamper
+
+    core = RolloutCore("r", FakeBackend(token_s=0.02), CharTokenizer(), lambda p, r, a: 1.0, Stamper("t", "r"))
+    sp = SamplingSpec(max_tokens=8)
+    old = asyncio.ensure_future(core.generate(Generate(group_id=1, prompt=PromptSpec(prompt_id=1, text="98765>"),
+                                                       n=2, sampling=sp)))
+    new = asyncio.ensure_future(core.generate(Generate(group_id=2, prompt=PromptSpec(prompt_id=2, text="54321>"),
+                                                       n=2, sampling=sp)))
+    async with asyncio.timeout(10):
+        await asyncio.sleep(0.05)
+        await core.shed(1)
+        cut = await new
+        assert {type(e).__name__ for e in cut} >= {"SampleAborted"}
+        assert all(e.reason == "rebalanced" and e.partial is not None for e in cut if isinstance(e, SampleAborted))
+        kept = await old
+    assert not [e for e in kept if isinstance(e, SampleAborted)]

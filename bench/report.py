@@ -37,7 +37,7 @@ def table(result: dict) -> str:
     cols = [(k, name.replace("colocated", base or "colocated"), f)
             for k, name, f in COLUMNS if any(k.replace("colocated", base or "colocated") in m for m in metrics.values())]
     cols = [(k.replace("colocated", base or "colocated"), n, f) for k, n, f in cols]
-    extra = [k for k in ("sim_over_analytic", "coordinator_share", "events_per_s", "latency_p50_ms", "latency_p99_ms")
+    extra = [k for k in ("time_vs_reference", "sim_over_analytic", "coordinator_share", "events_per_s", "latency_p50_ms", "latency_p99_ms")
              if any(k in m for m in metrics.values())]
     head = ["variant"] + [n for _, n, _ in cols] + extra
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -111,3 +111,16 @@ def test_shipped_scenarios_load_and_set_up(tmp_path):
     bad.write_text('[scenario]\nname = "x"\nseedz = [1]\n')
     with pytest.raises(ValueError, match="seedz"):
         load(bad)
+
+
+@pytest.mark.parametrize("train_s_per_token, eta", [(1e-5, 1), (1e-3, 1), (3e-4, 2)])
+def test_lend_when_idle_is_never_more_than_1_percent_slower_than_separate(train_s_per_token, eta):
+    cost = msgspec.structs.replace(SMALL, length_sigma=1.0, train_s_per_token=train_s_per_token, sleep_s=0.3,
+                                   wake_s=0.3)
+    sep = run_sim(config("separate", 2, 0, eta=eta, steps=8), cost, seed=5)
+    lend = run_sim(config("lend_when_idle", 2, 2, eta=eta, steps=8), cost, seed=5)
+    assert sep.ended.reason == lend.ended.reason == "completed"
+    assert lend.sim_s <= 1.01 * sep.sim_s, (lend.sim_s, sep.sim_s)
+    switches = sum(type(m).__name__ == "ModeChanged" for m in lend.messages)
+    if train_s_per_token < 1e-4:  # a fast trainer waits: lending must actually happen
+        assert switches > 0 and lend.sim_s < sep.sim_s

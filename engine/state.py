@@ -34,7 +34,7 @@ class Ema:
 class WindowRate:
     """Completions per second over the last ``window_s`` seconds of event time."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 60.0) -> None:
         self.window_s = window_s
         self._hits: deque[tuple[float, int]] = deque()
         self._sum = 0

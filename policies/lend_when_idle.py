@@ -19,7 +19,8 @@ The estimate (all inputs come from the view):
 
 ``c_to`` / ``c_back`` are the smoothed measured switch times (``switch_cost_prior_s``
 until a switch has been measured). Nothing is lent while the staleness gate is closed
-(extra replicas would have no new group to start) or before any rate is measured.
+(extra replicas would have no new group to start) or before the first optimizer step (rates
+measured over less than a mini-batch mislead).
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ class LendWhenIdlePolicy(Policy):
         r_s = sum(r.samples_per_s for r in standalone)
         measured = [r.samples_per_s for r in view.replicas if r.samples_per_s > 0]
         hybrids = [r for r in view.replicas if r.kind == HYBRID and r.mode == TRAINER]
-        if need <= 0 or r_s <= 0 or not measured or not hybrids:
-            return None
+        if need <= 0 or r_s <= 0 or not measured or not hybrids or view.trainer.step < 1:
+            return None  # rates mean little before a whole mini-batch has been generated and trained
         r_h = sum(measured) / len(measured) * len(hybrids)
         c_to = view.switch_cost_s.get(ROLLOUT, self.switch_cost_prior_s)
         c_back = view.switch_cost_s.get(TRAINER, self.switch_cost_prior_s)

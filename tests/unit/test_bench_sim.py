@@ -21,9 +21,9 @@ SMALL = CostModel(prompt_tokens=16, decode_step_s=0.01, decode_step_s_per_seq=1e
                   length_sigma=0.8, train_step_s=0.2, train_s_per_token=1e-4, weight_bytes=1e9)
 
 
-def config(policy="separate", standalone=2, hybrid=0, eta=1, steps=4, inflight=64, **rollout):
+def config(policy="separate", standalone=2, hybrid=0, eta=1, steps=4, inflight=64, options=None, **rollout):
     return from_dict({
-        "run": {"total_steps": steps, "policy": policy, "stall_timeout_s": 3600.0},
+        "run": {"total_steps": steps, "policy": policy, "stall_timeout_s": 3600.0, "policy_options": options or {}},
         "rollout": {"standalone_replicas": standalone, "hybrid_replicas": hybrid, "n_samples_per_prompt": 4,
                     "max_tokens": 512, "max_staleness": eta, "max_in_flight_per_replica": inflight, **rollout},
         "trainer": {"ppo_mini_batch_size": 32, "parameter_sync_step": 2, "train_batch_size": 64},
@@ -115,10 +115,10 @@ def test_shipped_scenarios_load_and_set_up(tmp_path):
 
 @pytest.mark.parametrize("train_s_per_token, eta", [(1e-5, 1), (1e-3, 1), (3e-4, 2)])
 def test_lend_when_idle_is_never_more_than_1_percent_slower_than_separate(train_s_per_token, eta):
-    cost = msgspec.structs.replace(SMALL, length_sigma=1.0, train_s_per_token=train_s_per_token, sleep_s=0.3,
-                                   wake_s=0.3)
-    sep = run_sim(config("separate", 2, 0, eta=eta, steps=8), cost, seed=5)
-    lend = run_sim(config("lend_when_idle", 2, 2, eta=eta, steps=8), cost, seed=5)
+    cost = msgspec.structs.replace(SMALL, length_median=600, length_sigma=1.0, train_s_per_token=train_s_per_token,
+                                   sleep_s=0.05, wake_s=0.05, load_s=0.01)
+    sep = run_sim(config("separate", 2, 0, eta=eta, steps=12), cost, seed=5)
+    lend = run_sim(config("lend_when_idle", 2, 2, eta=eta, steps=12, options={"switch_cost_prior_s": 0.1}), cost, seed=5)
     assert sep.ended.reason == lend.ended.reason == "completed"
     assert lend.sim_s <= 1.01 * sep.sim_s, (lend.sim_s, sep.sim_s)
     switches = sum(type(m).__name__ == "ModeChanged" for m in lend.messages)

@@ -31,7 +31,7 @@ H1 = ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="trainer")
 
 
 def view(*replicas, trainer=None, buffer=None, **kw):
-    return EngineView(replicas=tuple(replicas), trainer=trainer or TrainerView(), buffer=buffer or BufferView(),
+    return EngineView(replicas=tuple(replicas), trainer=trainer or TrainerView(step=1), buffer=buffer or BufferView(),
                       ppo_mini_batch_size=128, parameter_sync_step=2, **kw)
 
 

@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from shunter.actors.wire import codec
-from shunter.engine.executor import TRAINER, Post
+from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.events import (
     CommandFailed,
     EventRejected,
@@ -32,26 +32,14 @@ from shunter.events import (
 )
 
 
-class RayExecutor:
+class RayExecutor(TaskExecutor):
     def __init__(self, run_id: str, trainer, replicas: dict, *, timeout_s: float) -> None:
+        super().__init__()
         self.trainer = trainer
         self.replicas = dict(replicas)
         self.timeout_s = timeout_s
         self.stamp = Stamper(run_id, "executor")
-        self._post: Post | None = None
         self._refs: dict[str, ray.ObjectRef] = {}
-        self._tasks: set[asyncio.Task] = set()
-
-    def bind(self, post: Post) -> None:
-        self._post = post
-
-    def add_replica(self, replica_id: str, handle) -> None:
-        self.replicas[replica_id] = handle
-
-    def send(self, target: str, command) -> None:
-        task = asyncio.get_running_loop().create_task(self._call(target, command))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _call(self, target: str, cmd) -> None:
         data = codec().encode(cmd)
@@ -96,20 +84,10 @@ class RayExecutor:
                 self._refs[ev.handle] = refs[0]
                 for old in sorted(self._refs, key=_version)[:-2]:
                     del self._refs[old]
-        assert self._post is not None
-        self._post(events)
+        self._deliver(events)
 
     def _emit(self, events: list) -> None:
-        assert self._post is not None
-        self._post([self.stamp(e) for e in events])
-
-    def pending(self) -> int:
-        return len(self._tasks)
-
-    async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._deliver([self.stamp(e) for e in events])
 
 
 def _version(handle: str) -> int:

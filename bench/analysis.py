@@ -34,18 +34,24 @@ from shunter.events import (
 from shunter.events.view import ROLLOUT
 
 
-def _intervals_busy(changes: list[tuple[float, int]], start: float, end: float) -> float:
-    """Time with a positive running count, given (time, +-1) changes."""
-    busy, level, last = 0.0, 0, start
+def busy_intervals(changes: list[tuple[float, int]]) -> list[tuple[float, float]]:
+    """(start, duration) of the stretches with a positive running count, given (time, +-1)
+    changes (ties: increments first)."""
+    out, level, since = [], 0, 0.0
     for t, d in sorted(changes, key=lambda x: (x[0], -x[1])):
-        t = min(max(t, start), end)
-        if level > 0:
-            busy += t - last
+        if level <= 0 < level + d:
+            since = t
         level += d
-        last = t
-    if level > 0:
-        busy += end - last
-    return busy
+        if level <= 0 < level - d:
+            out.append((since, t - since))
+    return out
+
+
+def _intervals_busy(changes: list[tuple[float, int]], start: float, end: float) -> float:
+    """Time within [start, end] with a positive running count (an open stretch runs to end)."""
+    clipped = [(min(max(t, start), end), d) for t, d in changes]
+    level = sum(d for _, d in clipped)
+    return sum(d for _, d in busy_intervals(clipped + ([(end, -level)] if level > 0 else [])))
 
 
 class Summary:

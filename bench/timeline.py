@@ -24,17 +24,7 @@ from shunter.events import (
 )
 from shunter.events.view import TRAINER
 
-
-def _runs(changes: list[tuple[float, int]]) -> list[tuple[float, float]]:
-    """Intervals with a positive running count."""
-    out, level, since = [], 0, 0.0
-    for t, d in sorted(changes, key=lambda x: (x[0], -x[1])):
-        if level == 0 and d > 0:
-            since = t
-        level += d
-        if level == 0 and d < 0:
-            out.append((since, t - since))
-    return out
+from shunter.bench.analysis import busy_intervals
 
 
 def plot_timeline(messages: Iterable[Message], out: str | Path, title: str = "", max_rows: int = 24) -> Path:
@@ -71,8 +61,8 @@ def plot_timeline(messages: Iterable[Message], out: str | Path, title: str = "",
     fig, ax = plt.subplots(figsize=(10, 0.3 * (len(rows) + 1) + 1.2))
     for i, rid in enumerate(rows):
         changes = lent[rid] + ([(end, -1)] if sum(d for _, d in lent[rid]) > 0 else [])
-        ax.broken_barh(_runs(changes), (i - 0.4, 0.8), color="#cccccc")
-        ax.broken_barh(_runs(flight[rid]), (i - 0.3, 0.6), color="#55a868")
+        ax.broken_barh(busy_intervals(changes), (i - 0.4, 0.8), color="#cccccc")
+        ax.broken_barh(busy_intervals(flight[rid]), (i - 0.3, 0.6), color="#55a868")
     y = len(rows)
     ax.broken_barh(steps, (y - 0.4, 0.8), color="#4c72b0")
     ax.broken_barh(pubs, (y - 0.4, 0.8), color="#dd8452")

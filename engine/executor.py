@@ -10,6 +10,7 @@ Targets: ``"trainer"`` or a replica id.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
@@ -29,3 +30,35 @@ class Executor(Protocol):
         """Commands sent whose outcome has not been posted yet."""
 
     async def close(self) -> None: ...
+
+
+class TaskExecutor:
+    """Shared bookkeeping: each ``send`` runs ``_call(target, command)`` as a task whose
+    outcome ``_call`` posts itself; ``pending`` counts them; ``close`` cancels them."""
+
+    def __init__(self) -> None:
+        self._post: Post | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def bind(self, post: Post) -> None:
+        self._post = post
+
+    def send(self, target: str, command: Command) -> None:
+        task = asyncio.get_running_loop().create_task(self._call(target, command))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, target: str, command: Command) -> None:
+        raise NotImplementedError
+
+    def _deliver(self, events: list[Message]) -> None:
+        assert self._post is not None, "bind() was not called"
+        self._post(events)
+
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -8,32 +8,21 @@ backend and trainer core are stand-ins and everything else is the real engine.
 
 from __future__ import annotations
 
-import asyncio
-
-from shunter.engine.executor import TRAINER, Post
+from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
 from shunter.events import CommandFailed, Generate, LoadWeights, Stamper, SwitchToRollout, WeightsReady, tag_of
 
 
-class LocalExecutor:
+class LocalExecutor(TaskExecutor):
     def __init__(self, run_id: str, trainer: TrainerHost, replicas: dict[str, RolloutCore], *, max_tokens: int = 16,
                  clock=None) -> None:
+        super().__init__()
         self.trainer = trainer
         self.replicas = replicas
         self.max_tokens = max_tokens
         self.stamp = Stamper(run_id, "executor", clock) if clock else Stamper(run_id, "executor")
         self.blobs: dict[str, bytes] = {}
-        self._post: Post | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    def bind(self, post: Post) -> None:
-        self._post = post
-
-    def send(self, target: str, command) -> None:
-        task = asyncio.get_running_loop().create_task(self._call(target, command))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _call(self, target: str, cmd) -> None:
         try:
@@ -50,13 +39,5 @@ class LocalExecutor:
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
             events = [self.stamp(CommandFailed(command_kind=tag_of(cmd), target=target, error=f"{type(e).__name__}: {e}",
                                                group_id=cmd.group_id if isinstance(cmd, Generate) else -1))]
-        assert self._post is not None
-        self._post(events)
+        self._deliver(events)
 
-    def pending(self) -> int:
-        return len(self._tasks)
-
-    async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

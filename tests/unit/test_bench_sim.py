@@ -124,3 +124,13 @@ def test_lend_when_idle_is_never_more_than_1_percent_slower_than_separate(train_
     switches = sum(type(m).__name__ == "ModeChanged" for m in lend.messages)
     if train_s_per_token < 1e-4:  # a fast trainer waits: lending must actually happen
         assert switches > 0 and lend.sim_s < sep.sim_s
+
+
+def test_busy_time_counts_overlaps_once_and_clips_to_the_run():
+    from shunter.bench.analysis import _intervals_busy, busy_intervals
+
+    changes = [(1, 1), (2, 1), (3, -1), (5, -1), (6, 1)]
+    assert busy_intervals(changes[:4]) == [(1, 4)]
+    assert _intervals_busy(changes, 0, 10) == 8  # 1..5 and 6..end
+    assert _intervals_busy([(float("-inf"), 1)], 0, 10) == 10
+    assert _intervals_busy([(-5, 1), (3, -1), (4, 1), (20, -1)], 0, 10) == 9

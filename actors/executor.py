@@ -60,11 +60,10 @@ class RayExecutor(TaskExecutor):
                     timeout = None if isinstance(cmd, Validate) else self.timeout_s
                     out = await asyncio.wait_for(h.control.remote(data, payload), timeout)
         except RayActorError as e:
-            events = [CommandFailed(command_kind=tag_of(cmd), target=target, error=f"actor died: {e}",
-                                    group_id=getattr(cmd, "group_id", -1) if isinstance(cmd, Generate) else -1)]
-            if target != TRAINER:
-                events.append(ReplicaDown(replica_id=target, reason=f"actor died during {tag_of(cmd)}"))
-            self._emit(events)
+            if target == TRAINER:
+                self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=f"actor died: {e}")])
+            else:  # the coordinator resumes the replica's samples elsewhere; nothing is dropped
+                self._emit([ReplicaDown(replica_id=target, reason=f"actor died during {tag_of(cmd)}: {e}")])
             return
         except TimeoutError:
             self._emit([CommandFailed(command_kind=tag_of(cmd), target=target,

@@ -126,10 +126,12 @@ class Coordinator:
         self._announced_batches = 0
         self._finishing = False
         self._final_validate_sent = False
+        self._validating_on = ""
         self._failed_groups = 0
         self._stop_reason = ""
         self._serving_dirty, self._serving_cache = True, None
         self._on_replica: dict[int, dict[str, int]] = {}  # group -> replica -> samples generating
+        self._where: dict[str, tuple[str, Sample | None]] = {}  # sample -> (replica, resumed partial)
         self.ended: RunEnded | None = None
         self.started_at = clock()
         self.tokens = 0
@@ -232,12 +234,16 @@ class Coordinator:
                 if ev.mode == ROLLOUT:
                     self._enter_rollout(ev.replica_id, ev.wall_time)
             case ReplicaDown():
-                if (r := st.replicas.get(ev.replica_id)) is not None:
+                if (r := st.replicas.get(ev.replica_id)) is not None and r.mode != DOWN:
                     r.mode = DOWN
                     r.rate.stop()
+                    self._recover(ev.replica_id)
+                    if ev.replica_id == self._validating_on:
+                        self._final_validate_sent = False  # the final validation died with it: redo
                 self.dispatcher.forget(ev.replica_id)
             case SampleEnd():
                 s = ev.sample
+                self._where.pop(s.sample_id, None)
                 self._left(s.group_id, ev.replica_id)
                 if (r := st.replicas.get(ev.replica_id)) is not None:
                     r.rate.add(ev.wall_time)
@@ -247,9 +253,11 @@ class Coordinator:
                 if self.buffer.add(s):
                     self._announce_batches()
             case SampleAborted() if ev.reason == "failed":
+                self._where.pop(ev.sample_id, None)
                 self._left(ev.group_id, ev.replica_id)
             case SampleAborted():
                 if ev.partial is not None:
+                    self._where.pop(ev.sample_id, None)
                     self._left(ev.group_id, ev.replica_id)
                     if self.buffer.group(ev.group_id) is not None:
                         self._resumes.append(ev.partial)
@@ -326,9 +334,28 @@ class Coordinator:
         self.dispatcher.finished(rid, n)
         self.state.touch(rid)
 
+    def _recover(self, rid: str) -> None:
+        """A replica died: every sample it was generating comes back — from the prefix the
+        coordinator already holds (a resumed partial) or from scratch — as a partial to resume
+        elsewhere; the fact is recorded as ``SampleAborted(reason="replica_down")``."""
+        for sid, (where, partial) in list(self._where.items()):
+            if where != rid:
+                continue
+            gid = partial.group_id if partial is not None else int(sid.split(".", 1)[0])
+            g = self.buffer.group(gid)
+            if g is None:
+                self._where.pop(sid)
+                continue
+            p = partial or Sample(sample_id=sid, group_id=gid, prompt_id=g.prompt.prompt_id, prompt_token_ids=[],
+                                  max_tokens=self.sampling.max_tokens)
+            self.emit(SampleAborted(sample_id=sid, group_id=gid, replica_id=rid, reason="replica_down",
+                                    tokens=len(p.token_ids), partial=p))
+
     def _on_failure(self, ev: CommandFailed) -> None:
         if ev.group_id >= 0:
             self._left(ev.group_id, ev.target, 1 << 30)  # whatever of the call is still counted
+            for sid in [k for k, (r, _) in self._where.items() if r == ev.target and k.split(".", 1)[0] == str(ev.group_id)]:
+                del self._where[sid]
             if (g := self.buffer.drop(ev.group_id, "failed")) is not None:
                 self.emit(GroupDropped(group_id=g.group_id, reason="failed", samples=len(g.samples)))
             self._failed_groups += 1
@@ -441,6 +468,7 @@ class Coordinator:
             return
         # all held-out prompts go to one replica, so a validation reads one weight version
         rid = min(ids, key=self.dispatcher.in_flight)
+        self._validating_on = rid
         self.executor.send(rid, Validate(replica_ids=[rid], prompts=cmd.prompts or self.validation_prompts))
 
     # -- 4. pump ---------------------------------------------------------------------------
@@ -459,6 +487,7 @@ class Coordinator:
                 break
             self._resumes.popleft()
             self._started(g.group_id, rid, 1)
+            self._where[p.sample_id] = (rid, p)
             self.executor.send(rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p]))
         while True:
             rid = d.pick(n)
@@ -470,6 +499,8 @@ class Coordinator:
                 return
             g = self.buffer.open(prompt, self.state.replicas[rid].version)
             self._started(g.group_id, rid, n)
+            for k in range(n):
+                self._where[f"{g.group_id}.{k}"] = (rid, None)
             self.executor.send(rid, Generate(group_id=g.group_id, prompt=prompt, n=n, sampling=self.sampling))
 
     # -- 5. finish -------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class TaskExecutor:
 
     def send(self, target: str, command: Command) -> None:
         task = asyncio.get_running_loop().create_task(self._call(target, command))
+        task.target = target  # type: ignore[attr-defined] - for kill()
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

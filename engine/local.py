@@ -11,7 +11,16 @@ from __future__ import annotations
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
-from shunter.events import CommandFailed, Generate, LoadWeights, Stamper, SwitchToRollout, WeightsReady, tag_of
+from shunter.events import (
+    CommandFailed,
+    Generate,
+    LoadWeights,
+    ReplicaDown,
+    Stamper,
+    SwitchToRollout,
+    WeightsReady,
+    tag_of,
+)
 
 
 class LocalExecutor(TaskExecutor):
@@ -23,6 +32,15 @@ class LocalExecutor(TaskExecutor):
         self.max_tokens = max_tokens
         self.stamp = Stamper(run_id, "executor", clock) if clock else Stamper(run_id, "executor")
         self.blobs: dict[str, bytes] = {}
+
+    def kill(self, replica_id: str, reason: str = "killed") -> None:
+        """Fault injection: the replica vanishes mid-call (its calls never answer, like a dead
+        actor's) and the executor reports it down, as the Ray executor does on ``RayActorError``."""
+        for t in list(self._tasks):
+            if getattr(t, "target", None) == replica_id:
+                t.cancel()
+        self.replicas.pop(replica_id, None)
+        self._deliver([self.stamp(ReplicaDown(replica_id=replica_id, reason=reason))])
 
     async def _call(self, target: str, cmd) -> None:
         try:

@@ -65,7 +65,8 @@ class CoordinatorActor:
         self.run_id = run_id
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.executor = RayExecutor(run_id, trainer, replicas, timeout_s=self.cfg.run.timeout_s)
+        self.executor = RayExecutor(run_id, trainer, replicas, timeout_s=self.cfg.run.timeout_s,
+                                    generate_timeout_s=self.cfg.rollout.generate_timeout_s)
         self.feed = Feed()
         self.waiters = Waiters()
         self.log = EventLog(self.out / "events.bin")

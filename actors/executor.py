@@ -33,11 +33,13 @@ from shunter.events import (
 
 
 class RayExecutor(TaskExecutor):
-    def __init__(self, run_id: str, trainer, replicas: dict, *, timeout_s: float) -> None:
+    def __init__(self, run_id: str, trainer, replicas: dict, *, timeout_s: float,
+                 generate_timeout_s: float = 1800.0) -> None:
         super().__init__()
         self.trainer = trainer
         self.replicas = dict(replicas)
         self.timeout_s = timeout_s
+        self.generate_timeout_s = generate_timeout_s
         self.stamp = Stamper(run_id, "executor")
         self._refs: dict[str, ray.ObjectRef] = {}
 
@@ -50,7 +52,14 @@ class RayExecutor(TaskExecutor):
             else:
                 h = self.replicas[target]
                 if isinstance(cmd, Generate):
-                    out = await h.generate.remote(data)  # bounded by the token budget, not a timer
+                    try:
+                        out = await asyncio.wait_for(h.generate.remote(data), self.generate_timeout_s)
+                    except TimeoutError:  # hung: kill it so it can neither hold resources nor answer late
+                        ray.kill(h)
+                        self._emit([ReplicaDown(replica_id=target, reason=(
+                            f"no answer to {tag_of(cmd)} within rollout.generate_timeout_s = "
+                            f"{self.generate_timeout_s:g}s; killed"))])
+                        return
                 else:
                     payload = None
                     if isinstance(cmd, LoadWeights | SwitchToRollout) and cmd.handle:

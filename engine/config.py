@@ -75,6 +75,7 @@ class RolloutConfig(_Section):
     on_stale: Annotated[Literal["wait", "drop"], _d("'wait': batches wait for the oldest groups so none exceeds the bound; 'drop': batches take finished groups first and drop any that exceeded it.")] = "wait"
     max_in_flight_per_replica: Annotated[PosInt, _d("Samples in flight on one replica at most.")] = 128
     max_model_len: Annotated[PosInt, _d("vLLM context length.")] = 64
+    generate_timeout_s: Annotated[PosFloat, _d("A replica that has not answered a generation call for this long is taken as hung: it is killed, reported down, and its samples resume elsewhere.")] = 1800.0
     num_cpus: Annotated[float, _d("Ray CPUs reserved per replica actor (fractional is fine).", ge=0)] = 0.5
     engine_args: Annotated[dict[str, float | int | str | bool], _d("Extra vLLM engine arguments.")] = {}
     cpu_bind: Annotated[list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")] = []

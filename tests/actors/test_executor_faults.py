@@ -1,0 +1,92 @@
+"""The Ray executor's failure paths with real actors standing in for replicas and trainer:
+a dead replica becomes ``ReplicaDown``, a hung one is killed after its timeout, a hung
+trainer call ends in ``CommandFailed`` naming it — never a silent hang."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shunter.actors.executor import RayExecutor
+from shunter.events import (
+    CommandFailed,
+    Generate,
+    PromptSpec,
+    PublishWeights,
+    ReplicaDown,
+    SamplingSpec,
+)
+
+pytestmark = pytest.mark.actors
+
+
+def _ship_by_value():
+    """The stand-in actors live in this test module, which Ray workers cannot import."""
+    import sys
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+_ship_by_value()
+GEN = Generate(group_id=0, prompt=PromptSpec(prompt_id=0, text="12>"), n=2, sampling=SamplingSpec(max_tokens=4))
+
+
+class Hangs:
+    """Answers nothing, ever (a wedged replica or trainer)."""
+
+    async def generate(self, data: bytes) -> bytes:
+        await asyncio.sleep(3600)
+        return b""
+
+    async def control(self, data: bytes, payload=None):
+        await asyncio.sleep(3600)
+        return b"", []
+
+
+class Dies:
+    def generate(self, data: bytes) -> bytes:
+        import os
+
+        os._exit(1)
+
+
+async def run(executor, target, cmd, timeout=60):
+    got = []
+    done = asyncio.Event()
+
+    def post(events):
+        got.extend(events)
+        done.set()
+
+    executor.bind(post)
+    executor.send(target, cmd)
+    async with asyncio.timeout(timeout):
+        await done.wait()
+    return got
+
+
+async def test_hung_replica_is_killed_and_reported_down_after_its_timeout(ray_cluster):
+    hung = ray_cluster.remote(num_cpus=0)(Hangs).remote()
+    ex = RayExecutor("t", None, {"standalone-0": hung}, timeout_s=5, generate_timeout_s=1.0)
+    got = await run(ex, "standalone-0", GEN)
+    assert isinstance(got[0], ReplicaDown) and "generate_timeout_s = 1s; killed" in got[0].reason
+    with pytest.raises(ray_cluster.exceptions.RayActorError):
+        await hung.generate.remote(b"")
+
+
+async def test_dead_replica_is_reported_down_not_dropped(ray_cluster):
+    dead = ray_cluster.remote(num_cpus=0, max_restarts=0)(Dies).remote()
+    ex = RayExecutor("t", None, {"standalone-0": dead}, timeout_s=5)
+    got = await run(ex, "standalone-0", GEN)
+    assert [type(e) for e in got] == [ReplicaDown] and "actor died" in got[0].reason
+
+
+async def test_hung_trainer_call_ends_in_command_failed_naming_it(ray_cluster):
+    hung = ray_cluster.remote(num_cpus=0)(Hangs).remote()
+    ex = RayExecutor("t", hung, {}, timeout_s=1.0)
+    got = await run(ex, "trainer", PublishWeights())
+    assert isinstance(got[0], CommandFailed) and got[0].target == "trainer" and "within 1s" in got[0].error
+    ray_cluster.kill(hung)

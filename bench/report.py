@@ -67,12 +67,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
         ax.barh(names, med, xerr=[lo, hi], color="#4c72b0")
         ax.axvline(1.0, color="grey", lw=1)
         ax.set_xlabel(f"speedup vs {base} (median, min–max over seeds)")
-        ax.invert_yaxis()
-        fig.tight_layout()
-        p = out_dir / f"{name}-speedup.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        made.append(p)
+        made.append(_save(plt, fig, ax, out_dir / f"{name}-speedup.png"))
     if any("trainer_idle_frac" in m for m in metrics.values()):
         fig, ax = plt.subplots(figsize=(8, 3.5))
         names = list(metrics)
@@ -81,14 +76,17 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
         ax.barh([i + 0.2 for i in y], [metrics[n]["rollout_idle_frac"]["median"] for n in names], 0.4, label="rollout")
         ax.set_yticks(list(y), names)
         ax.set_xlabel("idle fraction of wall time (median)")
-        ax.invert_yaxis()
         ax.legend()
-        fig.tight_layout()
-        p = out_dir / f"{name}-idle.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        made.append(p)
+        made.append(_save(plt, fig, ax, out_dir / f"{name}-idle.png"))
     return made
+
+
+def _save(plt, fig, ax, path: Path) -> Path:
+    ax.invert_yaxis()  # variants top to bottom in scenario order
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(results: list[Path], out: Path) -> Path:

@@ -56,6 +56,8 @@ class Engine:
         self.coordinator = None
         self.registry = None
         self.ended: RunEnded | None = None
+        self._replicas_made = 0
+        self._model_dir = ""
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -70,29 +72,20 @@ class Engine:
         await self.close()
 
     async def start(self) -> None:
-        from shunter.actors import coordinator, registry, rollout, trainer
+        from shunter.actors import coordinator, registry, trainer
 
         cfg = self.cfg
-        model_dir = self._ensure_model()
+        model_dir = self._model_dir = self._ensure_model()
         self._init_ray()
         timeout = cfg.run.timeout_s
         self.registry = registry.remote_class().options(
             name=registry.registry_name(self.run_id), namespace=NAMESPACE).remote(self.run_id)
         self._actors.append(self.registry)
         kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
-        worker_cls = rollout.remote_class()
         replicas, opening = {}, []
-        for i, kind in enumerate(kinds):
-            rid = f"{kind}-{i}"
-            rank, name, evs = await self.registry.register.remote(rid, kind)
-            opening += self._codec.decode_batch(evs)
-            bind = cfg.rollout.cpu_bind[i] if cfg.rollout.cpu_bind else "nobind"
-            h = worker_cls.options(name=name, namespace=NAMESPACE, num_cpus=cfg.rollout.num_cpus).remote(
-                self.run_id, rid, model_dir, reward=cfg.task.reward, task=cfg.task.name,
-                mode=ROLLOUT if kind == STANDALONE else TRAINER, seed=cfg.run.seed + rank,
-                max_model_len=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
-                engine_args=cfg.rollout.engine_args, cpu_bind=bind)
-            self._actors.append(h)
+        for kind in kinds:
+            rid, h, rank, evs = await self._new_replica(kind, model_dir)
+            opening += evs
             replicas[rid] = (h, kind, rank)
         tr = trainer.remote_class().options(
             name=f"shunter.{self.run_id}.trainer", namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus).remote(
@@ -122,6 +115,39 @@ class Engine:
             str(self.out_dir), self.registry)
         self._actors.append(self.coordinator)
         await self.coordinator.start.remote(self._codec.encode_batch(opening))
+
+    async def _new_replica(self, kind: str, model_dir: str):
+        """Register a replica (rank + actor name from the registry) and create its actor."""
+        from shunter.actors import rollout
+
+        cfg = self.cfg
+        i = self._replicas_made
+        self._replicas_made += 1
+        rid = f"{kind}-{i}"
+        rank, name, evs = await self.registry.register.remote(rid, kind)
+        binds = cfg.rollout.cpu_bind
+        h = rollout.remote_class().options(name=name, namespace=NAMESPACE, num_cpus=cfg.rollout.num_cpus).remote(
+            self.run_id, rid, model_dir, reward=cfg.task.reward, task=cfg.task.name,
+            mode=ROLLOUT if kind == STANDALONE else TRAINER, seed=cfg.run.seed + rank,
+            max_model_len=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
+            engine_args=cfg.rollout.engine_args, cpu_bind=binds[i % len(binds)] if binds else "nobind")
+        self._actors.append(h)
+        return rid, h, rank, self._codec.decode_batch(evs)
+
+    async def add_replica(self, kind: str = STANDALONE) -> str:
+        """Start one more replica while the run goes on (elastic capacity, or a replacement
+        for one that died — it takes the smallest free rank). A standalone replica loads the
+        current weights before it takes requests. Returns its id."""
+        rid, h, rank, opening = await self._new_replica(kind, self._model_dir)
+        try:
+            setup_s = await asyncio.wait_for(h.setup.remote(), self.cfg.run.timeout_s)
+        except Exception as e:  # noqa: BLE001 - name the replica and the cause
+            raise EngineSetupError(f"{rid} failed to start: {type(e).__name__}: {e}") from e
+        opening.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank,
+                                 mode=ROLLOUT if kind == STANDALONE else TRAINER, setup_s=setup_s,
+                                 run_id=self.run_id, source="engine", wall_time=time.time()))
+        await self.coordinator.add_replica.remote(rid, h, self._codec.encode_batch(opening))
+        return rid
 
     def _ensure_model(self) -> str:
         m = self.cfg.model

@@ -103,6 +103,11 @@ class CoordinatorActor:
         self.ingest(initial, "engine")
         self._task = asyncio.get_running_loop().create_task(self.core.run())
 
+    def add_replica(self, replica_id: str, handle, opening: bytes) -> int:
+        """A replica started during the run: route commands to it, then announce it."""
+        self.executor.add_replica(replica_id, handle)
+        return self.ingest(opening, "engine")
+
     def ingest(self, data: bytes, origin: str) -> int:
         try:
             msgs = codec().decode_batch(data)

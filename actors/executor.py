@@ -43,6 +43,9 @@ class RayExecutor(TaskExecutor):
         self.stamp = Stamper(run_id, "executor")
         self._refs: dict[str, ray.ObjectRef] = {}
 
+    def add_replica(self, replica_id: str, handle) -> None:
+        self.replicas[replica_id] = handle
+
     async def _call(self, target: str, cmd) -> None:
         data = codec().encode(cmd)
         refs: list = []

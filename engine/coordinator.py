@@ -231,7 +231,11 @@ class Coordinator:
         match ev:
             case ReplicaUp():
                 st.replicas[ev.replica_id] = ReplicaState(ev.replica_id, ev.replica_kind, ev.rank, ev.mode, ev.version)
-                if ev.mode == ROLLOUT:
+                if ev.mode == ROLLOUT and ev.version < st.trainer.version:
+                    # a replica joining late serves the current weights before it takes requests
+                    st.replicas[ev.replica_id].mode = TRAINER
+                    self.execute(SwitchToRollout(replica_ids=[ev.replica_id]))
+                elif ev.mode == ROLLOUT:
                     self._enter_rollout(ev.replica_id, ev.wall_time)
             case ReplicaDown():
                 if (r := st.replicas.get(ev.replica_id)) is not None and r.mode != DOWN:

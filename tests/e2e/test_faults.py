@@ -1,5 +1,6 @@
 """Issue 4, item 1 with real actors: a vLLM replica killed mid-run (``ray.kill``); its samples
-resume on the live replica, its rank is released, the run completes with every group
+resume on the live replica, its rank is released and taken by a replacement started during
+the run (which loads the current weights first), the run completes with every group
 accounted for once."""
 
 from __future__ import annotations
@@ -10,13 +11,22 @@ import pytest
 from test_runs import config
 
 from shunter import Engine
-from shunter.events import RankAssigned, RankReleased, ReplicaDown, RunEnded, SampleAborted, StepEnd
+from shunter.events import (
+    ModeChanged,
+    RankAssigned,
+    RankReleased,
+    ReplicaDown,
+    RunEnded,
+    SampleAborted,
+    SampleEnd,
+    StepEnd,
+)
 
 pytestmark = pytest.mark.e2e
 
 
 async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluster, tiny_model, tmp_path):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 24}, validation={"every": 0},
+    cfg = config(tiny_model, tmp_path, run={"total_steps": 100}, validation={"every": 0},
                  rollout={"standalone_replicas": 2, "max_staleness": 1, "max_tokens": 12})
     events = []
     async with asyncio.timeout(400):
@@ -28,6 +38,8 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
                     names[ev.replica_id] = ev.actor_name
                 if isinstance(ev, StepEnd) and ev.step == 6:
                     ray_cluster.kill(ray_cluster.get_actor(names["standalone-1"], namespace="shunter"))
+                if isinstance(ev, RankReleased):
+                    replacement = await engine.add_replica("standalone")
     ended = events[-1]
     assert isinstance(ended, RunEnded) and ended.reason == "completed", ended
     assert [e.replica_id for e in events if isinstance(e, ReplicaDown)] == ["standalone-1"]
@@ -36,6 +48,13 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
     s = ended.summary
     assert s["buffer/dispatched_groups"] == s["buffer/trained_groups"] + s["buffer/dropped_groups"]
     assert s.get("buffer/dropped_failed_groups", 0) == 0
-    assert s["buffer/trained_groups"] == 24 * cfg.groups_per_mini_batch
+    assert s["buffer/trained_groups"] == 100 * cfg.groups_per_mini_batch
     moved = [e for e in events if isinstance(e, SampleAborted) and e.reason == "replica_down"]
     assert all(e.partial is not None for e in moved)
+    # the replacement took the released rank, caught up on weights, then generated
+    assert replacement == "standalone-2"
+    assert [e.rank for e in events if isinstance(e, RankAssigned) and e.replica_id == replacement] == [1]
+    up = [e for e in events if isinstance(e, ModeChanged) and e.replica_id == replacement]
+    assert up and up[0].mode == "rollout" and up[0].detail["version"] >= 1
+    first_sample = next(i for i, e in enumerate(events) if isinstance(e, SampleEnd) and e.replica_id == replacement)
+    assert first_sample > events.index(up[0])

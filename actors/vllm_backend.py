@@ -22,7 +22,6 @@ Importing this module is cheap: vLLM is imported lazily in ``start()``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import looptime
@@ -43,7 +44,7 @@ class SimResult:
     """Real seconds of each loop step, in order (event in -> its commands out)."""
 
 
-def prompts() -> itertools.count:
+def prompts() -> Iterator[PromptSpec]:
     return (PromptSpec(prompt_id=i, text=f"p{i}") for i in itertools.count())
 
 

@@ -9,6 +9,7 @@ keeps its count until its samples come back (finished or aborted) or it is forgo
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 
 
 class Dispatcher:
@@ -17,10 +18,13 @@ class Dispatcher:
         self._rank: dict[str, int] = {}
         self._in_flight: dict[str, int] = {}
         self.total_in_flight = 0
+        self._caps: Counter[int] = Counter()  # capacity -> replicas with it
         self._heap: list[tuple[int, int, str]] = []  # (load, rank, id); stale entries skipped
 
     def add(self, replica_id: str, *, rank: int, capacity: int) -> None:
+        self.remove(replica_id)
         self._capacity[replica_id] = capacity
+        self._caps[capacity] += 1
         self._rank[replica_id] = rank
         self._in_flight.setdefault(replica_id, 0)
         self._push(replica_id)
@@ -34,7 +38,11 @@ class Dispatcher:
 
     def remove(self, replica_id: str) -> None:
         """Stop sending to the replica (its in-flight count stays until they come back)."""
-        self._capacity.pop(replica_id, None)
+        cap = self._capacity.pop(replica_id, None)
+        if cap is not None:
+            self._caps[cap] -= 1
+            if not self._caps[cap]:
+                del self._caps[cap]
         self._rank.pop(replica_id, None)
 
     def forget(self, replica_id: str) -> None:
@@ -59,7 +67,9 @@ class Dispatcher:
             if load + n <= self._capacity[rid]:
                 return rid
             break
-        # the least loaded has no room; with unequal capacities another might
+        if len(self._caps) <= 1:
+            return None  # equal capacities: if the least loaded has no room, none has
+        # unequal capacities: a bigger replica might still have room
         fits = [(self._in_flight[r], self._rank[r], r) for r, c in self._capacity.items() if self._in_flight[r] + n <= c]
         return min(fits)[2] if fits else None
 

@@ -125,3 +125,14 @@ def test_dispatcher_picks_least_loaded_with_room():
     d.finished("a", 5)
     assert d.in_flight("a") == 0  # never negative
     assert d.active() == ["b"]
+
+
+def test_dispatcher_with_unequal_capacities_finds_the_replica_with_room():
+    d = Dispatcher()
+    d.add("small", rank=0, capacity=4)
+    d.add("big", rank=1, capacity=16)
+    d.started("big", 8)
+    d.started("small", 2)
+    assert d.pick(4) == "big"  # the least loaded has no room for 4; the bigger one has
+    d.remove("big")
+    assert d.pick(4) is None

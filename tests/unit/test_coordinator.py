@@ -79,8 +79,6 @@ async def test_staleness_bound_holds(on_stale, max_staleness):
     coord, _, trainer = local_run(cfg(rollout={"max_staleness": max_staleness, "on_stale": on_stale}))
     ended, seen = await run(coord)
     assert ended.reason == "completed"
-    for batch in trainer.seen:
-        pass
     stal = [e.metrics["batch/staleness_max"] for e in seen if isinstance(e, StepEnd)]
     assert max(stal) <= max_staleness
     if on_stale == "wait":

@@ -42,9 +42,17 @@ class RayExecutor(TaskExecutor):
         self.generate_timeout_s = generate_timeout_s
         self.stamp = Stamper(run_id, "executor")
         self._refs: dict[str, ray.ObjectRef] = {}
+        self._down: set[str] = set()  # replicas already reported down: one ReplicaDown per replica life
 
     def add_replica(self, replica_id: str, handle) -> None:
         self.replicas[replica_id] = handle
+        self._down.discard(replica_id)
+
+    def _replica_down(self, replica_id: str, reason: str) -> None:
+        """Report a replica down once, however many of its calls were in flight when it died."""
+        if replica_id not in self._down:
+            self._down.add(replica_id)
+            self._emit([ReplicaDown(replica_id=replica_id, reason=reason)])
 
     async def _call(self, target: str, cmd) -> None:
         data = codec().encode(cmd)
@@ -59,9 +67,8 @@ class RayExecutor(TaskExecutor):
                         out = await asyncio.wait_for(h.generate.remote(data), self.generate_timeout_s)
                     except TimeoutError:  # hung: kill it so it can neither hold resources nor answer late
                         ray.kill(h)
-                        self._emit([ReplicaDown(replica_id=target, reason=(
-                            f"no answer to {tag_of(cmd)} within rollout.generate_timeout_s = "
-                            f"{self.generate_timeout_s:g}s; killed"))])
+                        self._replica_down(target, (f"no answer to {tag_of(cmd)} within rollout.generate_timeout_s"
+                                                    f" = {self.generate_timeout_s:g}s; killed"))
                         return
                 else:
                     payload = None
@@ -75,7 +82,7 @@ class RayExecutor(TaskExecutor):
             if target == TRAINER:
                 self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=f"actor died: {e}")])
             else:  # the coordinator resumes the replica's samples elsewhere; nothing is dropped
-                self._emit([ReplicaDown(replica_id=target, reason=f"actor died during {tag_of(cmd)}: {e}")])
+                self._replica_down(target, f"actor died during {tag_of(cmd)}: {e}")
             return
         except TimeoutError:
             self._emit([CommandFailed(command_kind=tag_of(cmd), target=target,

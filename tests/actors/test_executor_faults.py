@@ -53,6 +53,16 @@ class Dies:
         os._exit(1)
 
 
+class DiesMidBatch:
+    """Holds several generate calls, then the process dies under all of them."""
+
+    async def generate(self, data: bytes) -> bytes:
+        import os
+
+        await asyncio.sleep(0.5)
+        os._exit(1)
+
+
 async def run(executor, target, cmd, timeout=60):
     got = []
     done = asyncio.Event()
@@ -82,6 +92,19 @@ async def test_dead_replica_is_reported_down_not_dropped(ray_cluster):
     ex = RayExecutor("t", None, {"standalone-0": dead}, timeout_s=5)
     got = await run(ex, "standalone-0", GEN)
     assert [type(e) for e in got] == [ReplicaDown] and "actor died" in got[0].reason
+
+
+async def test_a_replica_that_dies_under_many_calls_is_reported_down_once(ray_cluster):
+    dead = ray_cluster.remote(num_cpus=0, max_restarts=0, max_concurrency=16)(DiesMidBatch).remote()
+    ex = RayExecutor("t", None, {"standalone-0": dead}, timeout_s=5)
+    got = []
+    ex.bind(got.extend)
+    for g in range(8):
+        ex.send("standalone-0", Generate(group_id=g, prompt=GEN.prompt, n=2, sampling=GEN.sampling))
+    async with asyncio.timeout(60):
+        while ex.pending():
+            await asyncio.sleep(0.05)
+    assert [type(e) for e in got] == [ReplicaDown], got
 
 
 async def test_hung_trainer_call_ends_in_command_failed_naming_it(ray_cluster):

@@ -9,6 +9,13 @@ namespace, so re-runs and concurrent runs in one cluster never collide on a name
 leaving the ``async with`` block always stops the run and kills them, on success, on
 error and on cancellation. Setup failures raise :class:`EngineSetupError` naming the
 component and its cause.
+
+Recovery: with ``run.checkpoint_every > 0``, a run whose trainer or coordinator dies is
+started again from its last checkpoint (up to ``run.max_restarts`` times): the actors of
+the attempt are replaced, the registry (which outlives attempts and keeps its table on
+disk) releases their ranks, and ``events()`` goes on with ``RunResumed`` — the failed
+attempt's ``RunEnded`` is in the event log, not in the stream. ``Engine(cfg,
+resume=path)`` continues a run from a checkpoint after the whole program stopped.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from shunter.engine.checkpoint import CheckpointStore, Manifest, resolve
 from shunter.engine.config import EngineConfig, load_config
 from shunter.events import (
     Codec,
@@ -46,10 +54,22 @@ class EngineSetupError(RuntimeError):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | str | Path, *, run_id: str | None = None) -> None:
+    def __init__(self, config: EngineConfig | str | Path, *, run_id: str | None = None,
+                 resume: str | Path | None = None) -> None:
+        """``resume``: a checkpoint folder, or a run folder (its newest valid checkpoint);
+        the run continues under its own id and folder. Raises ``CheckpointError`` naming
+        what is wrong with it."""
         self.cfg = config if isinstance(config, EngineConfig) else load_config(config)
-        self.run_id = run_id or f"{self.cfg.run.name}-{uuid.uuid4().hex[:8]}"
-        self.out_dir = Path(self.cfg.run.output_dir) / self.run_id
+        self._resume: tuple[Path, Manifest] | None = resolve(resume) if resume else None
+        if self._resume is not None:
+            self.run_id = self._resume[1].run_id
+            self.out_dir = self._resume[0].parent.parent
+        else:
+            self.run_id = run_id or f"{self.cfg.run.name}-{uuid.uuid4().hex[:8]}"
+            self.out_dir = Path(self.cfg.run.output_dir) / self.run_id
+        self.attempt = 0
+        self._restart_reason = ""
+        self._serve = ("", 0)  # (model folder, weight version) new replicas start from
         self._codec = Codec()
         self._owns_ray = False
         self._actors: list = []
@@ -72,25 +92,43 @@ class Engine:
         await self.close()
 
     async def start(self) -> None:
-        from shunter.actors import coordinator, registry, trainer
+        from shunter.actors import registry
+
+        self._model_dir = self._ensure_model()
+        self._init_ray()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.registry = registry.remote_class().options(
+            name=registry.registry_name(self.run_id), namespace=NAMESPACE).remote(
+            self.run_id, None, str(self.out_dir / "registry.msgpack"))
+        await self._start_attempt()
+
+    def _name(self, component: str) -> str:
+        return f"shunter.{self.run_id}.{component}" + (f".{self.attempt}" if self.attempt else "")
+
+    async def _start_attempt(self) -> None:
+        """Start trainer, replicas and coordinator — from the checkpoint in ``_resume`` if any."""
+        from shunter.actors import coordinator, trainer
 
         cfg = self.cfg
-        model_dir = self._model_dir = self._ensure_model()
-        self._init_ray()
         timeout = cfg.run.timeout_s
-        self.registry = registry.remote_class().options(
-            name=registry.registry_name(self.run_id), namespace=NAMESPACE).remote(self.run_id)
-        self._actors.append(self.registry)
+        opening: list = []
+        ckpt = self._resume[0] if self._resume else None
+        if ckpt is not None:  # ranks held by replicas of an earlier attempt are free again
+            opening += self._codec.decode_batch(await self.registry.release_all.remote("attempt over"))
+            self._replicas_made = max(self._replicas_made, await self.registry.generation.remote())
+            self._serve = (str(ckpt / "model"), self._resume[1].version)
+        else:
+            self._serve = (self._model_dir, 0)
         kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
-        replicas, opening = {}, []
+        replicas = {}
         for kind in kinds:
-            rid, h, rank, evs = await self._new_replica(kind, model_dir)
+            rid, h, rank, evs = await self._new_replica(kind)
             opening += evs
             replicas[rid] = (h, kind, rank)
         tr = trainer.remote_class().options(
-            name=f"shunter.{self.run_id}.trainer", namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus).remote(
-            self.run_id, msgspec.msgpack.encode(cfg.trainer), model_dir, seed=cfg.run.seed,
-            temperature=cfg.rollout.temperature)
+            name=self._name("trainer"), namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus).remote(
+            self.run_id, msgspec.msgpack.encode(cfg.trainer), self._model_dir, seed=cfg.run.seed,
+            temperature=cfg.rollout.temperature, init_from=str(ckpt) if ckpt else "")
         self._actors.append(tr)
         setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
         times = {}
@@ -106,17 +144,51 @@ class Engine:
         opening += [ComponentReady(component=comp, setup_s=t, run_id=self.run_id, source="engine", wall_time=now)
                     for comp, t in times.items()]
         for rid, (_, kind, rank) in replicas.items():
-            opening.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank,
-                                     mode=ROLLOUT if kind == STANDALONE else TRAINER, setup_s=times[rid],
-                                     run_id=self.run_id, source="engine", wall_time=time.time()))
-        self.coordinator = coordinator.remote_class().options(
-            name=f"shunter.{self.run_id}.coordinator", namespace=NAMESPACE).remote(
+            opening.append(self._replica_up(rid, kind, rank, times[rid]))
+        self.coordinator = coordinator.remote_class().options(name=self._name("coordinator"), namespace=NAMESPACE).remote(
             msgspec.msgpack.encode(cfg), self.run_id, tr, {rid: h for rid, (h, _, _) in replicas.items()},
-            str(self.out_dir), self.registry)
+            str(self.out_dir), self.registry, resume=str(ckpt) if ckpt else "", attempt=self.attempt,
+            reason=self._restart_reason)
         self._actors.append(self.coordinator)
         await self.coordinator.start.remote(self._codec.encode_batch(opening))
 
-    async def _new_replica(self, kind: str, model_dir: str):
+    def _replica_up(self, rid: str, kind: str, rank: int, setup_s: float) -> ReplicaUp:
+        return ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=ROLLOUT if kind == STANDALONE else TRAINER,
+                         setup_s=setup_s, version=self._serve[1], run_id=self.run_id, source="engine",
+                         wall_time=time.time())
+
+    async def _restart(self, reason: str) -> bool:
+        """The trainer or the coordinator died: start the run again from its last
+        checkpoint. False (nothing done) when restarts are off, used up, or nothing is saved."""
+        run = self.cfg.run
+        if run.checkpoint_every <= 0 or self.attempt >= run.max_restarts:
+            return False
+        found = CheckpointStore(self.out_dir / "checkpoints").latest()
+        if found is None:
+            return False
+        await self._stop_attempt()
+        self.attempt += 1
+        self._resume, self._restart_reason = found, reason
+        await self._start_attempt()
+        return True
+
+    async def _stop_attempt(self) -> None:
+        import ray
+
+        if self.coordinator is not None:
+            try:
+                await asyncio.wait_for(self.coordinator.close.remote(), 10)
+            except Exception:  # noqa: BLE001 - it may be the one that died
+                pass
+        for h in reversed(self._actors):
+            try:
+                ray.kill(h)
+            except Exception:  # noqa: BLE001
+                pass
+        self._actors.clear()
+        self.coordinator = None
+
+    async def _new_replica(self, kind: str):
         """Register a replica (rank + actor name from the registry) and create its actor."""
         from shunter.actors import rollout
 
@@ -126,8 +198,9 @@ class Engine:
         rid = f"{kind}-{i}"
         rank, name, evs = await self.registry.register.remote(rid, kind)
         binds = cfg.rollout.cpu_bind
+        model_dir, version = self._serve
         h = rollout.remote_class().options(name=name, namespace=NAMESPACE, num_cpus=cfg.rollout.num_cpus).remote(
-            self.run_id, rid, model_dir, reward=cfg.task.reward, task=cfg.task.name,
+            self.run_id, rid, model_dir, reward=cfg.task.reward, task=cfg.task.name, version=version,
             mode=ROLLOUT if kind == STANDALONE else TRAINER, seed=cfg.run.seed + rank,
             max_model_len=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
             engine_args=cfg.rollout.engine_args, cpu_bind=binds[i % len(binds)] if binds else "nobind")
@@ -138,14 +211,12 @@ class Engine:
         """Start one more replica while the run goes on (elastic capacity, or a replacement
         for one that died — it takes the smallest free rank). A standalone replica loads the
         current weights before it takes requests. Returns its id."""
-        rid, h, rank, opening = await self._new_replica(kind, self._model_dir)
+        rid, h, rank, opening = await self._new_replica(kind)
         try:
             setup_s = await asyncio.wait_for(h.setup.remote(), self.cfg.run.timeout_s)
         except Exception as e:  # noqa: BLE001 - name the replica and the cause
             raise EngineSetupError(f"{rid} failed to start: {type(e).__name__}: {e}") from e
-        opening.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank,
-                                 mode=ROLLOUT if kind == STANDALONE else TRAINER, setup_s=setup_s,
-                                 run_id=self.run_id, source="engine", wall_time=time.time()))
+        opening.append(self._replica_up(rid, kind, rank, setup_s))
         await self.coordinator.add_replica.remote(rid, h, self._codec.encode_batch(opening))
         return rid
 
@@ -184,17 +255,13 @@ class Engine:
                 self.ended = self._codec.decode(data)
             except Exception:  # noqa: BLE001 - closing must go on
                 pass
-        if self.coordinator is not None:
+        await self._stop_attempt()
+        if self.registry is not None:
             try:
-                await asyncio.wait_for(self.coordinator.close.remote(), 10)
+                ray.kill(self.registry)
             except Exception:  # noqa: BLE001
                 pass
-        for h in reversed(self._actors):
-            try:
-                ray.kill(h)
-            except Exception:  # noqa: BLE001
-                pass
-        self._actors.clear()
+            self.registry = None
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
@@ -203,28 +270,59 @@ class Engine:
     async def events(self) -> AsyncIterator[Event]:
         """Typed events of the run from its start (commands on the bus are skipped), until
         ``RunEnded``. The feed keeps the last 200,000 messages; a reader that falls further
-        behind gets a warning with the number it missed."""
+        behind gets a warning with the number it missed. When the run restarts from a
+        checkpoint the stream goes on with the new attempt's events (``RunResumed`` first)."""
+        from ray.exceptions import RayActorError
+
         cursor = 0
         while True:
-            items, cursor, missed = await self.coordinator.fetch.remote(cursor, 4096, 1.0)
+            try:
+                items, cursor, missed = await self.coordinator.fetch.remote(cursor, 4096, 1.0)
+            except RayActorError as e:
+                if await self._restart(f"coordinator died: {e}"):
+                    cursor = 0
+                    continue
+                raise
             if missed:
                 warnings.warn(f"Engine.events(): fell behind, {missed} messages were dropped from the feed "
                               "(the event log on disk has all of them)", stacklevel=2)
+            restarted = False
             for b in items:
                 msg = self._codec.decode(b)
+                if isinstance(msg, RunEnded):
+                    if await self._recover(msg):
+                        restarted = True
+                        break
+                    self.ended = msg
+                    yield msg
+                    return
                 if isinstance(msg, Event):
                     yield msg
-                if isinstance(msg, RunEnded):
-                    self.ended = msg
-                    return
+            if restarted:
+                cursor = 0
+
+    async def _recover(self, ended: RunEnded) -> bool:
+        """True if the run that ended this way was restarted from its last checkpoint."""
+        return bool(ended.failed_component) and await self._restart(f"{ended.failed_component} failed: {ended.error}")
 
     async def submit(self, command: Command) -> None:
         if not await self.coordinator.submit.remote(self._codec.encode(command)):
             raise ValueError(f"the coordinator rejected {command!r}")
 
     async def wait(self) -> RunEnded:
-        self.ended = self._codec.decode(await self.coordinator.wait_ended.remote())
-        return self.ended
+        """The run's end, restarting it from its last checkpoint when a component died."""
+        from ray.exceptions import RayActorError
+
+        while True:
+            try:
+                ended = self._codec.decode(await self.coordinator.wait_ended.remote())
+            except RayActorError as e:
+                if await self._restart(f"coordinator died: {e}"):
+                    continue
+                raise
+            if not await self._recover(ended):
+                self.ended = ended
+                return ended
 
     async def stop(self, reason: str = "stopped") -> RunEnded:
         self.ended = self._codec.decode(await self.coordinator.stop.remote(reason))

@@ -16,6 +16,8 @@ import msgspec
 from shunter.actors.executor import RayExecutor
 from shunter.actors.wire import codec
 from shunter.engine import config as config_mod
+from shunter.engine import snapshot
+from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.coordinator import Coordinator
 from shunter.engine.records import EventLog, Feed, LogSink, MetricsSink, make_logger
 from shunter.engine.tasks import load_task
@@ -60,7 +62,8 @@ class Waiters:
 
 
 class CoordinatorActor:
-    def __init__(self, cfg: bytes, run_id: str, trainer, replicas: dict, out_dir: str, registry=None) -> None:
+    def __init__(self, cfg: bytes, run_id: str, trainer, replicas: dict, out_dir: str, registry=None, *,
+                 resume: str = "", attempt: int = 0, reason: str = "") -> None:
         self.cfg = msgspec.msgpack.decode(cfg, type=config_mod.EngineConfig)
         self.run_id = run_id
         self.out = Path(out_dir)
@@ -82,7 +85,12 @@ class CoordinatorActor:
             run_id=run_id, validation_prompts=val,
             sinks=[self.log, LogSink(make_logger(self.out / "run.log")), self.metrics, self.feed, self.waiters,
                    self._release_dead],
+            checkpoints=(CheckpointStore(self.out / "checkpoints", keep=self.cfg.run.checkpoint_keep)
+                         if self.cfg.run.checkpoint_every > 0 else None),
         )
+        if resume:  # a checkpoint folder, already verified by the Engine
+            snap = snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes())
+            self.core.restore(snap, checkpoint=resume, attempt=attempt, reason=reason)
         self.registry = registry
         self._task: asyncio.Task | None = None
 

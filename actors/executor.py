@@ -1,8 +1,8 @@
 """``RayExecutor``: carries commands to the trainer and replica actors over Ray.
 
 Invariants: every call is bounded by a timeout and every failure comes back as an event
-naming the target (``CommandFailed``; a dead actor also yields ``ReplicaDown``), never a
-hang or a lost error; returned bytes are decoded by type, and bytes that do not decode
+naming the target (``CommandFailed``; a dead or hung replica yields one ``ReplicaDown``, a
+dead or hung trainer one ``ComponentFailed``), never a hang or a lost error; returned bytes are decoded by type, and bytes that do not decode
 become ``EventRejected``. Weight blobs stay in the Ray object store: this executor keeps
 the handle -> ObjectRef table (last two versions) and passes the ref, which Ray resolves
 on the receiving replica.
@@ -20,6 +20,7 @@ from shunter.actors.wire import codec
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.events import (
     CommandFailed,
+    ComponentFailed,
     EventRejected,
     Generate,
     LoadWeights,
@@ -47,6 +48,11 @@ class RayExecutor(TaskExecutor):
     def add_replica(self, replica_id: str, handle) -> None:
         self.replicas[replica_id] = handle
         self._down.discard(replica_id)
+
+    def _trainer_down(self, reason: str) -> None:
+        if TRAINER not in self._down:
+            self._down.add(TRAINER)
+            self._emit([ComponentFailed(component=TRAINER, error=reason)])
 
     def _replica_down(self, replica_id: str, reason: str) -> None:
         """Report a replica down once, however many of its calls were in flight when it died."""
@@ -79,14 +85,18 @@ class RayExecutor(TaskExecutor):
                     timeout = None if isinstance(cmd, Validate) else self.timeout_s
                     out = await asyncio.wait_for(h.control.remote(data, payload), timeout)
         except RayActorError as e:
-            if target == TRAINER:
-                self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=f"actor died: {e}")])
+            if target == TRAINER:  # the run ends; the Engine restarts it from the last checkpoint
+                self._trainer_down(f"actor died during {tag_of(cmd)}: {e}")
             else:  # the coordinator resumes the replica's samples elsewhere; nothing is dropped
                 self._replica_down(target, f"actor died during {tag_of(cmd)}: {e}")
             return
         except TimeoutError:
-            self._emit([CommandFailed(command_kind=tag_of(cmd), target=target,
-                                      error=f"no answer within {self.timeout_s:.0f}s")])
+            if target == TRAINER:  # hung: kill it so it cannot answer late, and report it down
+                ray.kill(self.trainer)
+                self._trainer_down(f"no answer to {tag_of(cmd)} within run.timeout_s = {self.timeout_s:g}s; killed")
+            else:
+                self._emit([CommandFailed(command_kind=tag_of(cmd), target=target,
+                                          error=f"no answer within {self.timeout_s:g}s (run.timeout_s)")])
             return
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
             self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=f"{type(e).__name__}: {e}",

@@ -1,29 +1,45 @@
 """``ReplicaRegistryActor``: the single owner of a run's ``RankTable``.
 
-Invariant: all rank changes go through this one actor, whose synchronous methods Ray runs
-one at a time, so concurrent registrations are atomic; the
-actor is named per run (``shunter.<run_id>.registry``), so two runs in one cluster never
-share or collide with it. Every change is returned as an event for the bus.
+Invariants: all rank changes go through this one actor, whose synchronous methods Ray runs
+one at a time, so concurrent registrations are atomic; the actor is named per run
+(``shunter.<run_id>.registry``), so two runs in one cluster never share or collide with it.
+Every change is returned as an event for the bus, and — when the actor has a
+``state_path`` — written to disk atomically before the call returns, so a registry that
+Ray restarts after a crash (``max_restarts=-1``; its calls are idempotent and retried)
+comes back with the same table, and a run resumed later sees the ranks it held.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ray
 
 from shunter.actors.wire import encode_events
+from shunter.engine.checkpoint import write_atomic
 from shunter.engine.ranks import RankTable
 from shunter.events import RankAssigned, RankReleased, Stamper
 
 
 class ReplicaRegistryActor:
-    def __init__(self, run_id: str, snapshot: bytes | None = None) -> None:
+    def __init__(self, run_id: str, snapshot: bytes | None = None, state_path: str = "") -> None:
+        self.path = Path(state_path) if state_path else None
+        if self.path is not None and self.path.is_file():
+            snapshot = self.path.read_bytes()  # a restart (or a resumed run): the table as last written
         self.table = RankTable.restore(snapshot) if snapshot else RankTable(run_id)
         self.stamp = Stamper(run_id, "registry")
+        self._save()
+
+    def _save(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, self.table.snapshot())
 
     def register(self, replica_id: str, kind: str) -> tuple[int, str, bytes]:
         """Assign (idempotently) a rank and actor name; returns (rank, name, events)."""
         before = self.table.get(replica_id)
         lease = self.table.assign(replica_id, kind)
+        self._save()
         events = [] if before else [self.stamp(RankAssigned(replica_id=replica_id, replica_kind=kind, rank=lease.rank,
                                                             actor_name=lease.actor_name))]
         return lease.rank, lease.actor_name, encode_events(events)
@@ -32,10 +48,22 @@ class ReplicaRegistryActor:
         lease = self.table.release(replica_id)
         if lease is None:
             return encode_events([])
+        self._save()
         return encode_events([self.stamp(RankReleased(replica_id=replica_id, rank=lease.rank, reason=reason))])
+
+    def release_all(self, reason: str) -> bytes:
+        """Release every lease (the replicas of an attempt that is over)."""
+        events = [self.stamp(RankReleased(replica_id=x.replica_id, rank=x.rank, reason=reason))
+                  for x in self.table.leases() if self.table.release(x.replica_id)]
+        self._save()
+        return encode_events(events)
 
     def leases(self) -> list[tuple[str, str, int, str]]:
         return [(x.replica_id, x.kind, x.rank, x.actor_name) for x in self.table.leases()]
+
+    def generation(self) -> int:
+        """Leases handed out so far in this run (replica ids are numbered past it)."""
+        return self.table.generation
 
     def snapshot(self) -> bytes:
         return self.table.snapshot()
@@ -50,4 +78,4 @@ def registry_name(run_id: str) -> str:
 
 
 def remote_class():
-    return ray.remote(num_cpus=0)(ReplicaRegistryActor)
+    return ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ReplicaRegistryActor)

@@ -23,13 +23,14 @@ from shunter.events import Generate, Stamper
 class RolloutWorker:
     def __init__(self, run_id: str, replica_id: str, model_dir: str, *, reward: str, task: str,
                  mode: str, seed: int, max_model_len: int, max_tokens: int,
-                 engine_args: dict | None = None, cpu_bind: str = "") -> None:
+                 engine_args: dict | None = None, cpu_bind: str = "", version: int = 0) -> None:
         self.run_id, self.replica_id, self.model_dir = run_id, replica_id, model_dir
         self.reward_spec, self.task = reward, task
         self.mode, self.seed = mode, seed
         self.max_model_len, self.max_tokens = max_model_len, max_tokens
         self.engine_args = dict(engine_args or {})
         self.cpu_bind = cpu_bind
+        self.version = version
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -52,7 +53,8 @@ class RolloutWorker:
         await backend.start()
         self._loop = asyncio.get_running_loop()
         self.core = RolloutCore(self.replica_id, backend, _Tok(tok), reward, Stamper(self.run_id, self.replica_id),
-                                mode=self.mode, reward_name=self.reward_spec or f"{self.task}.reward", seed=self.seed)
+                                mode=self.mode, reward_name=self.reward_spec or f"{self.task}.reward", seed=self.seed,
+                                version=self.version)
         return time.perf_counter() - t0
 
     @ray.method(concurrency_group="generate")

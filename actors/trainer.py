@@ -18,9 +18,11 @@ from shunter.events import Stamper
 
 
 class TrainerWorker:
-    def __init__(self, run_id: str, cfg: bytes, model_dir: str, *, seed: int = 0, temperature: float = 1.0) -> None:
+    def __init__(self, run_id: str, cfg: bytes, model_dir: str, *, seed: int = 0, temperature: float = 1.0,
+                 init_from: str = "") -> None:
         self.cfg = msgspec.msgpack.decode(cfg, type=TrainerConfig)
         self.run_id, self.model_dir, self.seed, self.temperature = run_id, model_dir, seed, temperature
+        self.init_from = init_from
         self.host = None
 
     async def setup(self) -> float:
@@ -34,7 +36,8 @@ class TrainerWorker:
         t0 = time.perf_counter()
         tok = AutoTokenizer.from_pretrained(self.model_dir)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        core = Trainer(self.cfg, self.model_dir, seed=self.seed, pad_token_id=pad, temperature=self.temperature)
+        core = Trainer(self.cfg, self.model_dir, seed=self.seed, pad_token_id=pad, temperature=self.temperature,
+                       init_from=self.init_from)
         await asyncio.to_thread(core.setup)
         self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray")
         return time.perf_counter() - t0

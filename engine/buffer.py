@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgspec
+
 from shunter.events import PromptSpec, Sample
 
 
@@ -48,6 +50,27 @@ class Batch:
     group_ids: list[int]
     min_version: int
     max_staleness: int
+
+
+class GroupState(msgspec.Struct, frozen=True, kw_only=True):
+    group_id: int
+    prompt: PromptSpec
+    n: int
+    dispatch_version: int
+    samples: list[Sample] = []
+
+
+class BufferState(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the buffer holds, as plain data (part of a checkpoint)."""
+
+    next_group: int
+    next_batch: int
+    trained: int
+    dropped: dict[str, int]
+    groups: list[GroupState]
+    """In flight or ready, in dispatch order."""
+    ready: list[int]
+    """Complete groups in completion order."""
 
 
 class SampleBuffer:
@@ -181,6 +204,28 @@ class SampleBuffer:
 
     def drop_all(self, reason: str) -> list[Group]:
         return [g for gid in list(self._groups) if (g := self.drop(gid, reason))]
+
+    # -- checkpoints -------------------------------------------------------------------
+    def snapshot(self) -> BufferState:
+        return BufferState(
+            next_group=self._next_group, next_batch=self._next_batch, trained=self.trained,
+            dropped=dict(self.dropped), ready=list(self._ready),
+            groups=[GroupState(group_id=g.group_id, prompt=g.prompt, n=g.n, dispatch_version=g.dispatch_version,
+                               samples=list(g.samples.values())) for g in self._groups.values()],
+        )
+
+    def restore(self, st: BufferState) -> None:
+        """Replace the contents with a snapshot (same sizes and staleness rule assumed)."""
+        self._groups = {}
+        for gs in st.groups:
+            if gs.n != self.group_size:
+                raise ValueError(f"group {gs.group_id} has {gs.n} samples per prompt; this run uses {self.group_size}")
+            self._groups[gs.group_id] = Group(gs.group_id, gs.prompt, gs.n, gs.dispatch_version,
+                                              {s.sample_id: s for s in gs.samples})
+        self._ready = {gid: None for gid in st.ready}
+        self._next_group, self._next_batch, self.trained = st.next_group, st.next_batch, st.trained
+        self.dropped = Counter(st.dropped)
+        self.check()
 
     # -- accounting --------------------------------------------------------------------
     @property

@@ -50,6 +50,9 @@ class RunConfig(_Section):
     timeout_s: Annotated[PosFloat, _d("Upper bound on any single wait (actor setup, weight load, RPC).")] = 300.0
     stall_timeout_s: Annotated[PosFloat, _d("End the run with an error if nothing is in flight and no message arrives for this long (a policy that never acts again); engine-driven runs only.")] = 60.0
     progress: Annotated[bool, _d("Show a progress bar on the terminal.")] = True
+    checkpoint_every: Annotated[NonNegInt, _d("Save a checkpoint (model, optimizer, step, version, buffer, prompts in flight, policy state) into <output_dir>/<run_id>/checkpoints at the first publish at least this many optimizer steps after the last one, and at the end; 0 disables.")] = 0
+    checkpoint_keep: Annotated[PosInt, _d("Complete checkpoints kept (older ones are removed once a newer one is committed).")] = 2
+    max_restarts: Annotated[NonNegInt, _d("When the trainer or the coordinator dies, restart the run from its last checkpoint up to this many times (needs checkpoint_every > 0).")] = 2
 
 
 class ModelConfig(_Section):
@@ -159,6 +162,11 @@ def check(cfg: EngineConfig) -> None:
         )
     if r.standalone_replicas + r.hybrid_replicas == 0:
         raise ConfigError("rollout.standalone_replicas + rollout.hybrid_replicas is 0: no replica to generate with")
+    if r.max_tokens >= r.max_model_len:
+        raise ConfigError(
+            f"rollout.max_tokens ({r.max_tokens}) must be below rollout.max_model_len ({r.max_model_len}): "
+            "the context must hold the prompt and the whole response"
+        )
     if r.max_in_flight_per_replica < r.n_samples_per_prompt:
         raise ConfigError(
             f"rollout.max_in_flight_per_replica ({r.max_in_flight_per_replica}) is below "

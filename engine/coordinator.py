@@ -12,17 +12,27 @@ events), so a slow replica or trainer can never wedge it. A policy that raises b
     4. pump        start new groups and resume partial samples while replicas have room
                    and the staleness gate is open
     5. finish      after ``total_steps``: publish, load and validate the final weights,
-                   account every group, emit ``RunEnded``
+                   save the last checkpoint, account every group, emit ``RunEnded``
+
+Checkpoints (``run.checkpoint_every``) are cut right after a publish, before the policy
+sees the ``WeightsReady``: the coordinator writes its snapshot into a staging folder and
+asks the trainer for its part (``SaveCheckpoint``, queued ahead of any later train step);
+``TrainerStateSaved`` commits the folder atomically (``CheckpointSaved``). A resumed
+attempt (:meth:`restore`) starts with ``RunResumed`` instead of ``RunStarted``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+from shunter.engine import snapshot as snapshot_mod
 from shunter.engine.buffer import Batch, SampleBuffer
+from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.config import EngineConfig
 from shunter.engine.dispatcher import Dispatcher
 from shunter.engine.executor import TRAINER as TRAINER_TARGET
@@ -31,8 +41,10 @@ from shunter.engine.state import EngineState, ReplicaState
 from shunter.events import (
     BatchReady,
     BufferView,
+    CheckpointSaved,
     Command,
     CommandFailed,
+    ComponentFailed,
     EngineView,
     Event,
     Generate,
@@ -51,17 +63,20 @@ from shunter.events import (
     ReplicaDown,
     ReplicaUp,
     RunEnded,
+    RunResumed,
     RunStarted,
     Sample,
     SampleAborted,
     SampleEnd,
     SamplingSpec,
+    SaveCheckpoint,
     Stamper,
     StepBegin,
     StepEnd,
     Stop,
     SwitchToRollout,
     SwitchToTrainer,
+    TrainerStateSaved,
     TrainStep,
     Validate,
     ValidateEnd,
@@ -88,6 +103,7 @@ class Coordinator:
         validation_prompts: list[PromptSpec] | None = None,
         sinks: list[Sink] | None = None,
         clock: Callable[[], float] = time.time,
+        checkpoints: CheckpointStore | None = None,
     ) -> None:
         self.cfg = cfg
         self.policy = policy
@@ -137,6 +153,13 @@ class Coordinator:
         self.tokens = 0
         self.rewards: list[float] = []  # mean reward of each trained batch, in order
         self.validations: list[ValidateEnd] = []
+        self.checkpoints = checkpoints
+        self.prompts_taken = 0
+        self._ckpt_step = 0  # step of the last committed (or restored) checkpoint
+        self._ckpt_pending = ""  # staging folder of the checkpoint being written
+        self._final_ckpt_tried = False
+        self._resumed: RunResumed | None = None
+        self._opened = False  # RunStarted / RunResumed emitted: the run may finish from here on
         executor.bind(self.post_many)
 
     # -- inputs ----------------------------------------------------------------------
@@ -155,8 +178,13 @@ class Coordinator:
     async def run(self) -> RunEnded:
         while not self._inbox.empty():  # the replicas' opening events come first
             self.handle(self._inbox.get_nowait())
-        self.emit(RunStarted(policy=self.policy.name or type(self.policy).__name__,
-                             replicas=len(self.state.replicas), trainer_driver=self.state.trainer_driver))
+        if self._resumed is not None:
+            self.emit(self._resumed)
+            self._announce_batches()  # restored ready groups form batches again
+        else:
+            self.emit(RunStarted(policy=self.policy.name or type(self.policy).__name__,
+                                 replicas=len(self.state.replicas), trainer_driver=self.state.trainer_driver))
+        self._opened = True
         self._drain_derived()
         stall = self.cfg.run.stall_timeout_s
         while self.ended is None:
@@ -281,6 +309,12 @@ class Coordinator:
                 t.state, t.version, t.steps_since_publish, t.handle = "idle", ev.version, 0, ev.handle
                 for g in self.buffer.prune(ev.version):
                     self.emit(GroupDropped(group_id=g.group_id, reason="stale", samples=len(g.samples)))
+                self._checkpoint_if_due()
+            case TrainerStateSaved():
+                self._commit_checkpoint(ev)
+            case ComponentFailed() if ev.component == TRAINER_TARGET:
+                st.trainer.state = "failed"
+                self._end("error", error=f"trainer failed: {ev.error}", failed_component=TRAINER_TARGET)
             case WeightsLoaded():
                 if (r := st.replicas.get(ev.replica_id)) is not None:
                     r.version = max(r.version, ev.version)
@@ -350,10 +384,14 @@ class Coordinator:
             if g is None:
                 self._where.pop(sid)
                 continue
-            p = partial or Sample(sample_id=sid, group_id=gid, prompt_id=g.prompt.prompt_id, prompt_token_ids=[],
-                                  max_tokens=self.sampling.max_tokens)
+            p = partial or self._fresh(sid, gid, g.prompt.prompt_id)
             self.emit(SampleAborted(sample_id=sid, group_id=gid, replica_id=rid, reason="replica_down",
                                     tokens=len(p.token_ids), partial=p))
+
+    def _fresh(self, sid: str, gid: int, prompt_id: int) -> Sample:
+        """A sample with no tokens yet, to be generated from the start."""
+        return Sample(sample_id=sid, group_id=gid, prompt_id=prompt_id, prompt_token_ids=[],
+                      max_tokens=self.sampling.max_tokens)
 
     def _on_failure(self, ev: CommandFailed) -> None:
         if ev.group_id >= 0:
@@ -365,6 +403,9 @@ class Coordinator:
             self._failed_groups += 1
             if self._failed_groups >= 8 and self.buffer.trained == 0:
                 self._end("error", error=f"every generation fails; last: {ev.error}")
+            return
+        if ev.command_kind == tag_of(SaveCheckpoint):  # the previous checkpoint stays usable; go on
+            self._ckpt_pending = ""
             return
         if ev.target == TRAINER_TARGET:
             self.state.trainer.state = "failed"
@@ -402,7 +443,7 @@ class Coordinator:
                 self._validate(cmd)
             case Rebalance():
                 self._rebalance(cmd)
-            case Offload() | Onload():
+            case Offload() | Onload() | SaveCheckpoint():
                 ex.send(TRAINER_TARGET, cmd)
             case Stop():
                 self._finishing = st.done = True
@@ -501,6 +542,7 @@ class Coordinator:
                 prompt = next(self.prompts)
             except StopIteration:
                 return
+            self.prompts_taken += 1
             g = self.buffer.open(prompt, self.state.replicas[rid].version)
             self._started(g.group_id, rid, n)
             for k in range(n):
@@ -510,7 +552,7 @@ class Coordinator:
     # -- 5. finish -------------------------------------------------------------------------
     def finish_if_done(self, ev: Message) -> None:
         st = self.state
-        if self.ended is not None:
+        if self.ended is not None or not self._opened:
             return
         if not self._finishing or st.trainer.state not in ("idle",):
             return
@@ -530,6 +572,8 @@ class Coordinator:
                 return
             if not (isinstance(ev, ValidateEnd) and ev.version >= st.trainer.version):
                 return
+        if self._wants_final_checkpoint():
+            return
         self._end("stopped" if self._stop_reason else "completed")
 
     def _issue(self, cmd: Command) -> None:
@@ -538,11 +582,12 @@ class Coordinator:
             sink(cmd)
         self.execute(cmd)
 
-    def _end(self, reason: str, error: str = "") -> None:
+    def _end(self, reason: str, error: str = "", failed_component: str = "") -> None:
         for g in self.buffer.drop_all("run_end"):
             self.handle_dropped(g.group_id, len(g.samples))
         self.buffer.check()
-        ended = self.stamp(RunEnded(reason=reason, steps=self.state.trainer.step, summary=self.summary(), error=error))
+        ended = self.stamp(RunEnded(reason=reason, steps=self.state.trainer.step, summary=self.summary(), error=error,
+                                    failed_component=failed_component))
         for sink in self.sinks:
             sink(ended)
         self.ended = ended
@@ -551,6 +596,89 @@ class Coordinator:
         ev = self.stamp(GroupDropped(group_id=group_id, reason="run_end", samples=samples))
         for sink in self.sinks:
             sink(ev)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def _checkpoint_if_due(self, *, final: bool = False) -> bool:
+        """Cut a checkpoint now (right after a publish) if one is due; True if one was started."""
+        store, every, t = self.checkpoints, self.cfg.run.checkpoint_every, self.state.trainer
+        if store is None or every <= 0 or self._ckpt_pending or t.step <= self._ckpt_step or t.steps_since_publish:
+            return False
+        if not final and t.step - self._ckpt_step < every:
+            return False
+        try:
+            staging = store.staging(t.step)
+            (staging / snapshot_mod.SNAPSHOT_FILE).write_bytes(snapshot_mod.encode(self.snapshot()))
+        except Exception as e:  # noqa: BLE001 - a checkpoint that cannot be written is reported, not fatal
+            self.emit(CommandFailed(command_kind="checkpoint.write", target="coordinator", error=f"{type(e).__name__}: {e}"))
+            return False
+        self._ckpt_pending = str(staging)
+        self._issue(SaveCheckpoint(step=t.step, path=str(staging)))
+        return True
+
+    def _commit_checkpoint(self, ev: TrainerStateSaved) -> None:
+        if not self._ckpt_pending or ev.path != self._ckpt_pending or self.checkpoints is None:
+            return
+        self._ckpt_pending = ""
+        t0 = time.perf_counter()
+        try:
+            path, manifest = self.checkpoints.commit(Path(ev.path), run_id=self.state.run_id, step=ev.step,
+                                                     version=ev.version)
+        except Exception as e:  # noqa: BLE001 - the previous checkpoint stays the one to resume from
+            self.emit(CommandFailed(command_kind="checkpoint.commit", target="coordinator", error=f"{type(e).__name__}: {e}"))
+            return
+        self._ckpt_step = ev.step
+        self.emit(CheckpointSaved(step=ev.step, version=ev.version, path=str(path), nbytes=manifest.nbytes,
+                                  duration_s=ev.duration_s + time.perf_counter() - t0))
+
+    def _wants_final_checkpoint(self) -> bool:
+        """At the end of a run with checkpoints on: save the final state once (True while it is written)."""
+        if self._ckpt_pending:
+            return True
+        if self._final_ckpt_tried or self.state.trainer.step <= self._ckpt_step:
+            return False
+        self._final_ckpt_tried = True
+        return self._checkpoint_if_due(final=True)
+
+    def snapshot(self) -> snapshot_mod.CoordinatorSnapshot:
+        """The coordinator's state at this cut (see ``shunter.engine.snapshot``)."""
+        waiting = {p.sample_id: p for p in self._resumes}
+        in_flight = []
+        for st in self.buffer.snapshot().groups:
+            done = {s.sample_id for s in st.samples}
+            for k in range(st.n):
+                sid = f"{st.group_id}.{k}"
+                if sid in done:
+                    continue
+                partial = waiting.get(sid) or self._where.get(sid, ("", None))[1]
+                in_flight.append(partial or self._fresh(sid, st.group_id, st.prompt.prompt_id))
+        return snapshot_mod.CoordinatorSnapshot(
+            run_id=self.state.run_id, step=self.state.trainer.step, version=self.state.trainer.version,
+            prompts_taken=self.prompts_taken, buffer=self.buffer.snapshot(), in_flight=in_flight,
+            policy=self.policy.snapshot(), tokens=self.tokens, wall_s=self.clock() - self.started_at,
+            rewards=list(self.rewards), validations=list(self.validations), failed_groups=self._failed_groups,
+        )
+
+    def restore(self, snap: snapshot_mod.CoordinatorSnapshot, *, checkpoint: str = "", attempt: int = 1,
+                reason: str = "") -> None:
+        """Continue a run from a snapshot (before :meth:`run`): the buffer, the samples in
+        flight (they resume from their prefixes), the prompt stream, the policy's state."""
+        self.buffer.restore(snap.buffer)
+        self._resumes = deque(p for p in snap.in_flight if self.buffer.group(p.group_id) is not None)
+        for _ in itertools.islice(self.prompts, snap.prompts_taken):
+            pass
+        self.prompts_taken = snap.prompts_taken
+        t = self.state.trainer
+        t.step, t.version, t.steps_since_publish = snap.step, snap.version, 0
+        self._ckpt_step = snap.step
+        if self.state.trainer_driver == "engine" and snap.step >= self.cfg.run.total_steps:
+            self.state.done = self._finishing = True  # saved at the very end: only the finale is left
+        if snap.policy:
+            self.policy.restore(snap.policy)
+        self.tokens, self.rewards, self.validations = snap.tokens, list(snap.rewards), list(snap.validations)
+        self._failed_groups = snap.failed_groups
+        self.started_at = self.clock() - snap.wall_s
+        self._resumed = RunResumed(checkpoint=checkpoint, step=snap.step, version=snap.version, attempt=attempt,
+                                   reason=reason)
 
     def summary(self) -> dict[str, float]:
         wall = self.clock() - self.started_at

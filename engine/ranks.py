@@ -69,6 +69,10 @@ class RankTable:
             heapq.heappush(self._s.free, lease.rank)
         return lease
 
+    @property
+    def generation(self) -> int:
+        return self._s.generation
+
     def get(self, replica_id: str) -> Lease | None:
         return self._s.leases.get(replica_id)
 

@@ -16,24 +16,41 @@ from pathlib import Path
 
 import structlog
 
-from shunter.events import Codec, Message, StepEnd, ValidateEnd, tag_of
+from shunter.events import CheckpointSaved, Codec, Message, RunEnded, StepEnd, ValidateEnd, tag_of
+from shunter.events.codec import whole_frames
 from shunter.events.rollout import SampleBegin, SampleEnd, SampleResumed
 
 QUIET = (SampleBegin, SampleEnd, SampleResumed)
 
 
 class EventLog:
+    """Appends frames to ``events.bin``. A resumed attempt appends to the same log; a tail
+    torn by a crash of the previous writer is cut off first, so the log stays readable
+    end to end. Written through at least every 0.5 s and on every ``RunEnded`` /
+    ``CheckpointSaved``, so a killed coordinator loses at most the last half second."""
+
+    FLUSH_S = 0.5
+
     def __init__(self, path: Path) -> None:
         self.path = path
+        if path.is_file():
+            data = path.read_bytes()
+            keep = whole_frames(data)
+            if keep < len(data):
+                with open(path, "rb+") as f:
+                    f.truncate(keep)
         self._f = open(path, "ab")  # noqa: SIM115 - closed in close()
         self._codec = Codec()
         self._n = 0
+        self._flushed = time.monotonic()
 
     def __call__(self, msg: Message) -> None:
         self._f.write(self._codec.frame(msg))
         self._n += 1
-        if self._n % 256 == 0:
+        now = time.monotonic()
+        if self._n % 256 == 0 or now - self._flushed > self.FLUSH_S or isinstance(msg, RunEnded | CheckpointSaved):
             self._f.flush()
+            self._flushed = now
 
     def close(self) -> None:
         self._f.close()
@@ -135,3 +152,19 @@ class Feed:
         cursor = max(cursor, start)
         items = [self._buf[i - start] for i in range(cursor, min(self._end, cursor + max_n))]
         return items, cursor + len(items), missed
+
+
+def trained_groups(path: str | Path) -> list[tuple[int, list[int]]]:
+    """(step, prompt groups) of every optimizer step that counts, from an event log: a
+    resumed attempt (``RunResumed(step=k)``) redoes the steps after ``k``, so those of the
+    earlier attempt are replaced. Each group appearing once over the result is the
+    exactly-once guarantee, checkable on any run."""
+    from shunter.events import RunResumed, StepBegin, read_log
+
+    steps: dict[int, list[int]] = {}
+    for msg in read_log(path):
+        if isinstance(msg, RunResumed):
+            steps = {k: v for k, v in steps.items() if k <= msg.step}
+        elif isinstance(msg, StepBegin):
+            steps[msg.step] = list(msg.group_ids)
+    return sorted(steps.items())

@@ -66,6 +66,7 @@ class RolloutCore:
         mode: str = ROLLOUT,
         reward_name: str = "reward",
         seed: int = 0,
+        version: int = 0,
     ) -> None:
         self.replica_id = replica_id
         self.backend = backend
@@ -74,7 +75,7 @@ class RolloutCore:
         self.reward_name = reward_name
         self.stamp = stamp
         self.mode = mode
-        self.version = 0
+        self.version = version  # of the weights the backend starts with (a checkpoint's, on resume)
         self.seed = seed
         self._open = asyncio.Event()
         self._open.set()

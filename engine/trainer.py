@@ -6,10 +6,17 @@ replicas also start from); a sample's staleness at a step is ``version - min(ver
 each ``train_step`` is exactly one optimizer step on the samples it is given. The user's
 own loss plugs in as ``loss_fn(logp, old_logp, advantages, mask, ref_logp, cfg) ->
 (loss, metrics)`` with [B, T] tensors.
+
+Checkpoints: ``save(path)`` writes ``path/model`` (an HF model folder — weights, config and
+the tokenizer files of the original model — that replicas can serve directly) and
+``path/trainer.pt`` (optimizer state, step, version, RNG; loaded with
+``weights_only=True``, nothing is unpickled). ``Trainer(..., init_from=path)`` continues
+from them; the reference model for the KL term always comes from the original model.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,9 +65,10 @@ def load_causal_lm(model_dir: str, device: str):
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, model_dir: str, *, seed: int = 0, pad_token_id: int = 0,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, init_from: str = "") -> None:
         self.cfg = cfg
         self.model_dir = model_dir
+        self.init_from = init_from
         self.seed = seed
         self.pad_token_id = pad_token_id
         # the rollout samples from softmax(logits / T) and reports those log-probs; the
@@ -78,11 +86,35 @@ class Trainer:
         torch.set_num_threads(self.cfg.num_threads)
         dev = self.cfg.device
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev
-        self.model = load_causal_lm(self.model_dir, self.device)
+        start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
+        self.model = load_causal_lm(start, self.device)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         if self.cfg.kl_coef > 0:
             self.ref = load_causal_lm(self.model_dir, self.device).eval().requires_grad_(False)
+        if self.init_from:
+            self._load_state(Path(self.init_from) / "trainer.pt")
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def save(self, path: str) -> int:
+        """Write the trainer's part of a checkpoint under ``path``; returns bytes written."""
+        root = Path(path)
+        self.model.save_pretrained(root / "model", safe_serialization=True)
+        for f in Path(self.model_dir).iterdir():  # tokenizer and friends, as the original model had them
+            if f.is_file() and not (root / "model" / f.name).exists() and f.suffix not in (".safetensors", ".bin", ".pt"):
+                shutil.copy2(f, root / "model" / f.name)
+        torch.save({"optimizer": self.opt.state_dict(), "step": self.step, "version": self.version,
+                    "rng": torch.get_rng_state()}, root / "trainer.pt")
+        return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+    def _load_state(self, path: Path) -> None:
+        try:
+            st = torch.load(path, map_location=self.device, weights_only=True)
+            self.opt.load_state_dict(st["optimizer"])
+            self.step, self.version = int(st["step"]), int(st["version"])
+            torch.set_rng_state(st["rng"].cpu())
+        except Exception as e:  # noqa: BLE001 - name the file and the cause
+            raise ModelDirError(f"trainer state {str(path)!r} does not load: {type(e).__name__}: {e}") from e
 
     # -- one optimizer step --------------------------------------------------------------
     def collate(self, samples: list[Sample]) -> dict[str, torch.Tensor]:

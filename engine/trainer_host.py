@@ -3,9 +3,9 @@
 Invariant: one command at a time (a lock), each answered by its events —
 ``TrainStep`` -> ``StepBegin`` + ``StepEnd``; ``PublishWeights`` -> ``WeightsReady`` (the
 weight blob is returned beside the events, never inside one); ``Offload``/``Onload`` ->
-``Offloaded``/``Onloaded``. Heavy work runs in a thread so the host's loop stays live.
+``Offloaded``/``Onloaded``; ``SaveCheckpoint`` -> ``TrainerStateSaved``. Heavy work runs in a thread so the host's loop stays live.
 The core is anything with ``train_step``, ``publish``, ``offload``, ``onload``, ``step``
-and ``version`` — the torch ``Trainer`` (plain methods, run in a thread), or a simulator
+and ``version`` (and ``save(path) -> bytes written`` to take part in checkpoints) — the torch ``Trainer`` (plain methods, run in a thread), or a simulator
 (coroutine methods that spend virtual time).
 """
 
@@ -22,9 +22,11 @@ from shunter.events import (
     Onload,
     Onloaded,
     PublishWeights,
+    SaveCheckpoint,
     Stamper,
     StepBegin,
     StepEnd,
+    TrainerStateSaved,
     TrainStep,
     WeightsReady,
 )
@@ -66,7 +68,8 @@ class TrainerHost:
                 case TrainStep():
                     loss_fn = load_loss(cmd.loss_fn) if cmd.loss_fn else None
                     begin = self.stamp(StepBegin(step=core.step + 1, batch_id=cmd.batch_id, samples=len(cmd.samples),
-                                                 version=core.version))
+                                                 version=core.version,
+                                                 group_ids=sorted({s.group_id for s in cmd.samples})))
                     metrics = await self._run(core.train_step, cmd.samples, loss_fn)
                     return [begin, self.stamp(StepEnd(step=core.step, batch_id=cmd.batch_id,
                                                       duration_s=_now() - t0, metrics=metrics))], None
@@ -76,6 +79,12 @@ class TrainerHost:
                     return [self.stamp(WeightsReady(version=core.version, handle=f"{self.transport}:{core.version}",
                                                     transport=self.transport, nbytes=nbytes,
                                                     duration_s=_now() - t0))], blob
+                case SaveCheckpoint():
+                    if not callable(getattr(core, "save", None)):
+                        raise TypeError(f"{type(core).__name__} cannot save checkpoints (it has no save(path))")
+                    n = await self._run(core.save, cmd.path)
+                    return [self.stamp(TrainerStateSaved(step=core.step, version=core.version, path=cmd.path,
+                                                         nbytes=n, duration_s=_now() - t0))], None
                 case Offload() | Onload():
                     off = isinstance(cmd, Offload)
                     n = await self._run(core.offload if off else core.onload, cmd.parts)

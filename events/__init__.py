@@ -21,6 +21,7 @@ from shunter.events.commands import (
     Onload,
     PublishWeights,
     Rebalance,
+    SaveCheckpoint,
     Stop,
     SwitchToRollout,
     SwitchToTrainer,
@@ -29,12 +30,14 @@ from shunter.events.commands import (
 )
 from shunter.events.data import PromptSpec, Sample, SamplingSpec
 from shunter.events.lifecycle import (
+    CheckpointSaved,
     CommandFailed,
     ComponentFailed,
     ComponentReady,
     EventRejected,
     PolicyFailed,
     RunEnded,
+    RunResumed,
     RunStarted,
 )
 from shunter.events.replicas import RankAssigned, RankReleased, ReplicaDown, ReplicaUp
@@ -52,6 +55,7 @@ from shunter.events.training import (
     Onloaded,
     StepBegin,
     StepEnd,
+    TrainerStateSaved,
     WeightsLoaded,
     WeightsReady,
 )

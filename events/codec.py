@@ -79,6 +79,17 @@ class TornLog(ValueError):
     """The log ends in the middle of a frame (the writer stopped mid-write)."""
 
 
+def whole_frames(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` made of whole frames (where a torn tail starts)."""
+    pos = 0
+    while pos + 4 <= len(data):
+        (n,) = _FRAME.unpack_from(data, pos)
+        if pos + 4 + n > len(data):
+            break
+        pos += 4 + n
+    return pos
+
+
 def read_log(path: str | Path, *, strict: bool = False) -> Iterator[Message]:
     """Yield the messages of an event log. A torn last frame raises ``TornLog`` if
     ``strict``, else ends the iteration after the last whole frame."""

@@ -56,6 +56,15 @@ class PublishWeights(Command, frozen=True, kw_only=True, tag="trainer.publish_we
     pass
 
 
+class SaveCheckpoint(Command, frozen=True, kw_only=True, tag="trainer.save_checkpoint"):
+    """Write the trainer's state (HF model dir + optimizer, step, version, RNG) under ``path``
+    (a staging folder the coordinator commits atomically once every part is written).
+    Issued by the coordinator right after a publish every ``run.checkpoint_every`` steps."""
+
+    step: int
+    path: str
+
+
 class LoadWeights(Command, frozen=True, kw_only=True, tag="rollout.load_weights"):
     version: int
     replica_ids: list[str]

@@ -23,6 +23,33 @@ class RunEnded(Event, frozen=True, kw_only=True, tag="run.ended"):
     steps: int = 0
     summary: dict[str, float] = {}
     error: str = ""
+    failed_component: str = ""
+    """For ``error``: the component whose death ended the run (``trainer``); the ``Engine``
+    restarts such a run from its last checkpoint (``run.max_restarts``)."""
+
+
+class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
+    """This attempt of the run starts from a checkpoint: model, optimizer, step, version,
+    buffer and the prompts in flight at ``step`` are restored; the optimizer steps the
+    previous attempt took after it are redone (their batches re-form from the same groups)."""
+
+    checkpoint: str
+    step: int
+    version: int
+    attempt: int
+    reason: str = ""
+    """Why the previous attempt ended (empty for a resume asked for by the user)."""
+
+
+class CheckpointSaved(Event, frozen=True, kw_only=True, tag="checkpoint.saved"):
+    """A checkpoint is committed (renamed into place, ``latest`` updated): a crash from
+    now on resumes from here."""
+
+    step: int
+    version: int
+    path: str
+    nbytes: int
+    duration_s: float
 
 
 class ComponentReady(Event, frozen=True, kw_only=True, tag="component.ready"):

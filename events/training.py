@@ -15,6 +15,8 @@ class StepBegin(Event, frozen=True, kw_only=True, tag="trainer.step_begin"):
     batch_id: int
     samples: int
     version: int
+    group_ids: list[int] = []
+    """The prompt groups in the batch (the event log's record of what each step trained)."""
 
 
 class StepEnd(Event, frozen=True, kw_only=True, tag="trainer.step_end"):
@@ -62,5 +64,15 @@ class Offloaded(Event, frozen=True, kw_only=True, tag="trainer.offloaded"):
 
 class Onloaded(Event, frozen=True, kw_only=True, tag="trainer.onloaded"):
     parts: list[str]
+    nbytes: int
+    duration_s: float
+
+
+class TrainerStateSaved(Event, frozen=True, kw_only=True, tag="trainer.state_saved"):
+    """The trainer's part of a checkpoint is on disk (not yet committed: see ``CheckpointSaved``)."""
+
+    step: int
+    version: int
+    path: str
     nbytes: int
     duration_s: float

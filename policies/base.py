@@ -4,7 +4,10 @@ Invariant: a policy is a plain object — ``decide(event, view) -> list[Command]
 synchronous, does no I/O, and returns the same commands for the same sequence of
 (event, view) pairs. All of its mutable state lives in ``self.state``, a msgspec Struct,
 so ``snapshot()``/``restore()`` round-trip it exactly and a restarted coordinator resumes
-the policy where it stopped.
+the policy where it stopped. A resumed attempt opens with ``RunResumed`` (after
+``restore()``) instead of ``RunStarted``: the replicas are new and in their starting modes
+(standalone serving, hybrid on the trainer), so state about replicas must be re-derived
+from the view then.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from shunter.events import (
     Event,
     LoadWeights,
     PublishWeights,
+    RunResumed,
     RunStarted,
     StepEnd,
     TrainStep,
@@ -98,7 +102,7 @@ def validate_when_due(event: Event, view: EngineView, state: ValidationState) ->
     block = version * view.parameter_sync_step // every
     if block <= state.validated:
         return []
-    if isinstance(event, RunStarted | WeightsLoaded | StepEnd):
+    if isinstance(event, RunStarted | RunResumed | WeightsLoaded | StepEnd):
         serving = [r for r in view.replicas if r.mode == ROLLOUT]
         if serving and all(r.version >= version for r in serving):
             state.validated = block

@@ -18,13 +18,14 @@ from shunter.events import (
     Offload,
     PublishWeights,
     Onload,
+    RunResumed,
     RunStarted,
     SwitchToRollout,
     SwitchToTrainer,
     TrainStep,
     WeightsReady,
 )
-from shunter.events.view import HYBRID, TRAINER
+from shunter.events.view import HYBRID, ROLLOUT, TRAINER
 from shunter.policies.base import Policy, ValidationState, live_ids, validate_when_due
 
 
@@ -57,12 +58,13 @@ class ColocatedPolicy(Policy):
         cmds: list[Command] = validate_when_due(event, view, st.validation)
         if view.done:
             return cmds
-        if st.phase == "start" and isinstance(event, RunStarted):
+        if isinstance(event, RunResumed) or (st.phase == "start" and isinstance(event, RunStarted)):
             st.phase = "rollout"
             cmds += self._to_rollout(hybrids)
         elif st.phase == "rollout":
             full = view.buffer.ready_batches >= view.parameter_sync_step
-            if full and view.trainer_driver == "engine":
+            settled = all(view.replica(i).mode == ROLLOUT for i in hybrids)  # a switch still under way: next event
+            if full and settled and view.trainer_driver == "engine":
                 st.phase = "to_trainer"
                 cmds.append(SwitchToTrainer(replica_ids=hybrids, sleep_level=self.sleep_level))
                 if self.offload_optimizer:

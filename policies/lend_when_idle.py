@@ -34,6 +34,7 @@ from shunter.events import (
     Event,
     ModeChanged,
     Rebalance,
+    RunResumed,
     SwitchToRollout,
     SwitchToTrainer,
 )
@@ -76,6 +77,8 @@ class LendWhenIdlePolicy(Policy):
             raise ValueError(f"needs at least one hybrid replica to lend (rollout.hybrid_replicas = {hybrid})")
 
     def decide(self, event: Event, view: EngineView) -> list[Command]:
+        if isinstance(event, RunResumed):
+            self.state.lent = []  # a resumed attempt starts with every hybrid on the trainer
         cmds: list[Command] = load_on_ready(event, view)
         cmds += validate_when_due(event, view, self.state.validation)
         lent = [i for i in self.state.lent if (r := view.replica(i)) is not None and r.mode != DOWN]

@@ -119,11 +119,36 @@ class FakeTrainerCore:
         self.offloaded -= set(parts)
         return 0
 
+    def save(self, path: str) -> int:
+        """The trainer's checkpoint part: step, version and the prompts of every batch trained."""
+        import json
+        from pathlib import Path
+
+        data = json.dumps({"step": self.step, "version": self.version,
+                           "trained": [[s.prompt_id for s in b] for b in self.seen]}).encode()
+        (Path(path) / "trainer.json").write_bytes(data)
+        return len(data)
+
+    def load(self, path: str) -> None:
+        import json
+        from pathlib import Path
+
+        st = json.loads((Path(path) / "trainer.json").read_text())
+        self.step, self.version = st["step"], st["version"]
+        self.restored_batches = st["trained"]
+
 
 def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None, run_id: str = "test",
-              answer_len: int | None = None, reward=None):
+              answer_len: int | None = None, reward=None, checkpoints=None, resume=None):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
-    and a ``TrainerHost`` around ``FakeTrainerCore``. Returns (coordinator, backends, trainer core)."""
+    and a ``TrainerHost`` around ``FakeTrainerCore``. Returns (coordinator, backends, trainer core).
+
+    ``checkpoints``: a folder for the run's checkpoints; ``resume``: a checkpoint folder to
+    continue from (trainer, replicas' weight version and coordinator restored from it)."""
+    from pathlib import Path
+
+    from shunter.engine import snapshot
+    from shunter.engine.checkpoint import CheckpointStore
     import time
 
     from shunter.engine.coordinator import Coordinator
@@ -136,6 +161,9 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
     from shunter.policies import make_policy
 
     task = load_task(cfg.task.name)
+    version = 0
+    if resume is not None:
+        version = CheckpointStore(Path(resume).parent).verify(resume).version
     kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
     backends, cores, ups = {}, {}, []
     for rank, kind in enumerate(kinds):
@@ -145,15 +173,21 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
         if mode == TRAINER:
             backends[rid].sleeping = True
         cores[rid] = RolloutCore(rid, backends[rid], CharTokenizer(), reward or task.reward, Stamper(run_id, rid),
-                                 mode=mode, reward_name=getattr(reward, "__name__", "task.reward"))
-        ups.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, wall_time=time.time()))
+                                 mode=mode, reward_name=getattr(reward, "__name__", "task.reward"), version=version)
+        ups.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version,
+                             wall_time=time.time()))
     trainer = FakeTrainerCore(step_s=step_s)
+    if resume is not None:
+        trainer.load(resume)
     executor = LocalExecutor(run_id, TrainerHost(trainer, Stamper(run_id, "trainer"), threaded=False), cores,
                              max_tokens=cfg.rollout.max_tokens)
     prompts = (PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed)))
     val = [PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
            for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))]
+    store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
     coord = Coordinator(cfg, policy or make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts,
-                        run_id=run_id, validation_prompts=val)
+                        run_id=run_id, validation_prompts=val, checkpoints=store)
+    if resume is not None:
+        coord.restore(snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(ups)
     return coord, backends, trainer

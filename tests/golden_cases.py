@@ -59,6 +59,12 @@ CASES: list[e.Message] = [
     e.Generate(group_id=3, prompt=PROMPT, n=8, sampling=SAMPLING, resume=[SAMPLE], **ENV),
     e.Validate(replica_ids=["standalone-0"], prompts=[PROMPT], **ENV),
     e.Stop(reason="user", **ENV),
+    e.SaveCheckpoint(step=10, path="runs/r/checkpoints/.step-00000010.tmp", **ENV),
+    e.TrainerStateSaved(step=10, version=5, path="runs/r/checkpoints/.step-00000010.tmp", nbytes=4096,
+                        duration_s=0.1, **ENV),
+    e.CheckpointSaved(step=10, version=5, path="runs/r/checkpoints/step-00000010", nbytes=8192, duration_s=0.2, **ENV),
+    e.RunResumed(checkpoint="runs/r/checkpoints/step-00000010", step=10, version=5, attempt=1,
+                 reason="trainer died", **ENV),
 ]
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -1,6 +1,7 @@
 """The Ray executor's failure paths with real actors standing in for replicas and trainer:
 a dead replica becomes ``ReplicaDown``, a hung one is killed after its timeout, a hung
-trainer call ends in ``CommandFailed`` naming it — never a silent hang."""
+trainer call ends in ``ComponentFailed`` naming it (the trainer is killed; the Engine restarts
+the run from its last checkpoint) — never a silent hang."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from shunter.actors.executor import RayExecutor
 from shunter.events import (
-    CommandFailed,
+    ComponentFailed,
     Generate,
     PromptSpec,
     PublishWeights,
@@ -107,9 +108,11 @@ async def test_a_replica_that_dies_under_many_calls_is_reported_down_once(ray_cl
     assert [type(e) for e in got] == [ReplicaDown], got
 
 
-async def test_hung_trainer_call_ends_in_command_failed_naming_it(ray_cluster):
+async def test_hung_trainer_is_killed_and_reported_failed_naming_it(ray_cluster):
     hung = ray_cluster.remote(num_cpus=0)(Hangs).remote()
     ex = RayExecutor("t", hung, {}, timeout_s=1.0)
     got = await run(ex, "trainer", PublishWeights())
-    assert isinstance(got[0], CommandFailed) and got[0].target == "trainer" and "within 1s" in got[0].error
-    ray_cluster.kill(hung)
+    assert isinstance(got[0], ComponentFailed) and got[0].component == "trainer", got
+    assert "within run.timeout_s = 1s; killed" in got[0].error
+    with pytest.raises(ray_cluster.exceptions.RayActorError):
+        await hung.control.remote(b"")

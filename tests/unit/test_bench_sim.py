@@ -25,7 +25,7 @@ def config(policy="separate", standalone=2, hybrid=0, eta=1, steps=4, inflight=6
     return from_dict({
         "run": {"total_steps": steps, "policy": policy, "stall_timeout_s": 3600.0, "policy_options": options or {}},
         "rollout": {"standalone_replicas": standalone, "hybrid_replicas": hybrid, "n_samples_per_prompt": 4,
-                    "max_tokens": 512, "max_staleness": eta, "max_in_flight_per_replica": inflight, **rollout},
+                    "max_tokens": 512, "max_model_len": 1024, "max_staleness": eta, "max_in_flight_per_replica": inflight, **rollout},
         "trainer": {"ppo_mini_batch_size": 32, "parameter_sync_step": 2, "train_batch_size": 64},
         "validation": {"every": 0},
     })
@@ -49,7 +49,7 @@ def test_sync_schedule_matches_the_closed_form_within_2_percent(replicas, length
     cfg = from_dict({
         "run": {"total_steps": 4 * sync, "policy": "colocated", "stall_timeout_s": 3600.0},
         "rollout": {"standalone_replicas": 0, "hybrid_replicas": replicas, "n_samples_per_prompt": 4,
-                    "max_tokens": 512, "max_staleness": 0, "max_in_flight_per_replica": mbs * sync // replicas},
+                    "max_tokens": 512, "max_model_len": 1024, "max_staleness": 0, "max_in_flight_per_replica": mbs * sync // replicas},
         "trainer": {"ppo_mini_batch_size": mbs, "parameter_sync_step": sync, "train_batch_size": mbs * sync},
         "validation": {"every": 0},
     })
@@ -62,7 +62,7 @@ def test_1024_replicas_each_with_its_own_rank_and_work():
     cost = msgspec.structs.replace(SMALL, length_median=20, length_sigma=0.3)
     cfg = from_dict({
         "run": {"total_steps": 1, "policy": "separate", "stall_timeout_s": 3600.0},
-        "rollout": {"standalone_replicas": 1024, "n_samples_per_prompt": 4, "max_tokens": 64,
+        "rollout": {"standalone_replicas": 1024, "n_samples_per_prompt": 4, "max_tokens": 64, "max_model_len": 128,
                     "max_staleness": 0, "max_in_flight_per_replica": 4},
         "trainer": {"ppo_mini_batch_size": 4096, "parameter_sync_step": 1, "train_batch_size": 4096},
         "validation": {"every": 0},

@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--policy", help="override run.policy")
     r.add_argument("--output-dir", help="override run.output_dir")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--resume", metavar="PATH",
+                   help="continue a run from a checkpoint folder or a run folder (its newest valid checkpoint)")
     e = sub.add_parser("events", help="print an event log (events.bin) as JSON lines")
     e.add_argument("path")
     e.add_argument("--kind", action="append", help="only these tags (repeatable)")
@@ -52,9 +54,14 @@ def _run(args) -> int:
     except ConfigError as e:
         print(f"shunter: bad config: {e}", file=sys.stderr)
         return 2
+    from shunter.engine.checkpoint import CheckpointError
     from shunter.progress import run_with_progress
 
-    ended = asyncio.run(run_with_progress(cfg))
+    try:
+        ended = asyncio.run(run_with_progress(cfg, resume=args.resume))
+    except CheckpointError as e:
+        print(f"shunter: cannot resume: {e}", file=sys.stderr)
+        return 2
     return 0 if ended.reason == "completed" else 1
 
 

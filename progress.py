@@ -12,15 +12,15 @@ from tqdm import tqdm
 
 from shunter.api import Engine
 from shunter.engine.config import EngineConfig
-from shunter.events import PolicyFailed, RunEnded, SampleEnd, StepEnd, ValidateEnd
-from shunter.events.lifecycle import CommandFailed, EventRejected
+from shunter.events import PolicyFailed, RunEnded, RunResumed, SampleEnd, StepEnd, ValidateEnd
+from shunter.events.lifecycle import CommandFailed, ComponentFailed, EventRejected
 
 
-async def run_with_progress(cfg: EngineConfig) -> RunEnded:
+async def run_with_progress(cfg: EngineConfig, resume: str | None = None) -> RunEnded:
     bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
     val = ""
     tokens, t0 = 0, None
-    async with Engine(cfg) as engine:
+    async with Engine(cfg, resume=resume) as engine:
         print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
         async for ev in engine.events():
             if isinstance(ev, SampleEnd):
@@ -35,7 +35,10 @@ async def run_with_progress(cfg: EngineConfig) -> RunEnded:
                     f" | {rate:.0f} tok/s{val}", refresh=False)
             elif isinstance(ev, ValidateEnd):
                 val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
-            elif isinstance(ev, PolicyFailed | CommandFailed | EventRejected):
+            elif isinstance(ev, RunResumed):
+                tqdm.write(f"resumed from {ev.checkpoint} at step {ev.step}"
+                           + (f" (attempt {ev.attempt}: {ev.reason})" if ev.reason else ""), file=sys.stderr)
+            elif isinstance(ev, PolicyFailed | CommandFailed | ComponentFailed | EventRejected):
                 tqdm.write(f"error: {ev}", file=sys.stderr)
         ended = engine.ended or await engine.wait()
     bar.close()

@@ -54,7 +54,7 @@ class RolloutWorker:
         self._loop = asyncio.get_running_loop()
         self.core = RolloutCore(self.replica_id, backend, _Tok(tok), reward, Stamper(self.run_id, self.replica_id),
                                 mode=self.mode, reward_name=self.reward_spec or f"{self.task}.reward", seed=self.seed,
-                                version=self.version)
+                                version=self.version, max_model_len=self.max_model_len)
         return time.perf_counter() - t0
 
     @ray.method(concurrency_group="generate")

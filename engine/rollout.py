@@ -67,6 +67,7 @@ class RolloutCore:
         reward_name: str = "reward",
         seed: int = 0,
         version: int = 0,
+        max_model_len: int = 0,
     ) -> None:
         self.replica_id = replica_id
         self.backend = backend
@@ -76,6 +77,7 @@ class RolloutCore:
         self.stamp = stamp
         self.mode = mode
         self.version = version  # of the weights the backend starts with (a checkpoint's, on resume)
+        self.max_model_len = max_model_len  # 0: not checked here
         self.seed = seed
         self._open = asyncio.Event()
         self._open.set()
@@ -108,6 +110,12 @@ class RolloutCore:
     # -- generation --------------------------------------------------------------------
     async def generate(self, cmd: Generate) -> list[Event]:
         prompt_ids = self.tok.encode(cmd.prompt.text)
+        need = len(prompt_ids) + cmd.sampling.max_tokens
+        if self.max_model_len and need > self.max_model_len:  # refuse before vLLM sees it; the group is dropped
+            return [self._stamp(CommandFailed(
+                command_kind=tag_of(cmd), target=self.replica_id, group_id=cmd.group_id,
+                error=(f"prompt {cmd.prompt.prompt_id} is {len(prompt_ids)} tokens; with rollout.max_tokens = "
+                       f"{cmd.sampling.max_tokens} it needs {need} > rollout.max_model_len = {self.max_model_len}")))]
         if cmd.resume:
             samples = [s if s.prompt_token_ids else msgspec.structs.replace(s, prompt_token_ids=prompt_ids)
                        for s in cmd.resume]

@@ -90,6 +90,7 @@ class FakeTrainerCore:
         self.step_s = step_s
         self.seen: list[list[Sample]] = []
         self.offloaded: set[str] = set()
+        self.restored_batches: list[list[int]] = []  # prompt ids per batch trained before the checkpoint resumed from
 
     def train_step(self, samples: list[Sample], loss_fn=None) -> dict[str, float]:
         import time
@@ -125,7 +126,7 @@ class FakeTrainerCore:
         from pathlib import Path
 
         data = json.dumps({"step": self.step, "version": self.version,
-                           "trained": [[s.prompt_id for s in b] for b in self.seen]}).encode()
+                           "trained": self.restored_batches + [[s.prompt_id for s in b] for b in self.seen]}).encode()
         (Path(path) / "trainer.json").write_bytes(data)
         return len(data)
 

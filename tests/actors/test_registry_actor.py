@@ -58,3 +58,20 @@ async def test_two_runs_in_one_cluster_have_distinct_registry_names(ray_cluster)
     assert na != nb
     ray_cluster.kill(a)
     ray_cluster.kill(b)
+
+
+async def test_a_registry_that_crashes_mid_registration_comes_back_with_its_table(ray_cluster, tmp_path):
+    """Issue 4, item 4/6: Ray restarts the registry (its table is on disk), the calls in
+    flight are retried (they are idempotent), and ranks stay unique across the crash."""
+    reg = registry.remote_class().remote("reg-crash", None, str(tmp_path / "registry.msgpack"))
+    async with asyncio.timeout(120):
+        first = await asyncio.gather(*(reg.register.remote(f"s{i}", "standalone") for i in range(8)))
+        ray_cluster.kill(reg, no_restart=False)  # a crash; Ray brings it back
+        more = await asyncio.gather(*(reg.register.remote(f"h{i}", "hybrid") for i in range(8)),
+                                    *(reg.register.remote(f"s{i}", "standalone") for i in range(8)))
+        leases = await reg.leases.remote()
+        assert await reg.check.remote()
+    assert [r for r, _, _ in more[8:]] == [r for r, _, _ in first]  # the table survived: same ranks again
+    ranks = [r for _, _, r, _ in leases]
+    assert sorted(ranks) == list(range(16)) and len({n for *_, n in leases}) == 16
+    ray_cluster.kill(reg)

@@ -34,3 +34,11 @@ def test_run_with_a_bad_config_exits_2_naming_the_field(tmp_path, capsys):
     assert main(["run", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad config" in err and "trainer.train_batch_size (100)" in err
+
+
+def test_run_resume_from_a_folder_without_checkpoints_exits_2_naming_it(tmp_path, capsys):
+    cfg = tmp_path / "ok.toml"
+    cfg.write_text("[run]\nprogress = false\n")
+    assert main(["run", str(cfg), "--resume", str(tmp_path / "runs" / "gone")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "gone" in err

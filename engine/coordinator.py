@@ -142,6 +142,7 @@ class Coordinator:
         self._announced_batches = 0
         self._finishing = False
         self._final_validate_sent = False
+        self._final_validated = False
         self._validating_on = ""
         self._failed_groups = 0
         self._stop_reason = ""
@@ -552,8 +553,8 @@ class Coordinator:
     # -- 5. finish -------------------------------------------------------------------------
     def finish_if_done(self, ev: Message) -> None:
         st = self.state
-        if self.ended is not None or not self._opened:
-            return
+        if self.ended is not None or not self._opened or self._derived:
+            return  # events the coordinator just produced are handled (and recorded) first
         if not self._finishing or st.trainer.state not in ("idle",):
             return
         serving = [r for r in st.replicas.values() if r.mode == ROLLOUT]
@@ -570,7 +571,9 @@ class Coordinator:
                 self._final_validate_sent = True
                 self._issue(Validate())
                 return
-            if not (isinstance(ev, ValidateEnd) and ev.version >= st.trainer.version):
+            if isinstance(ev, ValidateEnd) and ev.version >= st.trainer.version:
+                self._final_validated = True
+            if not self._final_validated:
                 return
         if self._wants_final_checkpoint():
             return

@@ -32,6 +32,7 @@ class LocalExecutor(TaskExecutor):
         self.max_tokens = max_tokens
         self.stamp = Stamper(run_id, "executor", clock) if clock else Stamper(run_id, "executor")
         self.blobs: dict[str, bytes] = {}
+        self._dead: set[str] = set()
 
     def kill(self, replica_id: str, reason: str = "killed") -> None:
         """Fault injection: the replica vanishes mid-call (its calls never answer, like a dead
@@ -40,9 +41,12 @@ class LocalExecutor(TaskExecutor):
             if getattr(t, "target", None) == replica_id:
                 t.cancel()
         self.replicas.pop(replica_id, None)
+        self._dead.add(replica_id)
         self._deliver([self.stamp(ReplicaDown(replica_id=replica_id, reason=reason))])
 
     async def _call(self, target: str, cmd) -> None:
+        if target in self._dead:  # like a call to a dead actor: no answer; its ReplicaDown is already out
+            return
         try:
             if target == TRAINER:
                 events, blob = await self.trainer.handle(cmd)

@@ -192,3 +192,67 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
         coord.restore(snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(ups)
     return coord, backends, trainer
+
+
+# -- fault schedules (tests/unit/test_fault_schedules.py, tests/fault_soak.py) ----------------
+ACTIONS = ("kill_replica", "trainer_dies", "coordinator_crashes")
+
+
+class Crash(Exception):
+    """The coordinator loop dies here, with whatever it held in memory."""
+
+
+async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: float = 0.001, fired=None):
+    """Run to the end, resuming from the last checkpoint after each lost trainer or
+    coordinator. Returns (prompt ids per counted step, every StepEnd, attempts, last
+    coordinator); the faults actually injected are appended to ``fired``."""
+    import asyncio
+    import shutil
+
+    from shunter.engine.checkpoint import CheckpointStore
+    from shunter.events import ComponentFailed, StepEnd
+
+    fired = [] if fired is None else fired
+    pending = sorted(schedule)
+    steps_seen: list[StepEnd] = []
+    resume, attempts = None, 0
+    while True:
+        attempts += 1
+        assert attempts <= len(schedule) + 1, "more attempts than faults"
+        coord, _, trainer = local_run(c, token_s=token_s, checkpoints=root, resume=resume)
+        killed = set()
+
+        def chaos(m, coord=coord, killed=killed):
+            if not isinstance(m, StepEnd):
+                return
+            steps_seen.append(m)
+            while pending and pending[0][0] <= m.step:
+                _, action = pending.pop(0)
+                live = [r for r in coord.executor.replicas if r not in killed]
+                if action == "kill_replica" and len(live) > 1:
+                    killed.add(live[0])
+                    fired.append(action)
+                    coord.executor.kill(live[0], reason="chaos")
+                elif action == "trainer_dies":
+                    fired.append(action)
+                    coord.post(coord.stamp(ComponentFailed(component="trainer", error="chaos")))
+                elif action == "coordinator_crashes":
+                    fired.append(action)
+                    raise Crash
+
+        coord.sinks.append(chaos)
+        try:
+            async with asyncio.timeout(30):
+                ended = await coord.run()
+        except Crash:
+            ended = None
+        if ended is not None and not ended.failed_component:
+            assert ended.reason == "completed", ended
+            batches = trainer.restored_batches + [[s.prompt_id for s in b] for b in trainer.seen]
+            return batches, steps_seen, attempts, coord
+        found = CheckpointStore(root).latest()
+        resume = found[0] if found else None
+        if resume is None:  # lost before the first checkpoint: start over
+            shutil.rmtree(root, ignore_errors=True)
+
+

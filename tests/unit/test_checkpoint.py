@@ -231,3 +231,16 @@ async def test_every_builtin_policy_resumes_after_a_trainer_death(tmp_path, poli
     assert ended.reason == "completed", ended
     _check_exactly_once(c, _effective(seen, trainer2))
     assert ended.steps == c.run.total_steps and ended.summary["version"] == 5
+
+
+async def test_the_final_checkpoint_follows_the_final_validation(tmp_path):
+    c = cfg(run={"total_steps": 6, "checkpoint_every": 4}, validation={"every": 2})
+    coord, _, _ = local_run(c, checkpoints=tmp_path)
+    seen = []
+    coord.sinks.append(seen.append)
+    async with asyncio.timeout(20):
+        ended = await coord.run()
+    assert ended.reason == "completed", ended
+    assert [e.step for e in seen if isinstance(e, CheckpointSaved)] == [4, 6]
+    kinds = [type(m).__name__ for m in seen]
+    assert kinds.index("ValidateEnd", len(kinds) - kinds[::-1].index("Validate") - 1) < len(kinds) - 1 - kinds[::-1].index("CheckpointSaved")

@@ -13,63 +13,12 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from fakes import local_run
+from fakes import ACTIONS, run_with_faults
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_coordinator import cfg
 
-from shunter.engine.checkpoint import CheckpointStore
-from shunter.events import ComponentFailed, StepEnd
-
 TOTAL = 10
-ACTIONS = ("kill_replica", "trainer_dies", "coordinator_crashes")
-
-
-class Crash(Exception):
-    """The coordinator loop dies here, with whatever it held in memory."""
-
-
-async def run_with_faults(c, schedule: list[tuple[int, str]], root: Path):
-    """Run to the end, resuming from the last checkpoint after each lost trainer or
-    coordinator. Returns (prompt ids per counted step, every StepEnd, attempts, last coordinator)."""
-    pending = sorted(schedule)
-    steps_seen: list[StepEnd] = []
-    resume, attempts = None, 0
-    while True:
-        attempts += 1
-        assert attempts <= len(schedule) + 1, "more attempts than faults"
-        coord, _, trainer = local_run(c, token_s=0.001, checkpoints=root, resume=resume)
-        killed = set()
-
-        def chaos(m, coord=coord, killed=killed):
-            if not isinstance(m, StepEnd):
-                return
-            steps_seen.append(m)
-            while pending and pending[0][0] <= m.step:
-                _, action = pending.pop(0)
-                live = [r for r in coord.executor.replicas if r not in killed]
-                if action == "kill_replica" and len(live) > 1:
-                    killed.add(live[0])
-                    coord.executor.kill(live[0], reason="chaos")
-                elif action == "trainer_dies":
-                    coord.post(coord.stamp(ComponentFailed(component="trainer", error="chaos")))
-                elif action == "coordinator_crashes":
-                    raise Crash
-
-        coord.sinks.append(chaos)
-        try:
-            async with asyncio.timeout(30):
-                ended = await coord.run()
-        except Crash:
-            ended = None
-        if ended is not None and not ended.failed_component:
-            assert ended.reason == "completed", ended
-            batches = trainer.restored_batches + [[s.prompt_id for s in b] for b in trainer.seen]
-            return batches, steps_seen, attempts, coord
-        found = CheckpointStore(root).latest()
-        resume = found[0] if found else None
-        if resume is None:  # lost before the first checkpoint: start over
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @settings(max_examples=12, deadline=None)
@@ -97,3 +46,12 @@ def test_any_fault_schedule_completes_exactly_once_within_the_staleness_bound(sc
     k = coord.buffer.counters()
     assert k["dispatched"] == k["trained"] + k["dropped"] + k["in_flight"] + k["ready"]
     assert k.get("dropped_failed", 0) == 0
+
+
+def test_the_fault_soak_script_runs_and_reports_nothing_lost():
+    import fault_soak
+
+    res = fault_soak.soak(runs=6, seed=3)
+    assert res["runs_completed"] == 6 and res["groups_trained_twice_or_in_part"] == 0
+    assert res["groups_unaccounted"] == res["steps_missing"] == res["samples_over_staleness_bound"] == 0
+    assert sum(v for k, v in res.items() if k.startswith("injected_")) > 0

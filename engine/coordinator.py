@@ -228,7 +228,9 @@ class Coordinator:
 
     def view(self) -> EngineView:
         b = self.buffer
-        gate = self._serving_version is not None and b.capacity(self._serving_version) > 0
+        # with no replica serving, whether a replica switched in (on current weights) could start work
+        serving = self._serving_version
+        gate = b.capacity(self.state.trainer.version if serving is None else serving) > 0
         bv = BufferView(
             ready_samples=b.ready_samples,
             ready_batches=b.ready_batches(),

@@ -25,6 +25,8 @@ measured over less than a mini-batch mislead).
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from shunter.events import (
@@ -105,10 +107,14 @@ class LendWhenIdlePolicy(Policy):
     def estimate_gain_s(self, view: EngineView) -> float | None:
         """Expected trainer time saved by lending now (None: not estimable)."""
         need = view.ppo_mini_batch_size - view.buffer.ready_samples
+        if view.buffer.ready_batches == 0:  # ready groups wait behind older ones still generating (on_stale=wait)
+            need = max(need, view.n_samples_per_prompt)
         standalone = [r for r in view.replicas if r.kind == STANDALONE and r.mode == ROLLOUT]
         r_s = sum(r.samples_per_s for r in standalone)
         measured = [r.samples_per_s for r in view.replicas if r.samples_per_s > 0]
         hybrids = [r for r in view.replicas if r.kind == HYBRID and r.mode == TRAINER]
+        if need > 0 and hybrids and not standalone:
+            return math.inf  # no standalone replica serves (all died): lending is the only way forward
         if need <= 0 or r_s <= 0 or not measured or not hybrids or view.trainer.step < 1:
             return None  # rates mean little before a whole mini-batch has been generated and trained
         r_h = sum(measured) / len(measured) * len(hybrids)

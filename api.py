@@ -126,7 +126,8 @@ class Engine:
             opening += evs
             replicas[rid] = (h, kind, rank)
         tr = trainer.remote_class().options(
-            name=self._name("trainer"), namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus).remote(
+            name=self._name("trainer"), namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus,
+            num_gpus=cfg.trainer.num_gpus).remote(
             self.run_id, msgspec.msgpack.encode(cfg.trainer), self._model_dir, seed=cfg.run.seed,
             temperature=cfg.rollout.temperature, init_from=str(ckpt) if ckpt else "")
         self._actors.append(tr)
@@ -199,11 +200,13 @@ class Engine:
         rank, name, evs = await self.registry.register.remote(rid, kind)
         binds = cfg.rollout.cpu_bind
         model_dir, version = self._serve
-        h = rollout.remote_class().options(name=name, namespace=NAMESPACE, num_cpus=cfg.rollout.num_cpus).remote(
+        h = rollout.remote_class().options(name=name, namespace=NAMESPACE, num_cpus=cfg.rollout.num_cpus,
+                                           num_gpus=cfg.rollout.num_gpus).remote(
             self.run_id, rid, model_dir, reward=cfg.task.reward, task=cfg.task.name, version=version,
             mode=ROLLOUT if kind == STANDALONE else TRAINER, seed=cfg.run.seed + rank,
             max_model_len=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
-            engine_args=cfg.rollout.engine_args, cpu_bind=binds[i % len(binds)] if binds else "nobind")
+            engine_args=cfg.rollout.engine_args, cpu_bind=binds[i % len(binds)] if binds else "nobind",
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enable_sleep_mode=cfg.rollout.enable_sleep_mode)
         self._actors.append(h)
         return rid, h, rank, self._codec.decode_batch(evs)
 
@@ -226,7 +229,7 @@ class Engine:
         if m.build_tiny and not (path / "config.json").is_file():
             from shunter.engine.tiny_model import build_tiny_model
 
-            build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps)
+            build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps, preset=m.preset)
         if not (path / "config.json").is_file():
             raise EngineSetupError(f"model.path = {str(path)!r} holds no HF model (no config.json); "
                                    "set model.build_tiny to build the tiny model there")

@@ -23,7 +23,8 @@ from shunter.events import Generate, Stamper
 class RolloutWorker:
     def __init__(self, run_id: str, replica_id: str, model_dir: str, *, reward: str, task: str,
                  mode: str, seed: int, max_model_len: int, max_tokens: int,
-                 engine_args: dict | None = None, cpu_bind: str = "", version: int = 0) -> None:
+                 engine_args: dict | None = None, cpu_bind: str = "", version: int = 0,
+                 gpu_memory_utilization: float = 0.4, enable_sleep_mode: bool = True) -> None:
         self.run_id, self.replica_id, self.model_dir = run_id, replica_id, model_dir
         self.reward_spec, self.task = reward, task
         self.mode, self.seed = mode, seed
@@ -31,6 +32,7 @@ class RolloutWorker:
         self.engine_args = dict(engine_args or {})
         self.cpu_bind = cpu_bind
         self.version = version
+        self.gpu_memory_utilization, self.enable_sleep_mode = gpu_memory_utilization, enable_sleep_mode
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -49,7 +51,8 @@ class RolloutWorker:
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
         tok = AutoTokenizer.from_pretrained(self.model_dir)
         backend = VLLMBackend(EngineSpec(model_dir=self.model_dir, seed=self.seed, max_model_len=self.max_model_len,
-                                         extra=self.engine_args))
+                                         gpu_memory_utilization=self.gpu_memory_utilization,
+                                         enable_sleep_mode=self.enable_sleep_mode, extra=self.engine_args))
         await backend.start()
         self._loop = asyncio.get_running_loop()
         self.core = RolloutCore(self.replica_id, backend, _Tok(tok), reward, Stamper(self.run_id, self.replica_id),

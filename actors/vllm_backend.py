@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # follows the package if it is ever renamed (== "shunter.actors.vllm_ext...").
 _EXT_QUALNAME = f"{__package__ or 'shunter.actors'}.vllm_ext.WeightSyncExtension"
 _EXT_RPC = "shunter_load_safetensors"
+_EXT_RPC_IPC = "shunter_load_cuda_ipc"
 
 # Which log-probs vLLM reports for the sampled token.
 #   "raw_logprobs" (vLLM default): log_softmax of the model logits before
@@ -92,6 +93,7 @@ class VLLMBackend:
         self._abort_requested: set[str] = set()
         self._on_cpu = False
         self.timings: dict[str, float] = {}  # informational: start-up breakdown
+        self.last_load: dict = {}  # what the worker reported for the last weight load
 
     # ------------------------------------------------------------------ start
 
@@ -285,7 +287,11 @@ class VLLMBackend:
         if not isinstance(blob, (bytes, bytearray, memoryview)):
             raise TypeError(f"load_weights expects bytes, got {type(blob).__name__}")
         t0 = time.perf_counter()
-        results = await engine.collective_rpc(_EXT_RPC, args=(bytes(blob),))
+        from shunter.engine.weight_transport import is_cuda_ipc
+
+        rpc = _EXT_RPC_IPC if is_cuda_ipc(blob) else _EXT_RPC
+        results = await engine.collective_rpc(rpc, args=(bytes(blob),))
+        self.last_load = results[0] if results else {}
         await self._drop_stale_prefix_cache()
         dt = time.perf_counter() - t0
         log.debug("load_weights: %s in %.3fs", results, dt)
@@ -349,6 +355,18 @@ class VLLMBackend:
     @property
     def is_sleeping(self) -> bool:
         return self._sleeping
+
+    def device_memory_used(self) -> int:
+        """Bytes in use on this process's GPU (whole device; 0 on CPU)."""
+        if self._on_cpu:
+            return 0
+        try:
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            return int(total - free)
+        except Exception:  # noqa: BLE001 - informational only
+            return 0
 
     # --------------------------------------------------------------- shutdown
 

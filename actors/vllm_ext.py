@@ -109,6 +109,26 @@ class WeightSyncExtension:
             "refreshed_shared": n_refreshed,
         }
 
+    def shunter_load_cuda_ipc(self, package: bytes) -> dict:
+        """Load weights from CUDA IPC handles to the trainer's flat GPU copy (same GPU):
+        a device-to-device copy per tensor, no host round trip. GPU only."""
+        import torch
+
+        from shunter.engine.weight_transport import open_cuda_ipc
+
+        t0 = time.perf_counter()
+        items, nbytes = open_cuda_ipc(bytes(package))
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        weights = _normalise_tied(dict(items), _tied(model))
+        t_open = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        path = self._shunter_reload(list(weights.items()))
+        torch.cuda.synchronize()
+        t_load = time.perf_counter() - t1
+        n = len(weights)
+        del items, weights  # drop the mapping; the trainer owns the memory
+        return {"n_tensors": n, "nbytes": nbytes, "open_s": t_open, "load_s": t_load, "path": path}
+
     def _shunter_refresh_shared_embeddings(self, model: Any) -> int:
         """Re-derive kernel state of embedding layers that share a weight.
 
@@ -166,6 +186,8 @@ class WeightSyncExtension:
         ``process_weights_after_loading``.  On CPU + 0.32 the fallback breaks,
         which is why it is only a fallback.
         """
+        if self._shunter_on_gpu():  # unquantized on GPU: the model's own loader is complete and fastest
+            return self._shunter_legacy_load(items)
         reload = getattr(self, "reload_weights", None)
         if reload is not None:
             try:
@@ -187,6 +209,13 @@ class WeightSyncExtension:
                     if "weights_iterator" not in str(e) and "is_checkpoint_format" not in str(e):
                         raise
         return self._shunter_legacy_load(items)
+
+    def _shunter_on_gpu(self) -> bool:
+        try:
+            model = self.model_runner.get_model()  # type: ignore[attr-defined]
+            return next(model.parameters()).device.type == "cuda"
+        except Exception:  # pragma: no cover - defensive
+            return False
 
     def _shunter_legacy_load(self, items: list) -> str:
         model = self.model_runner.get_model()  # type: ignore[attr-defined]

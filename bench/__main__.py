@@ -3,6 +3,7 @@
     python -m shunter.bench run bench/scenarios/sync_vs_async.toml [--out bench/results/sync_vs_async.json]
     python -m shunter.bench report bench/results/*.json [--out bench/REPORT.md]
     python -m shunter.bench trace runs/<run_id>/events.bin trace.json
+    python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("trace", help="event log -> Perfetto / Chrome trace JSON")
     t.add_argument("events")
     t.add_argument("out")
+    sub.add_parser("gpu", help="GPU measurements (weight sync, rollout efficiency, switch cost, policies)",
+                   add_help=False)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "gpu":
+        from shunter.bench import gpu
+
+        return gpu.main(argv[1:])
     args = p.parse_args(argv)
     if args.cmd == "run":
         from shunter.bench import runners

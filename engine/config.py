@@ -59,6 +59,7 @@ class ModelConfig(_Section):
     path: Annotated[str, _d("HF-format model directory (config.json, weights, tokenizer).")] = ".shunter/models/sort-tiny"
     build_tiny: Annotated[str, _d("If set to a task name and 'path' holds no model, build the tiny warm-started model there first.")] = ""
     sft_steps: Annotated[NonNegInt, _d("Supervised warm-start steps when building the tiny model.")] = 25
+    preset: Annotated[Literal["tiny", "qwen2-0.5b"], _d("Shape of the model build_tiny builds: 'tiny' (warm-started, learns the task on CPU) or 'qwen2-0.5b' (Qwen2-0.5B's shape, random init, bf16: for GPU throughput and weight-sync measurements).")] = "tiny"
 
 
 class TaskConfig(_Section):
@@ -80,6 +81,9 @@ class RolloutConfig(_Section):
     max_model_len: Annotated[PosInt, _d("vLLM context length.")] = 64
     generate_timeout_s: Annotated[PosFloat, _d("A replica that has not answered a generation call for this long is taken as hung: it is killed, reported down, and its samples resume elsewhere.")] = 1800.0
     num_cpus: Annotated[float, _d("Ray CPUs reserved per replica actor (fractional is fine).", ge=0)] = 0.5
+    num_gpus: Annotated[float, _d("Ray GPUs per replica actor; a fraction shares a GPU (with the trainer, for cuda_ipc weight sync). 0 on CPU machines.", ge=0)] = 0.0
+    gpu_memory_utilization: Annotated[float, _d("Share of the GPU's memory one vLLM engine may take (GPU only).", gt=0, le=1)] = 0.4
+    enable_sleep_mode: Annotated[bool, _d("Start vLLM with sleep mode so SwitchToTrainer frees its GPU memory (GPU only; sleep is a no-op on CPU).")] = True
     engine_args: Annotated[dict[str, float | int | str | bool], _d("Extra vLLM engine arguments.")] = {}
     cpu_bind: Annotated[list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")] = []
 
@@ -94,9 +98,13 @@ class TrainerConfig(_Section):
     kl_coef: Annotated[float, _d("Weight of the KL penalty to the reference (initial) model; 0 disables it and loads no reference.", ge=0)] = 0.0
     grad_clip: Annotated[float, _d("Gradient norm clip; 0 disables.", ge=0)] = 1.0
     loss_fn: Annotated[str, _d("Loss override 'module:function'; empty: built-in PPO clip in bypass mode.")] = ""
+    micro_batch_size: Annotated[NonNegInt, _d("Samples per forward/backward pass (gradients accumulate over a mini-batch); 0: the whole mini-batch at once.")] = 0
     num_threads: Annotated[PosInt, _d("torch intra-op threads of the trainer.")] = 1
     num_cpus: Annotated[float, _d("Ray CPUs reserved for the trainer actor.", ge=0)] = 1.0
     device: Annotated[str, _d("torch device; 'auto': cuda if available else cpu.")] = "auto"
+    num_gpus: Annotated[float, _d("Ray GPUs for the trainer actor; 0 on CPU machines.", ge=0)] = 0.0
+    precision: Annotated[Literal["auto", "fp32", "bf16"], _d("'bf16': forward/backward under bf16 autocast with fp32 master weights and optimizer state, weights published in bf16; 'auto': bf16 on cuda, fp32 on cpu.")] = "auto"
+    weight_transport: Annotated[Literal["auto", "safetensors", "cuda_ipc"], _d("How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy; replicas on the same GPU); 'auto': cuda_ipc on cuda, else safetensors.")] = "auto"
 
 
 class ValidationConfig(_Section):

@@ -250,17 +250,27 @@ class RolloutCore:
         try:
             await self._cut("reclaimed")
             t1 = _now()
+            used = self._memory()
             await self.backend.sleep(sleep_level)
+            freed = used - self._memory()
             self.mode = TRAINER
         finally:
             self._evicting = False
         t2 = _now()
         return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=TRAINER, previous=ROLLOUT, duration_s=t2 - t0,
-                                        detail={"abort_s": t1 - t0, "sleep_s": t2 - t1}))]
+                                        detail={"abort_s": t1 - t0, "sleep_s": t2 - t1, "sleep_level": float(sleep_level),
+                                                "memory_freed_bytes": float(freed)}))]
+
+    def _memory(self) -> int:
+        """Device memory in use, where the backend can tell (GPU); else 0."""
+        fn = getattr(self.backend, "device_memory_used", None)
+        return fn() if callable(fn) else 0
 
     async def switch_to_rollout(self, version: int, blob: bytes | None) -> list[Event]:
         t0 = _now()
+        used = self._memory()
         await self.backend.wake_up()
+        taken = self._memory() - used
         t1 = _now()
         pending, self._pending_weights = self._pending_weights, None
         if blob is None and pending is not None:
@@ -271,7 +281,8 @@ class RolloutCore:
         t2 = _now()
         previous, self.mode = self.mode, ROLLOUT
         return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=ROLLOUT, previous=previous, duration_s=t2 - t0,
-                                        detail={"wake_s": t1 - t0, "load_s": t2 - t1, "version": float(self.version)}))]
+                                        detail={"wake_s": t1 - t0, "load_s": t2 - t1, "version": float(self.version),
+                                                "memory_taken_bytes": float(taken)}))]
 
     # -- validation ----------------------------------------------------------------------
     async def validate(self, cmd: Validate, max_tokens: int) -> list[Event]:

@@ -45,6 +45,14 @@ SFT_BATCH, SFT_LR = 64, 1e-3
 BUILD_THREADS = 1  # the model is tiny; 2+ OpenMP threads crawl (30x) when the CPU is shared
 ARCH = dict(vocab_size=len(SYMBOLS), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, intermediate_size=512, max_position_embeddings=256)
+# Architectures by name. "tiny" is the CPU policy; "qwen2-0.5b" is Qwen2-0.5B's shape with
+# random weights (same 42-symbol tokenizer; ids the tokenizer lacks decode to nothing), for
+# GPU throughput and weight-sync measurements — it is not expected to learn the task.
+PRESETS = {
+    "tiny": ARCH,
+    "qwen2-0.5b": dict(vocab_size=151_936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=4096),
+}
 MODEL_FILES = {MARKER, f"{MARKER}.part", "config.json", "generation_config.json", "model.safetensors",
                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"}
 assert len(SYMBOLS) == 42
@@ -60,9 +68,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
                                    add_bos_token=False, add_eos_token=False)
 
 
-def build_config() -> Qwen2Config:
-    return Qwen2Config(**ARCH, tie_word_embeddings=True, eos_token_id=0, pad_token_id=1,
-                       bos_token_id=None, dtype="float32")
+def build_config(preset: str = "tiny") -> Qwen2Config:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; known: {sorted(PRESETS)}")
+    return Qwen2Config(**PRESETS[preset], tie_word_embeddings=True, eos_token_id=0, pad_token_id=1,
+                       bos_token_id=None, dtype="float32" if preset == "tiny" else "bfloat16")
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -155,11 +165,17 @@ def _check_replaceable(out_dir: Path) -> None:
         raise FileExistsError(f"refusing to replace {out_dir}: not a tiny-model dir (has {', '.join(foreign[:5])})")
 
 
-def _build_into(tmp: Path, task_name: str, seed: int, sft_steps: int) -> dict[str, Any]:
+def _build_into(tmp: Path, task_name: str, seed: int, sft_steps: int, preset: str = "tiny") -> dict[str, Any]:
     task, tokenizer = load_task(task_name), build_tokenizer()
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(build_config())
-    losses = sft(model, tokenizer, task.train_prompts(SFT_SEED_OFFSET + seed), sft_steps)
+    if preset == "tiny":
+        model = Qwen2ForCausalLM(build_config())
+        losses = sft(model, tokenizer, task.train_prompts(SFT_SEED_OFFSET + seed), sft_steps)
+    else:  # random init in bf16, on the GPU when there is one (seconds instead of minutes)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(device):
+            model = Qwen2ForCausalLM(build_config(preset)).to(torch.bfloat16)
+        losses = []
     model.generation_config = GenerationConfig(eos_token_id=0, pad_token_id=1)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -167,10 +183,12 @@ def _build_into(tmp: Path, task_name: str, seed: int, sft_steps: int) -> dict[st
 
 
 def build_tiny_model(out_dir: str | Path, task: str = "sort_digits", *, seed: int = 0, sft_steps: int = 25,
-                     force: bool = False) -> Path:
-    """Build (or reuse) the warm-started tiny model at ``out_dir``; returns the path."""
+                     force: bool = False, preset: str = "tiny") -> Path:
+    """Build (or reuse) the warm-started tiny model at ``out_dir`` (or, with another
+    ``preset``, a random-init model of that shape); returns the path."""
     out_dir = Path(out_dir).expanduser().absolute()
-    params = {"format": FORMAT_VERSION, "task": task, "seed": int(seed), "sft_steps": int(sft_steps), "arch": ARCH}
+    arch = build_config(preset) and PRESETS[preset]
+    params = {"format": FORMAT_VERSION, "task": task, "seed": int(seed), "sft_steps": int(sft_steps), "arch": arch}
     if not force and _is_built(out_dir, params):
         return out_dir
     _check_replaceable(out_dir)
@@ -190,7 +208,7 @@ def build_tiny_model(out_dir: str | Path, task: str = "sort_digits", *, seed: in
         try:
             torch.set_num_threads(BUILD_THREADS)
             start = time.perf_counter()
-            info = _build_into(tmp, task, int(seed), int(sft_steps))
+            info = _build_into(tmp, task, int(seed), int(sft_steps), preset)
             info.update(params=params, build_seconds=round(time.perf_counter() - start, 3), built_at=time.time())
             (tmp / f"{MARKER}.part").write_text(json.dumps(info, indent=1))
             os.replace(tmp / f"{MARKER}.part", tmp / MARKER)
@@ -212,14 +230,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     ap.add_argument("--samples", type=int, default=256, help="prompts for the sampled-reward estimate")
     args = ap.parse_args(argv)
     before = read_marker(args.out_dir)
-    path = build_tiny_model(args.out_dir, args.task, seed=args.seed, sft_steps=args.sft_steps, force=args.force)
+    path = build_tiny_model(args.out_dir, args.task, seed=args.seed, sft_steps=args.sft_steps, force=args.force,
+                            preset=args.preset)
     marker = read_marker(path) or {}
     reused = before is not None and before.get("built_at") == marker.get("built_at")
     print(f"{'reused' if reused else 'built'} {path}: {marker.get('n_parameters')} params, "
           f"sft_steps={args.sft_steps}, seed={args.seed}, build {marker.get('build_seconds')}s")
+    if args.preset != "tiny":
+        return
     torch.set_num_threads(BUILD_THREADS)
     task = load_task(args.task)
     model = Qwen2ForCausalLM.from_pretrained(path).eval()

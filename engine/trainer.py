@@ -23,28 +23,17 @@ from pathlib import Path
 
 import torch
 
-from shunter.engine import rl
+from shunter.engine import rl, weight_transport
 from shunter.engine.config import TrainerConfig
 from shunter.events import Sample
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
-def state_dict_to_blob(state_dict: dict) -> bytes:
-    """An HF-named state dict as safetensors bytes. Tensors that share storage (tied
-    ``lm_head.weight`` / ``model.embed_tokens.weight``) are written once, under the first
-    name; the replica side restores the tie."""
-    from safetensors.torch import save
-
-    out: dict[str, torch.Tensor] = {}
-    seen: set[tuple] = set()
-    for name, t in state_dict.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-        if t.numel() and key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.detach().to("cpu").contiguous()
-    return save(out)
+def state_dict_to_blob(state_dict: dict, dtype: torch.dtype | None = None) -> bytes:
+    """An HF-named state dict as safetensors bytes (tied tensors written once, under the
+    first name; the replica side restores the tie)."""
+    return weight_transport.to_safetensors(state_dict, dtype)
 
 
 class ModelDirError(ValueError):
@@ -80,12 +69,23 @@ class Trainer:
         self.model = None
         self.ref = None
         self.opt = None
+        self.amp = False  # bf16 autocast (fp32 master weights and optimizer state)
+        self.transport = weight_transport.SAFETENSORS
+        self._ipc: weight_transport.CudaIpcPublisher | None = None
 
     def setup(self) -> None:
         torch.manual_seed(self.seed)
         torch.set_num_threads(self.cfg.num_threads)
         dev = self.cfg.device
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev
+        cuda = self.device.startswith("cuda")
+        self.amp = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and cuda)
+        wt = self.cfg.weight_transport
+        self.transport = (weight_transport.CUDA_IPC if cuda else weight_transport.SAFETENSORS) if wt == "auto" else wt
+        if self.transport == weight_transport.CUDA_IPC:
+            if not cuda:
+                raise ValueError(f"trainer.weight_transport = 'cuda_ipc' needs a cuda device, the trainer is on {self.device}")
+            self._ipc = weight_transport.CudaIpcPublisher()
         start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
         self.model = load_causal_lm(start, self.device)
         self.model.train()
@@ -134,32 +134,49 @@ class Trainer:
         return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask.to(dev), "old": old.to(dev)}
 
     def _logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1] / self.temperature
-        return rl.token_logprobs(logits, b["ids"][:, 1:])
+        with torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.amp):
+            logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1]
+        return rl.token_logprobs(logits.float() / self.temperature, b["ids"][:, 1:])
 
-    def train_step(self, samples: list[Sample], loss_fn: LossFn | None = None) -> dict[str, float]:
-        if not samples:
-            raise ValueError("train_step needs at least one sample")
-        t0 = time.perf_counter()
-        b = self.collate(samples)
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
+    def _loss(self, b: dict[str, torch.Tensor], adv: torch.Tensor, loss_fn: LossFn | None):
         adv_tok = adv[:, None].expand_as(b["mask"])
         logp = self._logp(self.model, b)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp = self._logp(self.ref, b)
-        if loss_fn is None:
-            loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=self.cfg.clip_ratio)
-            if ref_logp is not None:
-                kl = rl.masked_mean(rl.kl_k3(logp, ref_logp), b["mask"])
-                loss = loss + self.cfg.kl_coef * kl
-                stats["kl"] = float(kl.detach())
-        else:
-            loss, stats = loss_fn(logp, b["old"], adv_tok, b["mask"], ref_logp, self.cfg)
+        if loss_fn is not None:
+            return loss_fn(logp, b["old"], adv_tok, b["mask"], ref_logp, self.cfg)
+        loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=self.cfg.clip_ratio)
+        if ref_logp is not None:
+            kl = rl.masked_mean(rl.kl_k3(logp, ref_logp), b["mask"])
+            loss = loss + self.cfg.kl_coef * kl
+            stats["kl"] = float(kl.detach())
+        return loss, stats
+
+    def train_step(self, samples: list[Sample], loss_fn: LossFn | None = None) -> dict[str, float]:
+        """One optimizer step. The batch is cut into micro-batches of
+        ``trainer.micro_batch_size`` samples (gradients accumulate); each micro-batch's
+        token-mean loss is weighted by its share of the tokens, so the step equals the
+        whole-batch token-mean step. Advantages are computed over the whole batch."""
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        t0 = time.perf_counter()
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
+        size = self.cfg.micro_batch_size or len(samples)
+        total = max(1, sum(len(s.token_ids) for s in samples))
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum, stats_sum = 0.0, {}
+        for i in range(0, len(samples), size):
+            chunk = samples[i : i + size]
+            w = max(1, sum(len(s.token_ids) for s in chunk)) / total
+            loss, stats = self._loss(self.collate(chunk), adv[i : i + size], loss_fn)
+            (loss * w).backward()
+            loss_sum += float(loss.detach()) * w
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * w
+        stats, loss = stats_sum, torch.tensor(loss_sum)
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         self.opt.step()
@@ -182,9 +199,20 @@ class Trainer:
         return out
 
     # -- weights ---------------------------------------------------------------------------
+    @property
+    def publish_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.amp else torch.float32
+
     def publish(self) -> bytes:
-        """Bump the version and return the weights as a safetensors blob (HF names)."""
-        blob = state_dict_to_blob(self.model.state_dict())
+        """Bump the version and return the weights' payload (HF names): a safetensors blob,
+        or a CUDA IPC package for replicas on the trainer's GPU (``weight_transport``)."""
+        sd = self.model.state_dict()
+        self.published_nbytes = sum(t.numel() for _, t in weight_transport.unique_tensors(sd)) * (
+            2 if self.publish_dtype == torch.bfloat16 else 4)
+        if self._ipc is not None:
+            blob = self._ipc.publish(sd, self.publish_dtype)
+        else:
+            blob = state_dict_to_blob(sd, self.publish_dtype)
         self.version += 1
         return blob
 
@@ -204,8 +232,18 @@ class Trainer:
             tensors += [p.data for p in self.model.parameters()]
         if "grads" in parts:
             tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        target = torch.device(device)
         for t in tensors:
-            if t.device.type != torch.device(device).type:
+            if t.device.type != target.type:
                 moved += t.numel() * t.element_size()
-                t.data = t.data.to(device, non_blocking=True)
+                if target.type == "cpu" and torch.cuda.is_available():  # pinned, so the copy runs at full bandwidth
+                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    host.copy_(t.data, non_blocking=True)
+                    t.data = host
+                else:
+                    t.data = t.data.to(target, non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            if target.type == "cpu":
+                torch.cuda.empty_cache()  # give the freed blocks back, so vLLM can wake into them
         return moved

@@ -76,8 +76,9 @@ class TrainerHost:
                 case PublishWeights():
                     blob = await self._run(core.publish)
                     nbytes = getattr(core, "published_nbytes", None) or len(blob)  # a simulator models the size
-                    return [self.stamp(WeightsReady(version=core.version, handle=f"{self.transport}:{core.version}",
-                                                    transport=self.transport, nbytes=nbytes,
+                    transport = getattr(core, "transport", None) or self.transport
+                    return [self.stamp(WeightsReady(version=core.version, handle=f"{transport}:{core.version}",
+                                                    transport=transport, nbytes=nbytes,
                                                     duration_s=_now() - t0))], blob
                 case SaveCheckpoint():
                     if not callable(getattr(core, "save", None)):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluster, tiny_model, tmp_path):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 100}, validation={"every": 0},
+    cfg = config(tiny_model, tmp_path, run={"total_steps": 160}, validation={"every": 0},
                  rollout={"standalone_replicas": 2, "max_staleness": 1, "max_tokens": 12})
     events = []
     async with asyncio.timeout(400):
@@ -36,7 +36,7 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
                 events.append(ev)
                 if isinstance(ev, RankAssigned):
                     names[ev.replica_id] = ev.actor_name
-                if isinstance(ev, StepEnd) and ev.step == 6:
+                if isinstance(ev, StepEnd) and ev.step == 4:
                     ray_cluster.kill(ray_cluster.get_actor(names["standalone-1"], namespace="shunter"))
                 if isinstance(ev, RankReleased):
                     replacement = await engine.add_replica("standalone")
@@ -48,7 +48,7 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
     s = ended.summary
     assert s["buffer/dispatched_groups"] == s["buffer/trained_groups"] + s["buffer/dropped_groups"]
     assert s.get("buffer/dropped_failed_groups", 0) == 0
-    assert s["buffer/trained_groups"] == 100 * cfg.groups_per_mini_batch
+    assert s["buffer/trained_groups"] == 160 * cfg.groups_per_mini_batch
     moved = [e for e in events if isinstance(e, SampleAborted) and e.reason == "replica_down"]
     assert all(e.partial is not None for e in moved)
     # the replacement took the released rank, caught up on weights, then generated
@@ -56,5 +56,8 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
     assert [e.rank for e in events if isinstance(e, RankAssigned) and e.replica_id == replacement] == [1]
     up = [e for e in events if isinstance(e, ModeChanged) and e.replica_id == replacement]
     assert up and up[0].mode == "rollout" and up[0].detail["version"] >= 1
-    first_sample = next(i for i, e in enumerate(events) if isinstance(e, SampleEnd) and e.replica_id == replacement)
+    last_step = max(e.step for e in events[: events.index(up[0])] if isinstance(e, StepEnd))
+    first_sample = next((i for i, e in enumerate(events) if isinstance(e, SampleEnd) and e.replica_id == replacement),
+                        None)
+    assert first_sample is not None, f"the replacement served from step {last_step} of 160 and generated nothing"
     assert first_sample > events.index(up[0])

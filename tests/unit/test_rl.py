@@ -108,3 +108,25 @@ def test_trainer_scores_the_tempered_distribution_the_rollout_sampled_from(model
         logits = tr.model(input_ids=b["ids"]).logits[0]
         want = torch.log_softmax(logits / 0.5, -1)[[2, 3], [29, 31]]
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_micro_batches_take_the_same_step_as_the_whole_batch(model_dir):
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer
+    from shunter.events import Sample
+
+    samples = [Sample(sample_id=f"{i // 3}.{i % 3}", group_id=i // 3, prompt_id=i // 3,
+                      prompt_token_ids=[29, 31, 30, 40][: 2 + i % 3], token_ids=[29, 30, 31, 0][: 1 + i % 4],
+                      logprobs=[-3.7] * (1 + i % 4), versions=[0] * (1 + i % 4), max_tokens=4, reward=float(i % 3))
+               for i in range(9)]
+    params = []
+    for micro in (0, 2, 4):
+        tr = Trainer(TrainerConfig(ppo_mini_batch_size=9, parameter_sync_step=1, train_batch_size=9, lr=1e-2,
+                                   kl_coef=0.1, micro_batch_size=micro), model_dir)
+        tr.setup()
+        m = tr.train_step(samples)
+        # the accumulated gradient is left on the parameters after the step
+        params.append((m["trainer/loss"], m["trainer/grad_norm"], [p.grad.clone() for p in tr.model.parameters()]))
+    for loss, norm, ps in params[1:]:
+        assert loss == pytest.approx(params[0][0], rel=1e-4) and norm == pytest.approx(params[0][1], rel=1e-4)
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(ps, params[0][2], strict=True))

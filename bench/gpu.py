@@ -1,0 +1,288 @@
+"""GPU measurements on one device (issue 5), each part in one run, saved as one JSON with
+the machine's details:
+
+- ``sync``: weight sync — ``PublishWeights`` -> last ``WeightsLoaded`` per version, split
+  into publish (trainer side) and load (replica side), next to the copy floor measured in
+  the same run (the published bytes at this GPU's device-to-device copy bandwidth);
+- ``rollout``: rollout tokens/s inside the engine vs raw vLLM (``LLM.generate``) on the
+  same model, prompts and sampling;
+- ``switch``: a hybrid replica's switch cost both ways (sleep, wake, weight load, memory
+  freed / taken) and the trainer's offload / onload;
+- ``policies``: step time of ``colocated`` vs ``lend_when_idle`` on one GPU.
+
+    python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shunter.engine.config import EngineConfig, load_config, merge
+from shunter.events import (
+    ModeChanged,
+    Offloaded,
+    Onloaded,
+    PublishWeights,
+    RunEnded,
+    SampleBegin,
+    SampleEnd,
+    StepEnd,
+    WeightsLoaded,
+    WeightsReady,
+    read_log,
+)
+
+PARTS = ("sync", "rollout", "switch", "policies")
+
+
+def machine() -> dict:
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "host_cpus": os.cpu_count()}
+    for mod in ("vllm", "ray", "transformers"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001
+            out[mod] = f"unavailable: {e}"
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        out.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return out
+
+
+def copy_floor_gbps(nbytes: int = 1 << 30, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second) on this GPU."""
+    import torch
+
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / repeats
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / dt / 1e9
+
+
+async def _run(cfg: EngineConfig, *, user_rollout_s: float = 0.0) -> tuple[list, Path]:
+    """One engine run; with ``user_rollout_s`` the trainer never runs (user driver): the
+    replicas fill the buffer up to the staleness gate and the run is stopped after that long."""
+    from shunter import Engine
+
+    events = []
+    async with Engine(cfg) as engine:
+        if user_rollout_s:
+            async def collect():
+                async for ev in engine.events():
+                    events.append(ev)
+
+            task = asyncio.create_task(collect())
+            await asyncio.sleep(user_rollout_s)
+            await engine.stop("measured")
+            await task
+        else:
+            async for ev in engine.events():
+                events.append(ev)
+        out = engine.out_dir
+    return events, out
+
+
+def run(cfg: EngineConfig, **kw) -> tuple[list, Path]:
+    return asyncio.run(_run(cfg, **kw))
+
+
+def sync_figures(log: Path, floor_gbps: float) -> dict:
+    msgs = list(read_log(log))
+    rows = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, PublishWeights):
+            continue
+        ready = next((x for x in msgs[i:] if isinstance(x, WeightsReady)), None)
+        if ready is None:
+            continue
+        loads = [x for x in msgs[i:] if isinstance(x, WeightsLoaded) and x.version == ready.version]
+        if not loads:
+            continue
+        last = max(loads, key=lambda x: x.wall_time)
+        rows.append({"version": ready.version, "nbytes": ready.nbytes, "transport": ready.transport,
+                     "publish_s": ready.duration_s, "load_s": max(x.duration_s for x in loads),
+                     "end_to_end_s": last.wall_time - m.wall_time})
+    if not rows:
+        return {"error": "no publish reached a replica"}
+    steady = rows[1:] or rows  # the first one pays one-time costs (IPC mapping, allocator)
+    nbytes = rows[0]["nbytes"]
+    floor_s = nbytes / (floor_gbps * 1e9 / 2)  # read + write
+    med = {k: statistics.median(r[k] for r in steady) for k in ("publish_s", "load_s", "end_to_end_s")}
+    return {"transport": rows[0]["transport"], "nbytes": nbytes, "copy_gbps": floor_gbps, "floor_s": floor_s,
+            **{f"median_{k}": v for k, v in med.items()}, "ratio_to_floor": med["end_to_end_s"] / floor_s,
+            "first": rows[0], "n": len(rows)}
+
+
+def rollout_tokens_per_s(events: list) -> dict:
+    begins = [e.wall_time for e in events if isinstance(e, SampleBegin)]
+    ends = [e for e in events if isinstance(e, SampleEnd)]
+    if not begins or not ends:
+        return {"error": "no samples"}
+    tokens = sum(len(e.sample.token_ids) for e in ends)
+    window = max(e.wall_time for e in ends) - min(begins)
+    return {"samples": len(ends), "tokens": tokens, "window_s": window, "tokens_per_s": tokens / window}
+
+
+def raw_vllm(model_dir: str, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
+             max_model_len: int, gpu_memory_utilization: float, engine_args: dict) -> dict:
+    """Raw vLLM offline generation of the same requests, in a child process (its GPU memory
+    is freed when it exits)."""
+    spec = json.dumps({"model_dir": model_dir, "prompts": prompts, "n": n, "max_tokens": max_tokens,
+                       "temperature": temperature, "max_model_len": max_model_len,
+                       "gpu_memory_utilization": gpu_memory_utilization, "engine_args": engine_args})
+    out = subprocess.run([sys.executable, "-m", "shunter.bench.gpu", "--raw", spec], capture_output=True, text=True,
+                         timeout=900)
+    line = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if out.returncode or not line:
+        return {"error": (out.stderr or out.stdout)[-2000:]}
+    return json.loads(line[-1])
+
+
+def _raw_child(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=spec["model_dir"], max_model_len=spec["max_model_len"], seed=0,
+              gpu_memory_utilization=spec["gpu_memory_utilization"], **spec["engine_args"])
+    sp = SamplingParams(n=1, max_tokens=spec["max_tokens"], temperature=spec["temperature"], logprobs=0,
+                        detokenize=False)
+    reqs = [{"prompt_token_ids": p} for p in spec["prompts"] for _ in range(spec["n"])]
+    llm.generate(reqs[:8], sp, use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(reqs, sp, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"samples": len(outs), "tokens": tokens, "window_s": dt, "tokens_per_s": tokens / dt}
+
+
+def switch_figures(events: list) -> dict:
+    out: dict = {}
+    for mode in ("trainer", "rollout"):
+        ch = [e for e in events if isinstance(e, ModeChanged) and e.mode == mode][1:] or \
+             [e for e in events if isinstance(e, ModeChanged) and e.mode == mode]
+        if ch:
+            out[f"to_{mode}_s"] = statistics.median(e.duration_s for e in ch)
+            for k in ch[0].detail:
+                out[f"to_{mode}_{k}"] = statistics.median(e.detail.get(k, 0.0) for e in ch)
+    for cls, name in ((Offloaded, "offload"), (Onloaded, "onload")):
+        xs = [e for e in events if isinstance(e, cls)]
+        if xs:
+            out[f"{name}_s"] = statistics.median(e.duration_s for e in xs)
+            out[f"{name}_bytes"] = xs[0].nbytes
+    return out
+
+
+def step_time(events: list) -> float:
+    ends = [e.wall_time for e in events if isinstance(e, StepEnd)]
+    gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)][2:]  # past warm-up
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
+    base = load_config(config)
+    res: dict = {"machine": machine(), "config": config, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def cfg(over: dict) -> EngineConfig:
+        from shunter.engine.config import from_dict
+
+        return from_dict(merge(json.loads(json.dumps(_plain(base))), over))
+
+    def save():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1, default=str))
+
+    floor = copy_floor_gbps()
+    res["copy_gbps"] = floor
+    for part in parts:
+        t0 = time.perf_counter()
+        try:
+            if part == "sync":
+                events, run_dir = run(cfg({"run": {"policy": "separate"}}))
+                res["sync"] = sync_figures(run_dir / "events.bin", floor)
+                res["sync"]["ended"] = _ended(events)
+            elif part == "rollout":
+                r = base.rollout
+                groups = 2 * base.groups_per_mini_batch * base.trainer.parameter_sync_step
+                over = {"run": {"trainer_driver": "user", "policy": "separate"},
+                        "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0, "max_staleness": 1}}
+                events, _ = run(cfg(over), user_rollout_s=float(os.environ.get("SHUNTER_ROLLOUT_S", "60")))
+                eng = rollout_tokens_per_s(events)
+                from shunter.engine.tasks import load_task
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(base.model.path)
+                task = load_task(base.task.name)
+                it = task.train_prompts(base.run.seed)
+                prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)]
+                raw = raw_vllm(base.model.path, prompts, r.n_samples_per_prompt, r.max_tokens, r.temperature,
+                               r.max_model_len, r.gpu_memory_utilization, dict(r.engine_args))
+                res["rollout"] = {"engine": eng, "raw_vllm": raw,
+                                  "efficiency": eng.get("tokens_per_s", 0) / raw["tokens_per_s"]
+                                  if raw.get("tokens_per_s") else None}
+            elif part == "switch":
+                events, _ = run(cfg({"run": {"policy": "colocated"},
+                                     "rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}}))
+                res["switch"] = {**switch_figures(events), "step_s": step_time(events), "ended": _ended(events)}
+            elif part == "policies":
+                col, _ = run(cfg({"run": {"policy": "colocated"},
+                                  "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2}}))
+                lend, _ = run(cfg({"run": {"policy": "lend_when_idle"},
+                                   "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1}}))
+                a, b = step_time(col), step_time(lend)
+                res["policies"] = {"colocated_step_s": a, "lend_when_idle_step_s": b, "ratio_sync_over_lend": a / b,
+                                   "colocated_ended": _ended(col), "lend_ended": _ended(lend)}
+        except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
+            import traceback
+
+            res[part] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+        res.setdefault(part, {})["part_s"] = time.perf_counter() - t0
+        save()
+    return res
+
+
+def _ended(events: list) -> str:
+    e = next((x for x in reversed(events) if isinstance(x, RunEnded)), None)
+    return "none" if e is None else f"{e.reason} after {e.steps} steps{': ' + e.error[:300] if e.error else ''}"
+
+
+def _plain(cfg: EngineConfig) -> dict:
+    import msgspec
+
+    return msgspec.to_builtins(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m shunter.bench gpu", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="examples/gpu_qwen05b.toml")
+    p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--out", default="bench/results/gpu.json")
+    p.add_argument("--raw", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.raw:
+        print(json.dumps(_raw_child(json.loads(a.raw))))
+        return 0
+    res = measure(a.config, tuple(x for x in a.parts.split(",") if x), Path(a.out))
+    print(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -100,7 +100,21 @@ async def _run(cfg: EngineConfig, *, user_rollout_s: float = 0.0) -> tuple[list,
 
 
 def run(cfg: EngineConfig, **kw) -> tuple[list, Path]:
+    _wait_for_free_gpu()
     return asyncio.run(_run(cfg, **kw))
+
+
+def _wait_for_free_gpu(timeout_s: float = 120.0, used_below: float = 0.05) -> None:
+    """A run's killed actors give their GPU memory back some seconds after the run ends;
+    starting the next run before that makes its vLLM engines fail their memory check."""
+    import torch
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        free, total = torch.cuda.mem_get_info()
+        if (total - free) / total < used_below:
+            return
+        time.sleep(2.0)
 
 
 def sync_figures(log: Path, floor_gbps: float) -> dict:
@@ -184,7 +198,7 @@ def switch_figures(events: list) -> dict:
         xs = [e for e in events if isinstance(e, cls)]
         if xs:
             out[f"{name}_s"] = statistics.median(e.duration_s for e in xs)
-            out[f"{name}_bytes"] = xs[0].nbytes
+            out[f"{name}_bytes"] = max(e.nbytes for e in xs)
     return out
 
 

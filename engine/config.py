@@ -83,6 +83,7 @@ class RolloutConfig(_Section):
     num_cpus: Annotated[float, _d("Ray CPUs reserved per replica actor (fractional is fine).", ge=0)] = 0.5
     num_gpus: Annotated[float, _d("Ray GPUs per replica actor; a fraction shares a GPU (with the trainer, for cuda_ipc weight sync). 0 on CPU machines.", ge=0)] = 0.0
     gpu_memory_utilization: Annotated[float, _d("Share of the GPU's memory one vLLM engine may take (GPU only).", gt=0, le=1)] = 0.4
+    stream_interval: Annotated[PosInt, _d("vLLM hands generated tokens to the replica every this many tokens (and at the end of a request, an abort included, so none is lost); 1 streams every token at a large host cost with many concurrent requests.")] = 16
     enable_sleep_mode: Annotated[bool, _d("Start vLLM with sleep mode so SwitchToTrainer frees its GPU memory (GPU only; sleep is a no-op on CPU).")] = True
     engine_args: Annotated[dict[str, float | int | str | bool], _d("Extra vLLM engine arguments.")] = {}
     cpu_bind: Annotated[list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")] = []

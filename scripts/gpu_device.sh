@@ -12,6 +12,7 @@ if ! [ -d /tmp/site/vllm ]; then
 fi
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/shunter
 export PYTHONPATH=/tmp/site:/tmp/pkg VLLM_ALLOW_INSECURE_SERIALIZATION=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export VLLM_WORKER_MULTIPROC_METHOD=spawn  # an engine started in a process that already touched CUDA cannot fork
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 case $mode in

@@ -35,6 +35,8 @@ def _ship_by_value():
 
 if torch.cuda.is_available():
     _ship_by_value()
+    # engines started in this process (after torch touched CUDA) must spawn their workers
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 @pytest.fixture(scope="module")

@@ -97,6 +97,9 @@ def write_report(results: list[Path], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     for path in sorted(results):
         r = json.loads(path.read_text())
+        if "scenario" not in r and "sync" in r:  # python -m shunter.bench gpu
+            parts += gpu_section(r, path)
+            continue
         sc = r["scenario"]["scenario"]
         parts += [f"## {sc['name']}", "", sc.get("description", ""), "",
                   f"`python -m shunter.bench run bench/scenarios/{sc['name']}.toml` — commit {r.get('commit', '?')}, "
@@ -107,3 +110,39 @@ def write_report(results: list[Path], out: Path) -> Path:
             parts += [f"![{png.stem}]({Path('results') / png.name if out.parent == path.parent.parent else png.as_posix()})", ""]
     out.write_text("\n".join(parts))
     return out
+
+
+def gpu_section(r: dict, path: Path) -> list[str]:
+    """The one-GPU measurements (``python -m shunter.bench gpu``), as written by it."""
+    m, sy, ro, sw, po = r["machine"], r.get("sync", {}), r.get("rollout", {}), r.get("switch", {}), r.get("policies", {})
+    gib = 2**30
+    rows = [
+        ("weight sync, PublishWeights -> WeightsLoaded (median)",
+         f"{sy.get('median_end_to_end_s', float('nan')) * 1e3:.0f} ms for {sy.get('nbytes', 0) / gib:.2f} GiB over "
+         f"{sy.get('transport')}: publish {sy.get('median_publish_s', 0) * 1e3:.0f} ms, replica load "
+         f"{sy.get('median_load_s', 0) * 1e3:.0f} ms, the rest RPC and the coordinator"),
+        ("copy floor (same run)", f"{sy.get('floor_s', 0) * 1e3:.2f} ms at {r.get('copy_gbps', 0):,.0f} GB/s "
+                                  f"device-to-device; end to end = {sy.get('ratio_to_floor', 0):.0f}x the floor"),
+        ("rollout efficiency (engine / raw vLLM)",
+         f"{ro.get('efficiency') or 0:.0%}: {ro.get('engine', {}).get('tokens_per_s', 0):,.0f} vs "
+         f"{ro.get('raw_vllm', {}).get('tokens_per_s', 0):,.0f} tok/s"),
+        ("switch to trainer (sleep level 1)",
+         f"{sw.get('to_trainer_s', 0) * 1e3:.0f} ms, {sw.get('to_trainer_memory_freed_bytes', 0) / gib:.1f} GiB freed"),
+        ("switch to rollout (wake + weight load)",
+         f"{sw.get('to_rollout_s', 0) * 1e3:.0f} ms (wake {sw.get('to_rollout_wake_s', 0) * 1e3:.0f} ms, load "
+         f"{sw.get('to_rollout_load_s', 0) * 1e3:.0f} ms), {sw.get('to_rollout_memory_taken_bytes', 0) / gib:.1f} GiB taken"),
+        ("optimizer offload / onload", f"{sw.get('offload_s', 0) * 1e3:.0f} / {sw.get('onload_s', 0) * 1e3:.0f} ms"),
+    ]
+    if po:
+        rows.append(("step time, colocated (2 hybrid) / lend_when_idle (1 standalone + 1 hybrid)",
+                     f"{po.get('colocated_2_hybrid_step_s', po.get('colocated_step_s', 0)):.2f} s / "
+                     f"{po.get('lend_when_idle_1_standalone_1_hybrid_step_s', po.get('lend_when_idle_step_s', 0)):.2f} s"
+                     f" = {po.get('ratio_sync_over_lend', 0):.2f}"))
+    out = [f"## one GPU: {m.get('gpu')} ({m.get('gpu_memory_gib')} GiB)", "",
+           f"`{r.get('config')}`, vLLM {m.get('vllm')}, torch {m.get('torch')}, Ray {m.get('ray')}, {r.get('when')}; "
+           f"results: `{path.as_posix()}`; commands: " + "; ".join(f"`{c}`" for c in r.get("commands", [])), "",
+           "| what | figure |", "|---|---|"]
+    out += [f"| {a} | {b} |" for a, b in rows]
+    if po.get("note"):
+        out += ["", f"Note: {po['note']}."]
+    return out + [""]

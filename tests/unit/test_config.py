@@ -57,3 +57,12 @@ def test_shipped_example_configs_load():
     assert configs
     for c in configs:
         load_config(c)
+
+
+def test_every_example_config_loads():
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
+    assert len(examples) >= 3
+    for p in examples:
+        load_config(p)

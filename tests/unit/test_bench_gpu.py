@@ -1,0 +1,42 @@
+"""The GPU bench's figures are computed from event logs by plain functions; they are
+checked here on synthetic logs (the GPU runs themselves happen on the lent machine)."""
+
+from __future__ import annotations
+
+import json
+
+from shunter.bench import gpu
+from shunter.bench.report import gpu_section
+from shunter.events import Codec, ModeChanged, PublishWeights, WeightsLoaded, WeightsReady
+
+ENV = {"run_id": "r", "source": "t"}
+
+
+def test_sync_figures_pair_each_publish_with_its_last_load_and_the_floor(tmp_path):
+    c = Codec()
+    log = tmp_path / "events.bin"
+    msgs = []
+    for v, t in ((1, 10.0), (2, 20.0), (3, 30.0)):
+        msgs += [PublishWeights(wall_time=t, **ENV),
+                 WeightsReady(version=v, handle=f"cuda_ipc:{v}", transport="cuda_ipc", nbytes=10**9, duration_s=0.01,
+                              wall_time=t + 0.01, **ENV),
+                 WeightsLoaded(replica_id="a", version=v, duration_s=0.04, wall_time=t + 0.05, **ENV),
+                 WeightsLoaded(replica_id="b", version=v, duration_s=0.05, wall_time=t + 0.1, **ENV)]
+    log.write_bytes(b"".join(c.frame(m) for m in msgs))
+    f = gpu.sync_figures(log, floor_gbps=4000.0)
+    assert f["n"] == 3 and f["transport"] == "cuda_ipc"
+    assert abs(f["median_end_to_end_s"] - 0.1) < 1e-6 and f["median_load_s"] == 0.05
+    assert abs(f["floor_s"] - 10**9 / 2e12) < 1e-12 and f["ratio_to_floor"] > 100
+
+
+def test_switch_figures_and_the_report_section():
+    evs = [ModeChanged(replica_id="h", mode=m, previous="x", duration_s=d, detail={"sleep_s": d}, wall_time=i, **ENV)
+           for i, (m, d) in enumerate([("trainer", 0.1), ("rollout", 0.2), ("trainer", 0.3), ("rollout", 0.4)])]
+    sw = gpu.switch_figures(evs)
+    assert sw["to_trainer_s"] == 0.3 and sw["to_rollout_s"] == 0.4  # past the first switch
+    r = {"machine": {"gpu": "G", "gpu_memory_gib": 1}, "copy_gbps": 1000.0, "switch": sw,
+         "sync": {"median_end_to_end_s": 0.1, "nbytes": 2**30, "transport": "cuda_ipc", "floor_s": 0.001,
+                  "ratio_to_floor": 100.0},
+         "rollout": {"efficiency": 0.9, "engine": {"tokens_per_s": 9.0}, "raw_vllm": {"tokens_per_s": 10.0}}}
+    text = "\n".join(gpu_section(json.loads(json.dumps(r)), __import__("pathlib").Path("x.json")))
+    assert "100 ms for 1.00 GiB over cuda_ipc" in text and "90%" in text

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from shunter.engine.config import EngineConfig, load_config, merge
 from shunter.events import (
+    LoadWeights,
     ModeChanged,
     Offloaded,
     Onloaded,
@@ -130,15 +131,27 @@ def sync_figures(log: Path, floor_gbps: float) -> dict:
         if not loads:
             continue
         last = max(loads, key=lambda x: x.wall_time)
-        rows.append({"version": ready.version, "nbytes": ready.nbytes, "transport": ready.transport,
-                     "publish_s": ready.duration_s, "load_s": max(x.duration_s for x in loads),
-                     "end_to_end_s": last.wall_time - m.wall_time})
+        cmd = next((x for x in msgs[i:] if isinstance(x, LoadWeights)), None)
+        row = {"version": ready.version, "nbytes": ready.nbytes, "transport": ready.transport,
+               "publish_s": ready.duration_s, "load_s": max(x.duration_s for x in loads),
+               "end_to_end_s": last.wall_time - m.wall_time,
+               # hops, from the stamps: to the trainer and its publish; back to the coordinator and
+               # its policy; to the replica, which cuts its requests in flight and loads
+               "to_trainer_and_publish_s": ready.wall_time - m.wall_time}
+        if cmd is not None:
+            row["back_and_decide_s"] = cmd.wall_time - ready.wall_time
+            row["to_replica_and_load_s"] = last.wall_time - cmd.wall_time
+        for k in ("abort_s", "load_s", "backend_open_s", "backend_load_s", "backend_decode_s"):
+            if k in last.detail:
+                row[f"replica_{k}"] = last.detail[k]
+        rows.append(row)
     if not rows:
         return {"error": "no publish reached a replica"}
     steady = rows[1:] or rows  # the first one pays one-time costs (IPC mapping, allocator)
     nbytes = rows[0]["nbytes"]
     floor_s = nbytes / (floor_gbps * 1e9 / 2)  # read + write
-    med = {k: statistics.median(r[k] for r in steady) for k in ("publish_s", "load_s", "end_to_end_s")}
+    keys = [k for k in steady[0] if k.endswith("_s") and all(k in r for r in steady)]
+    med = {k: statistics.median(r[k] for r in steady) for k in keys}
     return {"transport": rows[0]["transport"], "nbytes": nbytes, "copy_gbps": floor_gbps, "floor_s": floor_s,
             **{f"median_{k}": v for k, v in med.items()}, "ratio_to_floor": med["end_to_end_s"] / floor_s,
             "first": rows[0], "n": len(rows)}

@@ -235,14 +235,20 @@ class RolloutCore:
         await self._stable.acquire()  # a validation in progress finishes on the weights it began with
         self._open.clear()
         try:
+            t1 = _now()
             cut = await self._cut("weights_update")
+            t2 = _now()
             await self.backend.load_weights(blob)
             self.version = version
         finally:
             self._open.set()
             self._stable.release()
+        t3 = _now()
+        detail = {"wait_s": t1 - t0, "abort_s": t2 - t1, "load_s": t3 - t2}
+        detail.update({f"backend_{k}": float(v) for k, v in (getattr(self.backend, "last_load", None) or {}).items()
+                       if isinstance(v, int | float)})
         return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=version,
-                                          duration_s=_now() - t0, interrupted=cut))]
+                                          duration_s=t3 - t0, interrupted=cut, detail=detail))]
 
     async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
         t0 = _now()

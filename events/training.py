@@ -44,6 +44,9 @@ class WeightsLoaded(Event, frozen=True, kw_only=True, tag="rollout.weights_loade
     duration_s: float
     interrupted: int = 0
     """In-flight samples cut by this load (they resume on the new weights)."""
+    detail: dict[str, float] = {}
+    """Where the time went: ``abort_s`` (cutting the requests in flight), ``load_s`` (the
+    backend's load), and what the backend reports (``open_s``, ``decode_s`` ...)."""
 
 
 class ModeChanged(Event, frozen=True, kw_only=True, tag="replica.mode_changed"):

@@ -7,7 +7,7 @@ import json
 
 from shunter.bench import gpu
 from shunter.bench.report import gpu_section
-from shunter.events import Codec, ModeChanged, PublishWeights, WeightsLoaded, WeightsReady
+from shunter.events import Codec, LoadWeights, ModeChanged, PublishWeights, WeightsLoaded, WeightsReady
 
 ENV = {"run_id": "r", "source": "t"}
 
@@ -20,13 +20,17 @@ def test_sync_figures_pair_each_publish_with_its_last_load_and_the_floor(tmp_pat
         msgs += [PublishWeights(wall_time=t, **ENV),
                  WeightsReady(version=v, handle=f"cuda_ipc:{v}", transport="cuda_ipc", nbytes=10**9, duration_s=0.01,
                               wall_time=t + 0.01, **ENV),
+                 LoadWeights(version=v, replica_ids=["a", "b"], wall_time=t + 0.03, **ENV),
                  WeightsLoaded(replica_id="a", version=v, duration_s=0.04, wall_time=t + 0.05, **ENV),
-                 WeightsLoaded(replica_id="b", version=v, duration_s=0.05, wall_time=t + 0.1, **ENV)]
+                 WeightsLoaded(replica_id="b", version=v, duration_s=0.05, wall_time=t + 0.1,
+                               detail={"abort_s": 0.03, "load_s": 0.02}, **ENV)]
     log.write_bytes(b"".join(c.frame(m) for m in msgs))
     f = gpu.sync_figures(log, floor_gbps=4000.0)
     assert f["n"] == 3 and f["transport"] == "cuda_ipc"
     assert abs(f["median_end_to_end_s"] - 0.1) < 1e-6 and f["median_load_s"] == 0.05
     assert abs(f["floor_s"] - 10**9 / 2e12) < 1e-12 and f["ratio_to_floor"] > 100
+    assert abs(f["median_back_and_decide_s"] - 0.02) < 1e-6 and abs(f["median_to_replica_and_load_s"] - 0.07) < 1e-6
+    assert f["median_replica_abort_s"] == 0.03
 
 
 def test_switch_figures_and_the_report_section():

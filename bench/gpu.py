@@ -110,6 +110,8 @@ def _wait_for_free_gpu(timeout_s: float = 120.0, used_below: float = 0.05) -> No
     starting the next run before that makes its vLLM engines fail their memory check."""
     import torch
 
+    if not torch.cuda.is_available():
+        return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         free, total = torch.cuda.mem_get_info()
@@ -234,7 +236,9 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=1, default=str))
 
-    floor = copy_floor_gbps()
+    import torch
+
+    floor = copy_floor_gbps() if torch.cuda.is_available() else float("nan")  # the rollout part also runs on CPU
     res["copy_gbps"] = floor
     for part in parts:
         t0 = time.perf_counter()

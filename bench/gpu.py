@@ -159,9 +159,12 @@ def sync_figures(log: Path, floor_gbps: float) -> dict:
             "first": rows[0], "n": len(rows)}
 
 
-def rollout_tokens_per_s(events: list) -> dict:
-    begins = [e.wall_time for e in events if isinstance(e, SampleBegin)]
-    ends = [e for e in events if isinstance(e, SampleEnd)]
+def rollout_tokens_per_s(events: list, first_group: int = 0) -> dict:
+    """Tokens/s over the samples of groups ``>= first_group`` (from their first begin to their
+    last end): skipping the first groups keeps the engine's cold start (first kernels, JIT)
+    out of a steady-state figure, as the raw baseline's warm-up does."""
+    begins = [e.wall_time for e in events if isinstance(e, SampleBegin) and e.group_id >= first_group]
+    ends = [e for e in events if isinstance(e, SampleEnd) and e.sample.group_id >= first_group]
     if not begins or not ends:
         return {"error": "no samples"}
     tokens = sum(len(e.sample.token_ids) for e in ends)
@@ -249,18 +252,22 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 res["sync"]["ended"] = _ended(events)
             elif part == "rollout":
                 r = base.rollout
-                groups = 2 * base.groups_per_mini_batch * base.trainer.parameter_sync_step
+                # the gate lets 4 versions' worth of groups start; the first half warms the engine up
+                groups = 4 * base.groups_per_mini_batch * base.trainer.parameter_sync_step
                 over = {"run": {"trainer_driver": "user", "policy": "separate"},
-                        "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0, "max_staleness": 1}}
+                        "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0, "max_staleness": 3,
+                                    # as many requests in flight as the raw baseline submits at once
+                                    "max_in_flight_per_replica": max(r.max_in_flight_per_replica,
+                                                                     groups // 2 * r.n_samples_per_prompt)}}
                 events, _ = run(cfg(over), user_rollout_s=float(os.environ.get("SHUNTER_ROLLOUT_S", "60")))
-                eng = rollout_tokens_per_s(events)
+                eng = rollout_tokens_per_s(events, first_group=groups // 2)
                 from shunter.engine.tasks import load_task
                 from transformers import AutoTokenizer
 
                 tok = AutoTokenizer.from_pretrained(base.model.path)
                 task = load_task(base.task.name)
                 it = task.train_prompts(base.run.seed)
-                prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)]
+                prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)][groups // 2:]
                 raw = raw_vllm(base.model.path, prompts, r.n_samples_per_prompt, r.max_tokens, r.temperature,
                                r.max_model_len, r.gpu_memory_utilization, dict(r.engine_args))
                 res["rollout"] = {"engine": eng, "raw_vllm": raw,

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import warnings
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
-
 from shunter.engine.checkpoint import CheckpointStore, Manifest, resolve
 from shunter.engine.config import EngineConfig, load_config
 from shunter.events import (

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import sys
 
-from tqdm import tqdm
-
 from shunter.api import Engine
 from shunter.engine.config import EngineConfig
-from shunter.events import PolicyFailed, RunEnded, RunResumed, SampleEnd, StepEnd, ValidateEnd
+from shunter.events import (
+    PolicyFailed,
+    RunEnded,
+    RunResumed,
+    SampleEnd,
+    StepEnd,
+    ValidateEnd,
+)
 from shunter.events.lifecycle import CommandFailed, ComponentFailed, EventRejected
+from tqdm import tqdm
 
 
 async def run_with_progress(cfg: EngineConfig, resume: str | None = None) -> RunEnded:

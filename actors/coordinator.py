@@ -12,7 +12,6 @@ import asyncio
 from pathlib import Path
 
 import msgspec
-
 from shunter.actors.executor import RayExecutor
 from shunter.actors.wire import codec
 from shunter.engine import config as config_mod
@@ -24,12 +23,12 @@ from shunter.engine.tasks import load_task
 from shunter.events import (
     Command,
     CommandFailed,
-    ReplicaDown,
     Event,
     EventRejected,
     Message,
     PromptSpec,
     PublishWeights,
+    ReplicaDown,
     RunEnded,
     Stamper,
     StepEnd,

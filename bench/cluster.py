@@ -15,15 +15,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import looptime
-
-from shunter.bench.sim import CostModel, SimBackend, SimTokenizer, SimTrainer, sim_reward
+from shunter.bench.sim import (
+    CostModel,
+    SimBackend,
+    SimTokenizer,
+    SimTrainer,
+    sim_reward,
+)
 from shunter.engine.config import EngineConfig
 from shunter.engine.coordinator import Coordinator
 from shunter.engine.local import LocalExecutor
 from shunter.engine.ranks import RankTable
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
-from shunter.events import Message, PromptSpec, RankAssigned, ReplicaUp, RunEnded, Stamper
+from shunter.events import (
+    Message,
+    PromptSpec,
+    RankAssigned,
+    ReplicaUp,
+    RunEnded,
+    Stamper,
+)
 from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
 from shunter.policies import make_policy
 

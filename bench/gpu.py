@@ -173,12 +173,13 @@ def rollout_tokens_per_s(events: list, first_group: int = 0) -> dict:
 
 
 def raw_vllm(model_dir: str, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
-             max_model_len: int, gpu_memory_utilization: float, engine_args: dict) -> dict:
+             max_model_len: int, gpu_memory_utilization: float, engine_args: dict, ignore_eos: bool = False) -> dict:
     """Raw vLLM offline generation of the same requests, in a child process (its GPU memory
     is freed when it exits)."""
     spec = json.dumps({"model_dir": model_dir, "prompts": prompts, "n": n, "max_tokens": max_tokens,
                        "temperature": temperature, "max_model_len": max_model_len,
-                       "gpu_memory_utilization": gpu_memory_utilization, "engine_args": engine_args})
+                       "gpu_memory_utilization": gpu_memory_utilization, "engine_args": engine_args,
+                       "ignore_eos": ignore_eos})
     out = subprocess.run([sys.executable, "-m", "shunter.bench.gpu", "--raw", spec], capture_output=True, text=True,
                          timeout=900)
     line = [x for x in out.stdout.splitlines() if x.startswith("{")]
@@ -193,7 +194,7 @@ def _raw_child(spec: dict) -> dict:
     llm = LLM(model=spec["model_dir"], max_model_len=spec["max_model_len"], seed=0,
               gpu_memory_utilization=spec["gpu_memory_utilization"], **spec["engine_args"])
     sp = SamplingParams(n=1, max_tokens=spec["max_tokens"], temperature=spec["temperature"], logprobs=0,
-                        detokenize=False)
+                        detokenize=False, ignore_eos=spec.get("ignore_eos", False))
     reqs = [{"prompt_token_ids": p} for p in spec["prompts"] for _ in range(spec["n"])]
     llm.generate(reqs[:8], sp, use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
@@ -256,6 +257,7 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 groups = 4 * base.groups_per_mini_batch * base.trainer.parameter_sync_step
                 over = {"run": {"trainer_driver": "user", "policy": "separate"},
                         "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0, "max_staleness": 3,
+                                    "length_dist": "",  # fixed lengths: the raw baseline cannot draw ours
                                     # as many requests in flight as the raw baseline submits at once
                                     "max_in_flight_per_replica": max(r.max_in_flight_per_replica,
                                                                      groups // 2 * r.n_samples_per_prompt)}}
@@ -269,7 +271,7 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 it = task.train_prompts(base.run.seed)
                 prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)][groups // 2:]
                 raw = raw_vllm(base.model.path, prompts, r.n_samples_per_prompt, r.max_tokens, r.temperature,
-                               r.max_model_len, r.gpu_memory_utilization, dict(r.engine_args))
+                               r.max_model_len, r.gpu_memory_utilization, dict(r.engine_args), r.ignore_eos)
                 res["rollout"] = {"engine": eng, "raw_vllm": raw,
                                   "efficiency": eng.get("tokens_per_s", 0) / raw["tokens_per_s"]
                                   if raw.get("tokens_per_s") else None}

@@ -145,4 +145,6 @@ def gpu_section(r: dict, path: Path) -> list[str]:
     out += [f"| {a} | {b} |" for a, b in rows]
     if po.get("note"):
         out += ["", f"Note: {po['note']}."]
+    if r.get("config_note"):
+        out += ["", f"Conditions: {r['config_note']}."]
     return out + [""]

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from shunter.bench.analysis import busy_intervals
 from shunter.events import (
     Message,
     ModeChanged,
@@ -23,8 +24,6 @@ from shunter.events import (
     WeightsReady,
 )
 from shunter.events.view import TRAINER
-
-from shunter.bench.analysis import busy_intervals
 
 
 def plot_timeline(messages: Iterable[Message], out: str | Path, title: str = "", max_rows: int = 24) -> Path:

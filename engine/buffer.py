@@ -22,7 +22,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import msgspec
-
 from shunter.events import PromptSpec, Sample
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
+from shunter.events.data import parse_length_dist
 
 
 class ConfigError(ValueError):
@@ -75,6 +76,8 @@ class RolloutConfig(_Section):
     temperature: Annotated[float, _d("Sampling temperature.", ge=0)] = 1.0
     top_p: Annotated[float, _d("Nucleus sampling.", gt=0, le=1)] = 1.0
     top_k: Annotated[int, _d("Top-k sampling; -1 disables.")] = -1
+    ignore_eos: Annotated[bool, _d("Keep generating past the eos token (throughput benchmarks with random-init models).")] = False
+    length_dist: Annotated[str, _d("Benchmark knob: each sample's token budget drawn from 'lognormal:<median>:<sigma>' (capped at max_tokens); with ignore_eos, long-tail response lengths from a model that never stops. Empty: every sample may use max_tokens.")] = ""
     max_staleness: Annotated[NonNegInt, _d("Largest allowed (trainer version - oldest token version) of a trained sample.")] = 1
     on_stale: Annotated[Literal["wait", "drop"], _d("'wait': batches wait for the oldest groups so none exceeds the bound; 'drop': batches take finished groups first and drop any that exceeded it.")] = "wait"
     max_in_flight_per_replica: Annotated[PosInt, _d("Samples in flight on one replica at most.")] = 128
@@ -176,6 +179,10 @@ def check(cfg: EngineConfig) -> None:
             f"rollout.max_tokens ({r.max_tokens}) must be below rollout.max_model_len ({r.max_model_len}): "
             "the context must hold the prompt and the whole response"
         )
+    try:
+        parse_length_dist(r.length_dist)
+    except ValueError as e:
+        raise ConfigError(f"rollout.length_dist: {e}") from None
     if r.max_in_flight_per_replica < r.n_samples_per_prompt:
         raise ConfigError(
             f"rollout.max_in_flight_per_replica ({r.max_in_flight_per_replica}) is below "

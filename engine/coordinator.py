@@ -131,7 +131,8 @@ class Coordinator:
         )
         self.dispatcher = Dispatcher()
         self.sampling = SamplingSpec(
-            max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k
+            max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            ignore_eos=r.ignore_eos, length_dist=r.length_dist,
         )
         self.clock = clock
         self.stamp = Stamper(run_id, "coordinator", clock)

@@ -15,8 +15,15 @@ from collections import deque
 from pathlib import Path
 
 import structlog
-
-from shunter.events import CheckpointSaved, Codec, Message, RunEnded, StepEnd, ValidateEnd, tag_of
+from shunter.events import (
+    CheckpointSaved,
+    Codec,
+    Message,
+    RunEnded,
+    StepEnd,
+    ValidateEnd,
+    tag_of,
+)
 from shunter.events.codec import whole_frames
 from shunter.events.rollout import SampleBegin, SampleEnd, SampleResumed
 

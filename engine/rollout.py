@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import random
 from collections.abc import Callable
 
 import msgspec
-
 from shunter.engine.backend import Backend, GenParams, Tokenizer
 from shunter.events import (
     CommandFailed,
@@ -43,6 +44,7 @@ from shunter.events import (
     WeightsLoaded,
     tag_of,
 )
+from shunter.events.data import parse_length_dist
 from shunter.events.view import ROLLOUT, TRAINER
 
 Reward = Callable[[str, str, str], float]
@@ -122,7 +124,7 @@ class RolloutCore:
         else:
             samples = [
                 Sample(sample_id=f"{cmd.group_id}.{k}", group_id=cmd.group_id, prompt_id=cmd.prompt.prompt_id,
-                       prompt_token_ids=prompt_ids, max_tokens=cmd.sampling.max_tokens)
+                       prompt_token_ids=prompt_ids, max_tokens=self._budget(cmd.sampling, f"{cmd.group_id}.{k}"))
                 for k in range(cmd.n)
             ]
         results = await asyncio.gather(*(self._run(s, cmd.prompt, cmd.sampling) for s in samples))
@@ -170,6 +172,17 @@ class RolloutCore:
         if s.finish_reason == "abort":
             s = msgspec.structs.replace(s, finish_reason="length")
         return ev + self._finish(s, prompt)
+
+    def _budget(self, sp: SamplingSpec, sample_id: str) -> int:
+        """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist`` seeded by
+        this replica's seed and the sample id (reproducible in a seeded run; a sample resumed
+        elsewhere keeps the budget it was given)."""
+        dist = parse_length_dist(sp.length_dist)
+        if dist is None:
+            return sp.max_tokens
+        median, sigma = dist
+        rng = random.Random(f"{self.seed}:{sample_id}")
+        return max(1, min(sp.max_tokens, round(rng.lognormvariate(math.log(median), sigma))))
 
     def _params(self, sp: SamplingSpec, s: Sample) -> GenParams:
         return GenParams(max_tokens=s.remaining_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-
 from shunter.engine.buffer import BufferState
 from shunter.events import Sample, ValidateEnd
 

@@ -32,7 +32,13 @@ from typing import Any
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from .tasks import Task, TaskPrompt, load_task
 

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
 from shunter.engine import rl, weight_transport
 from shunter.engine.config import TrainerConfig
 from shunter.events import Sample

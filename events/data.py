@@ -30,6 +30,25 @@ class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     top_p: float = 1.0
     top_k: int = -1
     ignore_eos: bool = False
+    length_dist: str = ""
+    """Benchmark knob: each new sample's token budget drawn from ``lognormal:<median>:<sigma>``
+    (at most ``max_tokens``); empty: every sample may use ``max_tokens``."""
+
+
+def parse_length_dist(spec: str) -> tuple[float, float] | None:
+    """``"lognormal:<median>:<sigma>"`` -> (median, sigma); ``""`` -> None; else ValueError."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    try:
+        if len(parts) != 3 or parts[0] != "lognormal":
+            raise ValueError
+        median, sigma = float(parts[1]), float(parts[2])
+        if median <= 0 or sigma < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"length distribution {spec!r} is not 'lognormal:<median > 0>:<sigma >= 0>'") from None
+    return median, sigma
 
 
 class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import msgspec
-
 from shunter.events import (
     Command,
     EngineView,

@@ -10,14 +10,13 @@ with the new weights -> generate again. Nothing overlaps. Run it with
 from __future__ import annotations
 
 import msgspec
-
 from shunter.events import (
     Command,
     EngineView,
     Event,
     Offload,
-    PublishWeights,
     Onload,
+    PublishWeights,
     RunResumed,
     RunStarted,
     SwitchToRollout,

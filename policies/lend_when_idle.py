@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 
 import msgspec
-
 from shunter.events import (
     BatchReady,
     Command,

@@ -146,12 +146,11 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
 
     ``checkpoints``: a folder for the run's checkpoints; ``resume``: a checkpoint folder to
     continue from (trainer, replicas' weight version and coordinator restored from it)."""
+    import time
     from pathlib import Path
 
     from shunter.engine import snapshot
     from shunter.engine.checkpoint import CheckpointStore
-    import time
-
     from shunter.engine.coordinator import Coordinator
     from shunter.engine.local import LocalExecutor
     from shunter.engine.rollout import RolloutCore

@@ -4,7 +4,15 @@ Invariant: everything here is importable without torch, Ray or vLLM; tasks and r
 are resolved only from names the user gives (built-in short names or "module:attr").
 """
 
-from .base import BUILTIN_TASKS, RewardFn, Task, TaskPrompt, is_held_out, load_reward, load_task
+from .base import (
+    BUILTIN_TASKS,
+    RewardFn,
+    Task,
+    TaskPrompt,
+    is_held_out,
+    load_reward,
+    load_task,
+)
 from .sort_digits import SortDigitsTask
 
 __all__ = [

@@ -10,9 +10,15 @@ import copy
 import pytest
 from fakes import local_run
 from golden_cases import CASES
-
 from shunter.engine.config import from_dict
-from shunter.events import Command, EngineView, Event, ReplicaView, TrainerView, BufferView
+from shunter.events import (
+    BufferView,
+    Command,
+    EngineView,
+    Event,
+    ReplicaView,
+    TrainerView,
+)
 from shunter.policies import BUILTIN, make_policy
 
 EXAMPLE = "examples.custom_policy:EagerLendPolicy"

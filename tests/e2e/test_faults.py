@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_runs import config
-
 from shunter import Engine
 from shunter.events import (
     ModeChanged,
@@ -21,6 +19,7 @@ from shunter.events import (
     SampleEnd,
     StepEnd,
 )
+from test_runs import config
 
 pytestmark = pytest.mark.e2e
 

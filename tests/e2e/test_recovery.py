@@ -11,12 +11,18 @@ import asyncio
 from collections import Counter
 
 import pytest
-from test_runs import config
-
 from shunter import Engine
 from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.records import trained_groups
-from shunter.events import CheckpointSaved, RankAssigned, RunEnded, RunResumed, StepEnd, read_log
+from shunter.events import (
+    CheckpointSaved,
+    RankAssigned,
+    RunEnded,
+    RunResumed,
+    StepEnd,
+    read_log,
+)
+from test_runs import config
 
 pytestmark = pytest.mark.e2e
 

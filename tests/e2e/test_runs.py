@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from shunter import Engine
 from shunter.engine.config import load_config
 from shunter.events import (

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 
 from fakes import local_run
-from test_coordinator import cfg
-
 from shunter.events import CommandFailed, GroupDropped
+from test_coordinator import cfg
 
 
 def _limit(coord, max_model_len: int) -> None:
@@ -45,3 +44,12 @@ async def test_when_every_prompt_is_too_long_the_run_ends_with_the_cause():
         ended = await coord.run()
     assert ended.reason == "error" and "every generation fails" in ended.error
     assert "rollout.max_model_len = 8" in ended.error
+
+
+def test_a_malformed_length_distribution_is_a_config_error_naming_the_field():
+    import pytest
+
+    from shunter.engine.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.length_dist.*lognormal:<median"):
+        cfg(rollout={"length_dist": "pareto:3"})

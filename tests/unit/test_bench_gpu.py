@@ -7,7 +7,14 @@ import json
 
 from shunter.bench import gpu
 from shunter.bench.report import gpu_section
-from shunter.events import Codec, LoadWeights, ModeChanged, PublishWeights, WeightsLoaded, WeightsReady
+from shunter.events import (
+    Codec,
+    LoadWeights,
+    ModeChanged,
+    PublishWeights,
+    WeightsLoaded,
+    WeightsReady,
+)
 
 ENV = {"run_id": "r", "source": "t"}
 

@@ -15,8 +15,6 @@ import pytest
 from fakes import local_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_coordinator import cfg
-
 from shunter.engine.checkpoint import CheckpointError, CheckpointStore, resolve
 from shunter.events import (
     CheckpointSaved,
@@ -26,6 +24,7 @@ from shunter.events import (
     StepEnd,
     TrainStep,
 )
+from test_coordinator import cfg
 
 
 def _write(store: CheckpointStore, step: int, payload: bytes = b"x") -> Path:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-from shunter.engine.config import ConfigError, EngineConfig, from_dict, load_config, schema
+from shunter.engine.config import (
+    ConfigError,
+    EngineConfig,
+    from_dict,
+    load_config,
+    schema,
+)
 
 
 def test_defaults_load_and_every_field_is_documented():

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 from fakes import local_run
-
 from shunter.engine.config import from_dict
 from shunter.events import (
     GroupDropped,
@@ -206,7 +205,6 @@ async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothin
 
 async def test_rollout_core_sheds_the_most_recent_groups_first():
     from fakes import CharTokenizer, FakeBackend
-
     from shunter.engine.rollout import RolloutCore
     from shunter.events import Generate, PromptSpec, SamplingSpec, Stamper
 
@@ -224,3 +222,18 @@ async def test_rollout_core_sheds_the_most_recent_groups_first():
         assert all(e.reason == "rebalanced" and e.partial is not None for e in cut if isinstance(e, SampleAborted))
         kept = await old
     assert not [e for e in kept if isinstance(e, SampleAborted)]
+
+
+async def test_length_dist_gives_each_sample_its_own_budget_reproducibly():
+    c = cfg(run={"total_steps": 2}, validation={"every": 0},
+            rollout={"max_tokens": 12, "length_dist": "lognormal:4:0.8", "ignore_eos": True})
+    budgets = []
+    for _ in range(2):
+        coord, _, trainer = local_run(c)
+        ended, _ = await run(coord)
+        assert ended.reason == "completed", ended
+        budgets.append(sorted((s.sample_id, s.max_tokens) for b in trainer.seen for s in b))
+    assert budgets[0] == budgets[1]  # seeded: the same budgets again
+    values = [m for _, m in budgets[0]]
+    assert 1 <= min(values) and max(values) <= 12 and len(set(values)) > 3
+    assert all(len(s.token_ids) <= s.max_tokens for b in trainer.seen for s in b)

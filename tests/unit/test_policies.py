@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from golden_cases import ENV
 from msgspec.structs import replace
-
 from shunter.events import (
     BatchReady,
     BufferView,

@@ -5,8 +5,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
-from shunter.engine.tasks import SortDigitsTask, TaskPrompt, is_held_out, load_reward, load_task
+from shunter.engine.tasks import (
+    SortDigitsTask,
+    TaskPrompt,
+    is_held_out,
+    load_reward,
+    load_task,
+)
 from shunter.engine.tasks.sort_digits import reward
 
 REWARD_SPEC = "shunter.engine.tasks.sort_digits:reward"

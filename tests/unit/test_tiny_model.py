@@ -10,10 +10,16 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
 from shunter.engine.tasks import load_task  # noqa: E402
-from shunter.engine.tiny_model import MARKER, SYMBOLS, build_tiny_model, main, read_marker, score  # noqa: E402
+from shunter.engine.tiny_model import (  # noqa: E402
+    MARKER,
+    SYMBOLS,
+    build_tiny_model,
+    main,
+    read_marker,
+    score,
+)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -188,6 +188,58 @@ def raw_vllm(model_dir: str, prompts: list[list[int]], n: int, max_tokens: int, 
     return json.loads(line[-1])
 
 
+def core_alone(spec: dict) -> dict:
+    """The replica's rollout core (``RolloutCore`` + ``VLLMBackend``) alone in one process, no
+    Ray and no coordinator, on the same requests as the raw baseline: tells whether a gap to
+    raw vLLM is in the core or between coordinator and replica."""
+    out = subprocess.run([sys.executable, "-m", "shunter.bench.gpu", "--core", json.dumps(spec)], capture_output=True,
+                         text=True, timeout=900)
+    line = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if out.returncode or not line:
+        return {"error": (out.stderr or out.stdout)[-2000:]}
+    return json.loads(line[-1])
+
+
+def _core_child(spec: dict) -> dict:
+    from transformers import AutoTokenizer
+
+    from shunter.actors.rollout import _Tok
+    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+    from shunter.engine.rollout import RolloutCore
+    from shunter.events import Generate, PromptSpec, SampleEnd, SamplingSpec, Stamper
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+    async def go() -> dict:
+        be = VLLMBackend(EngineSpec(model_dir=spec["model_dir"], max_model_len=spec["max_model_len"],
+                                    gpu_memory_utilization=spec["gpu_memory_utilization"],
+                                    stream_interval=spec.get("stream_interval", 16), extra=spec["engine_args"]))
+        await be.start()
+        core = RolloutCore("core", be, _Tok(AutoTokenizer.from_pretrained(spec["model_dir"])), lambda *a: 0.0,
+                           Stamper("bench", "core"))
+        sp = SamplingSpec(max_tokens=spec["max_tokens"], temperature=spec["temperature"],
+                          ignore_eos=spec.get("ignore_eos", False))
+
+        def gen(i: int, ids: list[int]) -> Generate:
+            # the prompt goes in as token ids through a resume of empty samples (no re-tokenising)
+            from shunter.events import Sample
+
+            return Generate(group_id=i, prompt=PromptSpec(prompt_id=i, text=""), n=0, sampling=sp, resume=[
+                Sample(sample_id=f"{i}.{k}", group_id=i, prompt_id=i, prompt_token_ids=ids, max_tokens=spec["max_tokens"])
+                for k in range(spec["n"])])
+
+        await core.generate(gen(-1, spec["prompts"][0]))  # warm-up
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(core.generate(gen(i, p)) for i, p in enumerate(spec["prompts"])))
+        dt = time.perf_counter() - t0
+        ends = [e for evs in outs for e in evs if isinstance(e, SampleEnd)]
+        tokens = sum(len(e.sample.token_ids) for e in ends)
+        await be.shutdown()
+        return {"samples": len(ends), "tokens": tokens, "window_s": dt, "tokens_per_s": tokens / dt}
+
+    return asyncio.run(go())
+
+
 def _raw_child(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -272,7 +324,12 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)][groups // 2:]
                 raw = raw_vllm(base.model.path, prompts, r.n_samples_per_prompt, r.max_tokens, r.temperature,
                                r.max_model_len, r.gpu_memory_utilization, dict(r.engine_args), r.ignore_eos)
-                res["rollout"] = {"engine": eng, "raw_vllm": raw,
+                core = core_alone({"model_dir": base.model.path, "prompts": prompts, "n": r.n_samples_per_prompt,
+                                   "max_tokens": r.max_tokens, "temperature": r.temperature,
+                                   "max_model_len": r.max_model_len, "gpu_memory_utilization": r.gpu_memory_utilization,
+                                   "engine_args": dict(r.engine_args), "ignore_eos": r.ignore_eos,
+                                   "stream_interval": r.stream_interval})
+                res["rollout"] = {"engine": eng, "raw_vllm": raw, "core_alone": core,
                                   "efficiency": eng.get("tokens_per_s", 0) / raw["tokens_per_s"]
                                   if raw.get("tokens_per_s") else None}
             elif part == "switch":
@@ -315,9 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--out", default="bench/results/gpu.json")
     p.add_argument("--raw", help=argparse.SUPPRESS)
+    p.add_argument("--core", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.raw:
         print(json.dumps(_raw_child(json.loads(a.raw))))
+        return 0
+    if a.core:
+        print(json.dumps(_core_child(json.loads(a.core))))
         return 0
     res = measure(a.config, tuple(x for x in a.parts.split(",") if x), Path(a.out))
     print(json.dumps(res, indent=1, default=str))

@@ -126,6 +126,9 @@ def gpu_section(r: dict, path: Path) -> list[str]:
         ("rollout efficiency (engine / raw vLLM)",
          f"{ro.get('efficiency') or 0:.0%}: {ro.get('engine', {}).get('tokens_per_s', 0):,.0f} vs "
          f"{ro.get('raw_vllm', {}).get('tokens_per_s', 0):,.0f} tok/s"),
+        ("rollout core alone (one process, no Ray) / raw vLLM",
+         f"{ro['core_alone'].get('tokens_per_s', 0) / ro['raw_vllm']['tokens_per_s']:.0%}"
+         if ro.get("core_alone", {}).get("tokens_per_s") and ro.get("raw_vllm", {}).get("tokens_per_s") else "not measured"),
         ("switch to trainer (sleep level 1)",
          f"{sw.get('to_trainer_s', 0) * 1e3:.0f} ms, {sw.get('to_trainer_memory_freed_bytes', 0) / gib:.1f} GiB freed"),
         ("switch to rollout (wake + weight load)",

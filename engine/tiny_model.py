@@ -193,7 +193,8 @@ def build_tiny_model(out_dir: str | Path, task: str = "sort_digits", *, seed: in
     """Build (or reuse) the warm-started tiny model at ``out_dir`` (or, with another
     ``preset``, a random-init model of that shape); returns the path."""
     out_dir = Path(out_dir).expanduser().absolute()
-    arch = build_config(preset) and PRESETS[preset]
+    build_config(preset)  # an unknown preset fails here, naming the known ones
+    arch = PRESETS[preset]
     params = {"format": FORMAT_VERSION, "task": task, "seed": int(seed), "sft_steps": int(sft_steps), "arch": arch}
     if not force and _is_built(out_dir, params):
         return out_dir

@@ -71,6 +71,7 @@ class Trainer:
         self.amp = False  # bf16 autocast (fp32 master weights and optimizer state)
         self.transport = weight_transport.SAFETENSORS
         self._ipc: weight_transport.CudaIpcPublisher | None = None
+        self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
 
     def setup(self) -> None:
         torch.manual_seed(self.seed)

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
+
 from shunter.engine.checkpoint import CheckpointStore, Manifest, resolve
 from shunter.engine.config import EngineConfig, load_config
 from shunter.events import (

@@ -67,6 +67,7 @@ def _run(args) -> int:
 
 def _events(args) -> int:
     import msgspec
+
     from shunter.events import read_log, tag_of
 
     for msg in read_log(Path(args.path)):

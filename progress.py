@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 from shunter.api import Engine
 from shunter.engine.config import EngineConfig
 from shunter.events import (
@@ -19,7 +21,6 @@ from shunter.events import (
     ValidateEnd,
 )
 from shunter.events.lifecycle import CommandFailed, ComponentFailed, EventRejected
-from tqdm import tqdm
 
 
 async def run_with_progress(cfg: EngineConfig, resume: str | None = None) -> RunEnded:

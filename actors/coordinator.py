@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 
 import msgspec
+
 from shunter.actors.executor import RayExecutor
 from shunter.actors.wire import codec
 from shunter.engine import config as config_mod

@@ -15,6 +15,7 @@ import asyncio
 import msgspec
 import ray
 from ray.exceptions import RayActorError
+
 from shunter.actors.wire import codec
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.events import (

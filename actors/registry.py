@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import ray
+
 from shunter.actors.wire import encode_events
 from shunter.engine.checkpoint import write_atomic
 from shunter.engine.ranks import RankTable

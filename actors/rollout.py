@@ -15,6 +15,7 @@ import os
 import time
 
 import ray
+
 from shunter.actors.wire import decode_command, encode_events
 from shunter.events import Generate, Stamper
 
@@ -42,10 +43,11 @@ class RolloutWorker:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        from transformers import AutoTokenizer
+
         from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
         from shunter.engine.rollout import RolloutCore
         from shunter.engine.tasks import load_reward, load_task
-        from transformers import AutoTokenizer
 
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
         tok = AutoTokenizer.from_pretrained(self.model_dir)

@@ -11,6 +11,7 @@ import time
 
 import msgspec
 import ray
+
 from shunter.actors.wire import decode_command, encode_events
 from shunter.engine.config import TrainerConfig
 from shunter.events import Stamper
@@ -27,9 +28,10 @@ class TrainerWorker:
     async def setup(self) -> float:
         import asyncio
 
+        from transformers import AutoTokenizer
+
         from shunter.engine.trainer import Trainer
         from shunter.engine.trainer_host import TrainerHost
-        from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
         tok = AutoTokenizer.from_pretrained(self.model_dir)

@@ -113,6 +113,7 @@ class WeightSyncExtension:
         """Load weights from CUDA IPC handles to the trainer's flat GPU copy (same GPU):
         a device-to-device copy per tensor, no host round trip. GPU only."""
         import torch
+
         from shunter.engine.weight_transport import open_cuda_ipc
 
         t0 = time.perf_counter()

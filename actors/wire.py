@@ -7,6 +7,7 @@ decode raise ``BadMessage`` naming the sender-side cause, never a crash deeper i
 from __future__ import annotations
 
 import msgspec
+
 from shunter.events import Codec, Command, Message
 
 _codec: Codec | None = None

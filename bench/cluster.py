@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import looptime
+
 from shunter.bench.sim import (
     CostModel,
     SimBackend,

@@ -174,14 +174,18 @@ def rollout_tokens_per_s(events: list, first_group: int = 0) -> dict:
 
 def raw_vllm(model_dir: str, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
              max_model_len: int, gpu_memory_utilization: float, engine_args: dict, ignore_eos: bool = False) -> dict:
-    """Raw vLLM offline generation of the same requests, in a child process (its GPU memory
-    is freed when it exits)."""
-    spec = json.dumps({"model_dir": model_dir, "prompts": prompts, "n": n, "max_tokens": max_tokens,
-                       "temperature": temperature, "max_model_len": max_model_len,
-                       "gpu_memory_utilization": gpu_memory_utilization, "engine_args": engine_args,
-                       "ignore_eos": ignore_eos})
-    out = subprocess.run([sys.executable, "-m", "shunter.bench.gpu", "--raw", spec], capture_output=True, text=True,
-                         timeout=900)
+    """Raw vLLM offline generation of the same requests, in a child process."""
+    return _in_child("--raw", {"model_dir": model_dir, "prompts": prompts, "n": n, "max_tokens": max_tokens,
+                               "temperature": temperature, "max_model_len": max_model_len,
+                               "gpu_memory_utilization": gpu_memory_utilization, "engine_args": engine_args,
+                               "ignore_eos": ignore_eos})
+
+
+def _in_child(flag: str, spec: dict) -> dict:
+    """Run one measurement in a fresh process (its GPU memory is freed when it exits); its
+    last JSON line is the result, else the error it printed."""
+    out = subprocess.run([sys.executable, "-m", "shunter.bench.gpu", flag, json.dumps(spec)], capture_output=True,
+                         text=True, timeout=900, check=False)
     line = [x for x in out.stdout.splitlines() if x.startswith("{")]
     if out.returncode or not line:
         return {"error": (out.stderr or out.stdout)[-2000:]}
@@ -192,12 +196,7 @@ def core_alone(spec: dict) -> dict:
     """The replica's rollout core (``RolloutCore`` + ``VLLMBackend``) alone in one process, no
     Ray and no coordinator, on the same requests as the raw baseline: tells whether a gap to
     raw vLLM is in the core or between coordinator and replica."""
-    out = subprocess.run([sys.executable, "-m", "shunter.bench.gpu", "--core", json.dumps(spec)], capture_output=True,
-                         text=True, timeout=900)
-    line = [x for x in out.stdout.splitlines() if x.startswith("{")]
-    if out.returncode or not line:
-        return {"error": (out.stderr or out.stdout)[-2000:]}
-    return json.loads(line[-1])
+    return _in_child("--core", spec)
 
 
 def _core_child(spec: dict) -> dict:
@@ -315,8 +314,9 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                                                                      groups // 2 * r.n_samples_per_prompt)}}
                 events, _ = run(cfg(over), user_rollout_s=float(os.environ.get("SHUNTER_ROLLOUT_S", "60")))
                 eng = rollout_tokens_per_s(events, first_group=groups // 2)
-                from shunter.engine.tasks import load_task
                 from transformers import AutoTokenizer
+
+                from shunter.engine.tasks import load_task
 
                 tok = AutoTokenizer.from_pretrained(base.model.path)
                 task = load_task(base.task.name)

@@ -14,6 +14,7 @@ import statistics
 import time
 
 import msgspec
+
 from shunter.bench.cluster import run_sim
 from shunter.bench.scenario import Scenario, result_json, variant_setup
 
@@ -47,6 +48,7 @@ def _ray_calls(n: int) -> dict[str, float]:
 def _ingest(n_batches: int, batch: int) -> dict[str, float]:
     """Encoded event batches into a real CoordinatorActor over Ray (no replicas attached)."""
     import ray
+
     from shunter.actors import coordinator
     from shunter.engine.config import from_dict
     from shunter.events import Codec, SampleBegin

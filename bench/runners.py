@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+
 from shunter.bench import scenario as sc_mod
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from shunter.bench.analysis import Summary
 from shunter.bench.analytic import colocated_run_s
 from shunter.bench.cluster import run_sim

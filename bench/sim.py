@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+
 from shunter.engine.backend import GenParams, GenResult
 from shunter.events import Sample
 

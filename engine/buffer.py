@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import msgspec
+
 from shunter.events import PromptSpec, Sample
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
+
 from shunter.events.data import parse_length_dist
 
 

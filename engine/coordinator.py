@@ -648,8 +648,9 @@ class Coordinator:
     def snapshot(self) -> snapshot_mod.CoordinatorSnapshot:
         """The coordinator's state at this cut (see ``shunter.engine.snapshot``)."""
         waiting = {p.sample_id: p for p in self._resumes}
+        buffer = self.buffer.snapshot()
         in_flight = []
-        for st in self.buffer.snapshot().groups:
+        for st in buffer.groups:
             done = {s.sample_id for s in st.samples}
             for k in range(st.n):
                 sid = f"{st.group_id}.{k}"
@@ -659,7 +660,7 @@ class Coordinator:
                 in_flight.append(partial or self._fresh(sid, st.group_id, st.prompt.prompt_id))
         return snapshot_mod.CoordinatorSnapshot(
             run_id=self.state.run_id, step=self.state.trainer.step, version=self.state.trainer.version,
-            prompts_taken=self.prompts_taken, buffer=self.buffer.snapshot(), in_flight=in_flight,
+            prompts_taken=self.prompts_taken, buffer=buffer, in_flight=in_flight,
             policy=self.policy.snapshot(), tokens=self.tokens, wall_s=self.clock() - self.started_at,
             rewards=list(self.rewards), validations=list(self.validations), failed_groups=self._failed_groups,
         )

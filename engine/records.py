@@ -15,6 +15,7 @@ from collections import deque
 from pathlib import Path
 
 import structlog
+
 from shunter.events import (
     CheckpointSaved,
     Codec,

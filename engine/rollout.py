@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 
 import msgspec
+
 from shunter.engine.backend import Backend, GenParams, Tokenizer
 from shunter.events import (
     CommandFailed,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
 from shunter.engine.buffer import BufferState
 from shunter.events import Sample, ValidateEnd
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from shunter.engine import rl, weight_transport
 from shunter.engine.config import TrainerConfig
 from shunter.events import Sample
@@ -32,7 +33,7 @@ LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 def state_dict_to_blob(state_dict: dict, dtype: torch.dtype | None = None) -> bytes:
     """An HF-named state dict as safetensors bytes (tied tensors written once, under the
     first name; the replica side restores the tie)."""
-    return weight_transport.to_safetensors(state_dict, dtype)
+    return weight_transport.to_safetensors(weight_transport.unique_tensors(state_dict), dtype)
 
 
 class ModelDirError(ValueError):
@@ -206,13 +207,13 @@ class Trainer:
     def publish(self) -> bytes:
         """Bump the version and return the weights' payload (HF names): a safetensors blob,
         or a CUDA IPC package for replicas on the trainer's GPU (``weight_transport``)."""
-        sd = self.model.state_dict()
-        self.published_nbytes = sum(t.numel() for _, t in weight_transport.unique_tensors(sd)) * (
-            2 if self.publish_dtype == torch.bfloat16 else 4)
+        items = weight_transport.unique_tensors(self.model.state_dict())
+        dtype = self.publish_dtype
+        self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
         if self._ipc is not None:
-            blob = self._ipc.publish(sd, self.publish_dtype)
+            blob = self._ipc.publish(items, dtype)
         else:
-            blob = state_dict_to_blob(sd, self.publish_dtype)
+            blob = weight_transport.to_safetensors(items, dtype)
         self.version += 1
         return blob
 

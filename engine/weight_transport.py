@@ -38,10 +38,11 @@ def unique_tensors(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, torch
     return out
 
 
-def to_safetensors(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> bytes:
+def to_safetensors(items: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> bytes:
+    """``unique_tensors`` output as a safetensors image (on the host, in ``dtype``)."""
     from safetensors.torch import save
 
-    return save({n: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for n, t in unique_tensors(state_dict)})
+    return save({n: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for n, t in items})
 
 
 class CudaIpcPublisher:
@@ -51,10 +52,10 @@ class CudaIpcPublisher:
         self._bufs: list[torch.Tensor | None] = [None, None]
         self._next = 0
 
-    def publish(self, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> bytes:
+    def publish(self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> bytes:
+        """Copy ``unique_tensors`` output into the next buffer; return the IPC package."""
         from torch.multiprocessing.reductions import reduce_tensor
 
-        items = unique_tensors(state_dict)
         total = sum(t.numel() for _, t in items)
         device = items[0][1].device
         if device.type != "cuda":

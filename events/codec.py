@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Union
 
 import msgspec
+
 from shunter.events import commands, lifecycle, replicas, rollout, training, validation
 from shunter.events.base import Command, Event, Message, tag_of
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import msgspec
+
 from shunter.events import (
     Command,
     EngineView,

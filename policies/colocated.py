@@ -10,6 +10,7 @@ with the new weights -> generate again. Nothing overlaps. Run it with
 from __future__ import annotations
 
 import msgspec
+
 from shunter.events import (
     Command,
     EngineView,

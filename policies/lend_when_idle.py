@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 import msgspec
+
 from shunter.events import (
     BatchReady,
     Command,

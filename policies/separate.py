@@ -8,6 +8,7 @@ trainer trains whenever a mini-batch is ready and publishes every
 from __future__ import annotations
 
 import msgspec
+
 from shunter.events import Command, EngineView, Event
 from shunter.policies.base import (
     Policy,

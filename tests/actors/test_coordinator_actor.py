@@ -7,6 +7,7 @@ import asyncio
 
 import msgspec
 import pytest
+
 from shunter.actors import coordinator
 from shunter.engine.config import from_dict
 from shunter.events import Codec, EventRejected, PublishWeights, RunStarted, Stop

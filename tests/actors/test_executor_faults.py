@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from shunter.actors.executor import RayExecutor
 from shunter.events import (
     ComponentFailed,

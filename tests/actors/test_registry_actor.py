@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from shunter.actors import registry
 from shunter.events import Codec, RankAssigned, RankReleased
 

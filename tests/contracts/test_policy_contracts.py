@@ -10,6 +10,7 @@ import copy
 import pytest
 from fakes import local_run
 from golden_cases import CASES
+
 from shunter.engine.config import from_dict
 from shunter.events import (
     BufferView,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from test_runs import config
+
 from shunter import Engine
 from shunter.events import (
     ModeChanged,
@@ -19,7 +21,6 @@ from shunter.events import (
     SampleEnd,
     StepEnd,
 )
-from test_runs import config
 
 pytestmark = pytest.mark.e2e
 

@@ -11,6 +11,8 @@ import asyncio
 from collections import Counter
 
 import pytest
+from test_runs import config
+
 from shunter import Engine
 from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.records import trained_groups
@@ -22,7 +24,6 @@ from shunter.events import (
     StepEnd,
     read_log,
 )
-from test_runs import config
 
 pytestmark = pytest.mark.e2e
 

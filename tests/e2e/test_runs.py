@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from shunter import Engine
 from shunter.engine.config import load_config
 from shunter.events import (

@@ -98,8 +98,9 @@ def _ipc_round_trip(model_dir: str) -> None:
     CUDA IPC; its greedy outputs change and match HF greedy under the new weights."""
     import ray
     import torch
-    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
     from transformers import AutoModelForCausalLM
+
+    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
 
     @ray.remote(num_gpus=0.4)
     class Pub:

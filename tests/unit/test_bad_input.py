@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 
 from fakes import local_run
-from shunter.events import CommandFailed, GroupDropped
 from test_coordinator import cfg
+
+from shunter.events import CommandFailed, GroupDropped
 
 
 def _limit(coord, max_model_len: int) -> None:

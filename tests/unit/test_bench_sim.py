@@ -7,6 +7,7 @@ import json
 
 import msgspec
 import pytest
+
 from shunter.bench.analysis import summarize
 from shunter.bench.analytic import colocated_run_s
 from shunter.bench.cluster import run_sim

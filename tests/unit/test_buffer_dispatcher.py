@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from shunter.engine.buffer import SampleBuffer
 from shunter.engine.dispatcher import Dispatcher
 from shunter.events import PromptSpec, Sample

@@ -15,6 +15,8 @@ import pytest
 from fakes import local_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_coordinator import cfg
+
 from shunter.engine.checkpoint import CheckpointError, CheckpointStore, resolve
 from shunter.events import (
     CheckpointSaved,
@@ -24,7 +26,6 @@ from shunter.events import (
     StepEnd,
     TrainStep,
 )
-from test_coordinator import cfg
 
 
 def _write(store: CheckpointStore, step: int, payload: bytes = b"x") -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from golden_cases import CASES
+
 from shunter.cli import main
 from shunter.events import Codec
 

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from fakes import local_run
+
 from shunter.engine.config import from_dict
 from shunter.events import (
     GroupDropped,
@@ -205,6 +206,7 @@ async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothin
 
 async def test_rollout_core_sheds_the_most_recent_groups_first():
     from fakes import CharTokenizer, FakeBackend
+
     from shunter.engine.rollout import RolloutCore
     from shunter.events import Generate, PromptSpec, SamplingSpec, Stamper
 

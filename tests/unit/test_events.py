@@ -10,6 +10,7 @@ import pytest
 from golden_cases import CASES, path_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from shunter import events as e
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from golden_cases import ENV
 from msgspec.structs import replace
+
 from shunter.events import (
     BatchReady,
     BufferView,

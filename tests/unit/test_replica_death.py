@@ -7,8 +7,9 @@ import asyncio
 from collections import Counter
 
 from fakes import local_run
-from shunter.events import ReplicaDown, SampleAborted, SampleEnd
 from test_coordinator import cfg
+
+from shunter.events import ReplicaDown, SampleAborted, SampleEnd
 
 
 async def test_replicas_killed_mid_run_lose_no_sample_and_train_none_twice():

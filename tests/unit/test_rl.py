@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from shunter.engine import rl
 
 
@@ -57,6 +58,7 @@ def model_dir(tmp_path_factory):
 
 def test_trainer_step_changes_weights_and_publish_round_trips(model_dir):
     from safetensors.torch import load
+
     from shunter.engine.config import TrainerConfig
     from shunter.engine.trainer import Trainer
     from shunter.events import Sample

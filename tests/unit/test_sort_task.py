@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from shunter.engine.tasks import (
     SortDigitsTask,
     TaskPrompt,

@@ -10,6 +10,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
 from shunter.engine.tasks import load_task  # noqa: E402
 from shunter.engine.tiny_model import (  # noqa: E402
     MARKER,
@@ -19,7 +21,6 @@ from shunter.engine.tiny_model import (  # noqa: E402
     read_marker,
     score,
 )
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

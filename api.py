@@ -207,7 +207,8 @@ class Engine:
             max_model_len=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
             engine_args=cfg.rollout.engine_args, cpu_bind=binds[i % len(binds)] if binds else "nobind",
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enable_sleep_mode=cfg.rollout.enable_sleep_mode,
-            stream_interval=cfg.rollout.stream_interval)
+            stream_interval=cfg.rollout.stream_interval,
+            weight_transfer="ipc" if cfg.trainer.weight_transport == "vllm_ipc" else "")
         self._actors.append(h)
         return rid, h, rank, self._codec.decode_batch(evs)
 

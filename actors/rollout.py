@@ -24,7 +24,8 @@ class RolloutWorker:
     def __init__(self, run_id: str, replica_id: str, model_dir: str, *, reward: str, task: str,
                  mode: str, seed: int, max_model_len: int, max_tokens: int,
                  engine_args: dict | None = None, cpu_bind: str = "", version: int = 0,
-                 gpu_memory_utilization: float = 0.4, enable_sleep_mode: bool = True, stream_interval: int = 16) -> None:
+                 gpu_memory_utilization: float = 0.4, enable_sleep_mode: bool = True, stream_interval: int = 16,
+                 weight_transfer: str = "") -> None:
         self.run_id, self.replica_id, self.model_dir = run_id, replica_id, model_dir
         self.reward_spec, self.task = reward, task
         self.mode, self.seed = mode, seed
@@ -34,6 +35,7 @@ class RolloutWorker:
         self.version = version
         self.gpu_memory_utilization, self.enable_sleep_mode = gpu_memory_utilization, enable_sleep_mode
         self.stream_interval = stream_interval
+        self.weight_transfer = weight_transfer
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -54,7 +56,8 @@ class RolloutWorker:
         backend = VLLMBackend(EngineSpec(model_dir=self.model_dir, seed=self.seed, max_model_len=self.max_model_len,
                                          gpu_memory_utilization=self.gpu_memory_utilization,
                                          enable_sleep_mode=self.enable_sleep_mode,
-                                         stream_interval=self.stream_interval, extra=self.engine_args))
+                                         stream_interval=self.stream_interval, weight_transfer=self.weight_transfer,
+                                         extra=self.engine_args))
         await backend.start()
         self._loop = asyncio.get_running_loop()
         self.core = RolloutCore(self.replica_id, backend, _Tok(tok), reward, Stamper(self.run_id, self.replica_id),

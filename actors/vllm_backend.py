@@ -62,6 +62,21 @@ from shunter.engine.backend import GenParams, GenResult  # noqa: E402 - the shar
 __all__ = ["BackendStartError", "EngineSpec", "GenParams", "GenResult", "VLLMBackend"]
 
 
+def _ipc_init_info() -> dict:
+    """vLLM >= 0.27 agrees on the packed format at init (``packed`` in the init info);
+    0.26 has an empty init info and says ``packed`` in every update."""
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferInitInfo
+
+    return {"packed": True} if "packed" in IPCWeightTransferInitInfo.__dataclass_fields__ else {}
+
+
+def _ipc_update_info(info: dict) -> dict:
+    """shunter's packed update info with only the fields the installed vLLM knows."""
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
+
+    return {k: v for k, v in info.items() if k in IPCWeightTransferUpdateInfo.__dataclass_fields__}
+
+
 class BackendStartError(RuntimeError):
     """The engine could not be built; the message names the model dir."""
 
@@ -79,6 +94,9 @@ class EngineSpec:
     # no token is lost): per-token host overhead of many concurrent streams otherwise costs
     # a large share of throughput. Ignored by vLLM releases without the option.
     stream_interval: int = 16
+    # vLLM's own weight-transfer engine ("ipc"; "" = only shunter's worker extension, which is
+    # always there). Needed for the ``vllm_ipc`` payloads of ``engine.weight_transport``.
+    weight_transfer: str = ""
     extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
 
 
@@ -143,12 +161,20 @@ class VLLMBackend:
         )
         if self.spec.stream_interval > 1 and "stream_interval" in getattr(AsyncEngineArgs, "__dataclass_fields__", {}):
             kwargs["stream_interval"] = self.spec.stream_interval
+        if self.spec.weight_transfer:
+            kwargs["weight_transfer_config"] = {"backend": self.spec.weight_transfer}
         kwargs.update(self.spec.extra)
         try:
             args = AsyncEngineArgs(**kwargs)
             # Blocks this loop for the engine-core start-up (seconds); the
             # client objects bind to the running loop, so build it here.
             self._engine = AsyncLLM.from_engine_args(args)
+            if self.spec.weight_transfer:
+                from vllm.distributed.weight_transfer.base import (
+                    WeightTransferInitRequest,
+                )
+
+                await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=_ipc_init_info()))
         except Exception as e:
             raise BackendStartError(
                 f"vLLM engine failed to start for model dir {str(model_dir)!r}: "
@@ -293,15 +319,39 @@ class VLLMBackend:
         if not isinstance(blob, (bytes, bytearray, memoryview)):
             raise TypeError(f"load_weights expects bytes, got {type(blob).__name__}")
         t0 = time.perf_counter()
-        from shunter.engine.weight_transport import is_cuda_ipc
+        from shunter.engine import weight_transport as wt
 
-        rpc = _EXT_RPC_IPC if is_cuda_ipc(blob) else _EXT_RPC
-        results = await engine.collective_rpc(rpc, args=(bytes(blob),))
-        self.last_load = results[0] if results else {}
+        kind = wt.payload_kind(blob)
+        if kind == wt.VLLM_IPC:
+            self.last_load = await self._load_through_vllm(wt.open_vllm_ipc(blob))
+            results = [self.last_load]
+        else:
+            rpc = _EXT_RPC_IPC if kind == wt.CUDA_IPC else _EXT_RPC
+            results = await engine.collective_rpc(rpc, args=(bytes(blob),))
+            self.last_load = results[0] if results else {}
         await self._drop_stale_prefix_cache()
         dt = time.perf_counter() - t0
         log.debug("load_weights: %s in %.3fs", results, dt)
         return dt
+
+    async def _load_through_vllm(self, update_info: dict) -> dict:
+        """vLLM's weight-transfer engine: start (layerwise reload) / update / finish."""
+        if self.spec.weight_transfer != "ipc":
+            raise RuntimeError(
+                "got a vllm_ipc weight payload but this engine was built without vLLM's IPC "
+                f"weight-transfer engine (EngineSpec.weight_transfer={self.spec.weight_transfer!r})")
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        engine = self._engine
+        t0 = time.perf_counter()
+        await engine.start_weight_update()
+        t1 = time.perf_counter()
+        await engine.update_weights(WeightTransferUpdateRequest(update_info=_ipc_update_info(update_info)))
+        t2 = time.perf_counter()
+        await engine.finish_weight_update()
+        t3 = time.perf_counter()
+        return {"path": "vllm_ipc", "backend_start_s": t1 - t0, "backend_load_s": t2 - t1,
+                "backend_finish_s": t3 - t2, "tensors": len(update_info.get("names", ()))}
 
     async def _drop_stale_prefix_cache(self) -> None:
         engine = self._engine

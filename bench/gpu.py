@@ -4,11 +4,15 @@ the machine's details:
 - ``sync``: weight sync — ``PublishWeights`` -> last ``WeightsLoaded`` per version, split
   into publish (trainer side) and load (replica side), next to the copy floor measured in
   the same run (the published bytes at this GPU's device-to-device copy bandwidth);
+  ``sync_<transport>`` (e.g. ``sync_vllm_ipc``) the same with that ``trainer.weight_transport``;
 - ``rollout``: rollout tokens/s inside the engine vs raw vLLM (``LLM.generate``) on the
   same model, prompts and sampling;
 - ``switch``: a hybrid replica's switch cost both ways (sleep, wake, weight load, memory
   freed / taken) and the trainer's offload / onload;
-- ``policies``: step time of ``colocated`` vs ``lend_when_idle`` on one GPU.
+- ``policies``: step time of ``colocated`` vs ``lend_when_idle`` on one GPU;
+- ``transports``: the two IPC weight paths side by side on one engine, in one process —
+  shunter's worker extension (``cuda_ipc``) and vLLM's own weight-transfer engine
+  (``vllm_ipc``) — publish and load split into their parts, without Ray or the coordinator.
 
     python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -41,7 +46,7 @@ from shunter.events import (
     read_log,
 )
 
-PARTS = ("sync", "rollout", "switch", "policies")
+PARTS = ("sync", "rollout", "switch", "policies", "transports")
 
 
 def machine() -> dict:
@@ -239,6 +244,52 @@ def _core_child(spec: dict) -> dict:
     return asyncio.run(go())
 
 
+def _transports_child(spec: dict) -> dict:
+    """Publish from a real ``Trainer`` (fp32 master weights -> flat bf16 buffer -> IPC
+    handles) and load into one vLLM engine that has both paths; alternate the paths."""
+    import torch
+
+    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+    from shunter.engine import weight_transport as wt
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer
+
+    # the handles must be opened by another process: vLLM's engine core runs in its own
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    t = Trainer(TrainerConfig(weight_transport="cuda_ipc"), spec["model_dir"])
+    t.setup()
+    pub = wt.CudaIpcPublisher()
+
+    async def go() -> dict:
+        be = VLLMBackend(EngineSpec(model_dir=spec["model_dir"], max_model_len=spec["max_model_len"],
+                                    gpu_memory_utilization=spec["gpu_memory_utilization"], weight_transfer="ipc",
+                                    extra={**spec["engine_args"], "dtype": "bfloat16"}))
+        await be.start()
+        rows: dict[str, list[dict]] = {wt.CUDA_IPC: [], wt.VLLM_IPC: []}
+        for _ in range(spec.get("rounds", 8)):
+            for wire in rows:
+                with torch.no_grad():
+                    for p_ in t.model.parameters():
+                        p_.mul_(1.0 + 1e-3)  # new weights every time
+                t0 = time.perf_counter()
+                items = wt.unique_tensors(t.model.state_dict())
+                payload = pub.publish(items, torch.bfloat16, wire=wire)
+                t1 = time.perf_counter()
+                await be.load_weights(payload)
+                t2 = time.perf_counter()
+                rows[wire].append({"publish_s": t1 - t0, "load_s": t2 - t1, "total_s": t2 - t0,
+                                   **{f"replica_{k}": v for k, v in be.last_load.items() if isinstance(v, float)}})
+        await be.shutdown()
+        out = {"nbytes": sum(x.numel() for _, x in items) * 2}
+        for wire, rs in rows.items():
+            steady = rs[1:]
+            out[wire] = {k: statistics.median(r[k] for r in steady) for k in steady[0]}
+            out[wire]["first"] = rs[0]
+        return out
+
+    return asyncio.run(go())
+
+
 def _raw_child(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -279,6 +330,9 @@ def step_time(events: list) -> float:
 
 
 def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
+    bad = [x for x in parts if x not in PARTS and not x.startswith("sync_")]
+    if bad:
+        raise SystemExit(f"unknown part(s) {bad}; known: {', '.join(PARTS)}, sync_<weight transport>")
     base = load_config(config)
     res: dict = {"machine": machine(), "config": config, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -295,13 +349,21 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
 
     floor = copy_floor_gbps() if torch.cuda.is_available() else float("nan")  # the rollout part also runs on CPU
     res["copy_gbps"] = floor
+    m = base.model
+    if m.build_tiny:  # parts that start vLLM outside an engine run need the model built
+        from shunter.engine.tiny_model import build_tiny_model
+
+        build_tiny_model(m.path, m.build_tiny, seed=base.run.seed, sft_steps=m.sft_steps, preset=m.preset)
     for part in parts:
         t0 = time.perf_counter()
         try:
-            if part == "sync":
-                events, run_dir = run(cfg({"run": {"policy": "separate"}}))
-                res["sync"] = sync_figures(run_dir / "events.bin", floor)
-                res["sync"]["ended"] = _ended(events)
+            if part == "sync" or part.startswith("sync_"):  # sync_<transport>: that weight transport
+                over = {"run": {"policy": "separate"}}
+                if part != "sync":
+                    over["trainer"] = {"weight_transport": part.removeprefix("sync_")}
+                events, run_dir = run(cfg(over))
+                res[part] = sync_figures(run_dir / "events.bin", floor)
+                res[part]["ended"] = _ended(events)
             elif part == "rollout":
                 r = base.rollout
                 # the gate lets 4 versions' worth of groups start; the first half warms the engine up
@@ -336,6 +398,16 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 events, _ = run(cfg({"run": {"policy": "colocated"},
                                      "rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}}))
                 res["switch"] = {**switch_figures(events), "step_s": step_time(events), "ended": _ended(events)}
+            elif part == "transports":
+                r = base.rollout
+                tr = _in_child("--transports", {"model_dir": base.model.path, "max_model_len": r.max_model_len,
+                                                "gpu_memory_utilization": r.gpu_memory_utilization,
+                                                "engine_args": dict(r.engine_args)})
+                if "error" not in tr and not math.isnan(floor):
+                    tr["floor_s"] = tr["nbytes"] / (floor * 1e9 / 2)
+                    for wire in ("cuda_ipc", "vllm_ipc"):
+                        tr[wire]["ratio_to_floor"] = tr[wire]["total_s"] / tr["floor_s"]
+                res["transports"] = tr
             elif part == "policies":
                 col, _ = run(cfg({"run": {"policy": "colocated"},
                                   "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2}}))
@@ -373,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results/gpu.json")
     p.add_argument("--raw", help=argparse.SUPPRESS)
     p.add_argument("--core", help=argparse.SUPPRESS)
+    p.add_argument("--transports", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.transports:
+        print(json.dumps(_transports_child(json.loads(a.transports))))
+        return 0
     if a.raw:
         print(json.dumps(_raw_child(json.loads(a.raw))))
         return 0

@@ -109,7 +109,7 @@ class TrainerConfig(_Section):
     device: Annotated[str, _d("torch device; 'auto': cuda if available else cpu.")] = "auto"
     num_gpus: Annotated[float, _d("Ray GPUs for the trainer actor; 0 on CPU machines.", ge=0)] = 0.0
     precision: Annotated[Literal["auto", "fp32", "bf16"], _d("'bf16': forward/backward under bf16 autocast with fp32 master weights and optimizer state, weights published in bf16; 'auto': bf16 on cuda, fp32 on cpu.")] = "auto"
-    weight_transport: Annotated[Literal["auto", "safetensors", "cuda_ipc"], _d("How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy; replicas on the same GPU); 'auto': cuda_ipc on cuda, else safetensors.")] = "auto"
+    weight_transport: Annotated[Literal["auto", "safetensors", "cuda_ipc", "vllm_ipc"], _d("How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy, loaded by shunter's worker extension; replicas on the same GPU), 'vllm_ipc' (the same handles in vLLM's packed format, loaded by vLLM's own weight-transfer engine, backend 'ipc'); 'auto': cuda_ipc on cuda, else safetensors.")] = "auto"
 
 
 class ValidationConfig(_Section):

@@ -83,9 +83,9 @@ class Trainer:
         self.amp = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and cuda)
         wt = self.cfg.weight_transport
         self.transport = (weight_transport.CUDA_IPC if cuda else weight_transport.SAFETENSORS) if wt == "auto" else wt
-        if self.transport == weight_transport.CUDA_IPC:
+        if self.transport in weight_transport.IPC_TRANSPORTS:
             if not cuda:
-                raise ValueError(f"trainer.weight_transport = 'cuda_ipc' needs a cuda device, the trainer is on {self.device}")
+                raise ValueError(f"trainer.weight_transport = {self.transport!r} needs a cuda device, the trainer is on {self.device}")
             self._ipc = weight_transport.CudaIpcPublisher()
         start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
         self.model = load_causal_lm(start, self.device)
@@ -206,12 +206,13 @@ class Trainer:
 
     def publish(self) -> bytes:
         """Bump the version and return the weights' payload (HF names): a safetensors blob,
-        or a CUDA IPC package for replicas on the trainer's GPU (``weight_transport``)."""
+        or a CUDA IPC package (ours or vLLM's format) for replicas on the trainer's GPU
+        (``weight_transport``)."""
         items = weight_transport.unique_tensors(self.model.state_dict())
         dtype = self.publish_dtype
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
         if self._ipc is not None:
-            blob = self._ipc.publish(items, dtype)
+            blob = self._ipc.publish(items, dtype, wire=self.transport)
         else:
             blob = weight_transport.to_safetensors(items, dtype)
         self.version += 1

@@ -3,15 +3,23 @@
 Invariant: a publish yields one ``bytes`` payload that names the weights completely —
 either a safetensors image of the HF state dict (``safetensors``: any device, through
 the Ray object store), or a small package of CUDA IPC handles to a flat copy of the
-weights that the trainer keeps on its GPU (``cuda_ipc``: replicas on the same GPU copy
-device to device, no host round trip). The trainer keeps the last two flat copies
-(double buffering), so the payload of version ``v`` stays valid until version ``v + 2``
-is published. Tied tensors (``lm_head`` / ``embed_tokens``) are sent once.
+weights that the trainer keeps on its GPU, for replicas on the same GPU (device to device,
+no host round trip). That package comes in two wire formats:
 
-Receivers call :func:`is_cuda_ipc` to tell the formats apart and :func:`open_cuda_ipc`
-to map the tensors (in the process that loads them). The IPC package is pickled: it is
-only ever produced by this run's trainer and consumed by its replicas, never read from
-outside (events never carry it).
+- ``cuda_ipc``: ours, loaded by shunter's worker extension (``vllm_ext``) straight into
+  the model;
+- ``vllm_ipc``: vLLM's own weight-transfer engine (``weight_transfer_config={'backend':
+  'ipc'}``), packed format: the payload is the ``update_info`` of vLLM's
+  ``IPCWeightTransferUpdateInfo`` (names, dtypes, shapes, byte sizes, one handle to the
+  flat buffer keyed by GPU UUID) and the replica drives vLLM's start / update / finish.
+
+The trainer keeps the last two flat copies (double buffering), so the payload of version
+``v`` stays valid until version ``v + 2`` is published. Tied tensors (``lm_head`` /
+``embed_tokens``) are sent once.
+
+Receivers call :func:`payload_kind` to tell the formats apart. IPC packages are pickled:
+they are only ever produced by this run's trainer and consumed by its replicas, never read
+from outside (events never carry them).
 """
 
 from __future__ import annotations
@@ -21,8 +29,11 @@ import pickle
 import torch
 
 MAGIC = b"SHIPC001"
+VLLM_MAGIC = b"SHVIPC01"
 SAFETENSORS = "safetensors"
 CUDA_IPC = "cuda_ipc"
+VLLM_IPC = "vllm_ipc"
+IPC_TRANSPORTS = (CUDA_IPC, VLLM_IPC)
 
 
 def unique_tensors(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
@@ -52,10 +63,13 @@ class CudaIpcPublisher:
         self._bufs: list[torch.Tensor | None] = [None, None]
         self._next = 0
 
-    def publish(self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> bytes:
-        """Copy ``unique_tensors`` output into the next buffer; return the IPC package."""
+    def publish(self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype, wire: str = CUDA_IPC) -> bytes:
+        """Copy ``unique_tensors`` output into the next buffer; return the IPC package in
+        the ``wire`` format (``cuda_ipc`` or ``vllm_ipc``)."""
         from torch.multiprocessing.reductions import reduce_tensor
 
+        if wire not in IPC_TRANSPORTS:
+            raise ValueError(f"unknown IPC wire format {wire!r}; expected one of {IPC_TRANSPORTS}")
         total = sum(t.numel() for _, t in items)
         device = items[0][1].device
         if device.type != "cuda":
@@ -63,21 +77,54 @@ class CudaIpcPublisher:
         buf = self._bufs[self._next]
         if buf is None or buf.numel() != total or buf.dtype != dtype or buf.device != device:
             buf = self._bufs[self._next] = torch.empty(total, dtype=dtype, device=device)
-        entries, off = [], 0
-        with torch.no_grad():
-            for name, t in items:
-                n = t.numel()
-                buf[off : off + n].copy_(t.detach().reshape(-1))
-                entries.append((name, tuple(t.shape), off, n))
-                off += n
+        entries = pack_into(buf, items)
         torch.cuda.synchronize(device)
         self._next ^= 1
+        if wire == VLLM_IPC:
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            _, args = reduce_tensor(buf.view(torch.uint8))
+            return VLLM_MAGIC + pickle.dumps(vllm_update_info(entries, dtype, {uuid: args}))
         return MAGIC + pickle.dumps({"handle": reduce_tensor(buf), "entries": entries,
                                      "nbytes": total * buf.element_size()})
 
 
+def pack_into(buf: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple, int, int]]:
+    """Copy the tensors back to back into the flat ``buf`` (cast to its dtype); return
+    their layout as (name, shape, element offset, numel)."""
+    entries, off = [], 0
+    with torch.no_grad():
+        for name, t in items:
+            n = t.numel()
+            buf[off : off + n].copy_(t.detach().reshape(-1))
+            entries.append((name, tuple(t.shape), off, n))
+            off += n
+    return entries
+
+
+def vllm_update_info(entries: list[tuple[str, tuple, int, int]], dtype: torch.dtype, handle: dict) -> dict:
+    """vLLM's packed ``IPCWeightTransferUpdateInfo`` fields for a flat buffer of ``dtype``
+    laid out as ``entries`` ((name, shape, element offset, numel), back to back)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return {"names": [n for n, *_ in entries], "dtype_names": [str(dtype).split(".")[-1]] * len(entries),
+            "shapes": [list(shape) for _, shape, _, _ in entries], "ipc_handles": handle,
+            "tensor_sizes": [n * size for *_, n in entries], "packed": True}
+
+
+def payload_kind(payload: bytes) -> str:
+    """``safetensors``, ``cuda_ipc`` or ``vllm_ipc`` (from the payload's first bytes)."""
+    head = bytes(payload[: len(MAGIC)])
+    return CUDA_IPC if head == MAGIC else VLLM_IPC if head == VLLM_MAGIC else SAFETENSORS
+
+
 def is_cuda_ipc(payload: bytes) -> bool:
-    return payload[: len(MAGIC)] == MAGIC
+    return payload_kind(payload) == CUDA_IPC
+
+
+def open_vllm_ipc(payload: bytes) -> dict:
+    """The ``update_info`` dict of a ``vllm_ipc`` payload (for vLLM's ``update_weights``)."""
+    if payload_kind(payload) != VLLM_IPC:
+        raise ValueError("not a vllm_ipc weight package")
+    return pickle.loads(bytes(payload[len(VLLM_MAGIC):]))  # noqa: S301 - produced by this run's trainer only
 
 
 def open_cuda_ipc(payload: bytes) -> tuple[list[tuple[str, torch.Tensor]], int]:

@@ -6,7 +6,8 @@ skips it). A developer runs it on the lent machine:
 - a full short run of the tiny model on one GPU (trainer + replica sharing the device,
   bf16 autocast, cuda_ipc weight sync) that completes and improves its reward;
 - a weight update through CUDA IPC that provably changes the replica's outputs, and makes
-  them those of the new weights;
+  them those of the new weights (shunter's worker extension, and vLLM's own IPC
+  weight-transfer engine);
 - a sleep / wake cycle that frees GPU memory and gives back the same outputs.
 """
 
@@ -82,18 +83,20 @@ def _greedy(backend, prompts, n_tokens=8):
     return asyncio.get_event_loop().run_until_complete(asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
-def test_a_cuda_ipc_weight_update_changes_outputs_to_those_of_the_new_weights(tiny, tmp_path):
-    """Trainer and replica in two processes on one GPU (Ray actors), as in a run."""
+@pytest.mark.parametrize("transport", ["cuda_ipc", "vllm_ipc"])
+def test_an_ipc_weight_update_changes_outputs_to_those_of_the_new_weights(tiny, transport):
+    """Trainer and replica in two processes on one GPU (Ray actors), as in a run; through
+    shunter's worker extension (cuda_ipc) and through vLLM's own IPC weight-transfer engine."""
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
-        ray.get(ray.remote(num_gpus=0.5)(_ipc_round_trip).remote(tiny), timeout=600)
+        ray.get(ray.remote(num_gpus=0.5)(_ipc_round_trip).remote(tiny, transport), timeout=600)
     finally:
         ray.shutdown()
 
 
-def _ipc_round_trip(model_dir: str) -> None:
+def _ipc_round_trip(model_dir: str, transport: str) -> None:
     """In a GPU worker: a replica (vLLM) loads weights published by a trainer actor over
     CUDA IPC; its greedy outputs change and match HF greedy under the new weights."""
     import ray
@@ -108,7 +111,7 @@ def _ipc_round_trip(model_dir: str) -> None:
             from shunter.engine.config import TrainerConfig
             from shunter.engine.trainer import Trainer
 
-            self.t = Trainer(TrainerConfig(), d)
+            self.t = Trainer(TrainerConfig(weight_transport=transport), d)
             self.t.setup()
             with torch.no_grad():
                 for p in self.t.model.parameters():
@@ -119,13 +122,16 @@ def _ipc_round_trip(model_dir: str) -> None:
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    be = VLLMBackend(EngineSpec(model_dir=model_dir, max_model_len=64, gpu_memory_utilization=0.2, extra={"dtype": "bfloat16"}))
+    be = VLLMBackend(EngineSpec(model_dir=model_dir, max_model_len=64, gpu_memory_utilization=0.2,
+                                weight_transfer="ipc" if transport == "vllm_ipc" else "", extra={"dtype": "bfloat16"}))
     loop.run_until_complete(be.start())
     prompts = [[30, 31, 32, 40], [33, 34, 40], [35, 31, 36, 37, 40]]
     before = _greedy(be, prompts)
     pub = Pub.remote(model_dir)
     package, sd = ray.get(pub.publish.remote())
-    assert package[:8] == b"SHIPC001" and len(package) < 1 << 16
+    from shunter.engine.weight_transport import payload_kind
+
+    assert payload_kind(package) == transport and len(package) < 1 << 16
     loop.run_until_complete(be.load_weights(package))
     after = _greedy(be, prompts)
     assert after != before

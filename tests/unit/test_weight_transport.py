@@ -1,0 +1,82 @@
+"""Weight payloads (``engine.weight_transport``) on CPU: tied tensors sent once, the flat
+layout, and vLLM's own IPC weight-transfer engine accepting our packed update info and
+unpacking our buffer into the original tensors (vLLM's code, not a copy of it)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from shunter.engine import weight_transport as wt
+
+
+def _items():
+    g = torch.Generator().manual_seed(0)
+    return [("model.embed_tokens.weight", torch.randn(11, 4, generator=g)),
+            ("model.layers.0.mlp.up_proj.weight", torch.randn(6, 4, generator=g)),
+            ("model.norm.weight", torch.randn(4, generator=g))]
+
+
+def test_unique_tensors_drops_a_tied_alias_but_keeps_equal_copies():
+    emb = torch.randn(5, 3)
+    sd = {"model.embed_tokens.weight": emb, "lm_head.weight": emb, "other": emb.clone()}
+    assert [n for n, _ in wt.unique_tensors(sd)] == ["model.embed_tokens.weight", "other"]
+
+
+def test_pack_into_lays_tensors_back_to_back_in_the_buffer_dtype():
+    items = _items()
+    buf = torch.empty(sum(t.numel() for _, t in items), dtype=torch.bfloat16)
+    entries = wt.pack_into(buf, items)
+    assert [(n, s, o, k) for n, s, o, k in entries] == [
+        ("model.embed_tokens.weight", (11, 4), 0, 44), ("model.layers.0.mlp.up_proj.weight", (6, 4), 44, 24),
+        ("model.norm.weight", (4,), 68, 4)]
+    for (_, t), (_, shape, off, n) in zip(items, entries, strict=True):
+        assert torch.equal(buf[off:off + n].view(shape), t.to(torch.bfloat16))
+
+
+def test_vllms_ipc_engine_accepts_our_update_info_and_unpacks_our_buffer():
+    ipc = pytest.importorskip("vllm.distributed.weight_transfer.ipc_engine")
+    from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
+
+    from shunter.actors.vllm_backend import _ipc_update_info
+
+    items = _items()
+    buf = torch.empty(sum(t.numel() for _, t in items), dtype=torch.bfloat16)
+    info = wt.vllm_update_info(wt.pack_into(buf, items), torch.bfloat16, {"GPU-uuid": ("rebuild", "args")})
+    typed = ipc.IPCWeightTransferUpdateInfo(**_ipc_update_info(info))  # vLLM's own validation
+    got = unpack_tensor(buf.view(torch.uint8), typed.names, typed.shapes,
+                        [getattr(torch, d) for d in typed.dtype_names], typed.tensor_sizes)
+    assert [n for n, _ in got] == [n for n, _ in items]
+    for (_, a), (_, b) in zip(got, items, strict=True):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
+
+
+def test_payload_kinds_are_told_apart_and_a_wrong_kind_is_refused():
+    info = {"names": ["x"]}
+    vllm_payload = wt.VLLM_MAGIC + pickle.dumps(info)
+    assert wt.payload_kind(vllm_payload) == wt.VLLM_IPC
+    assert wt.open_vllm_ipc(vllm_payload) == info
+    assert wt.payload_kind(wt.MAGIC + b"...") == wt.CUDA_IPC
+    blob = wt.to_safetensors(_items())
+    assert wt.payload_kind(blob) == wt.SAFETENSORS
+    with pytest.raises(ValueError, match="not a vllm_ipc"):
+        wt.open_vllm_ipc(blob)
+    with pytest.raises(ValueError, match="not a cuda_ipc"):
+        wt.open_cuda_ipc(vllm_payload)
+
+
+@pytest.mark.parametrize("transport", ["cuda_ipc", "vllm_ipc"])
+def test_an_ipc_transport_on_a_cpu_trainer_is_refused_by_name(tmp_path, transport):
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer
+
+    t = Trainer(TrainerConfig(device="cpu", weight_transport=transport), str(tmp_path))
+    with pytest.raises(ValueError, match=f"weight_transport = '{transport}' needs a cuda device"):
+        t.setup()
+
+
+def test_an_unknown_ipc_wire_format_is_refused():
+    with pytest.raises(ValueError, match="unknown IPC wire format"):
+        wt.CudaIpcPublisher().publish(_items(), torch.bfloat16, wire="nccl")

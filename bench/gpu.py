@@ -20,6 +20,7 @@ the machine's details:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -82,20 +83,28 @@ def copy_floor_gbps(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     return 2 * nbytes / dt / 1e9
 
 
-async def _run(cfg: EngineConfig, *, user_rollout_s: float = 0.0) -> tuple[list, Path]:
+async def _run(cfg: EngineConfig, *, user_rollout_s: float = 0.0, user_samples: int = 0) -> tuple[list, Path]:
     """One engine run; with ``user_rollout_s`` the trainer never runs (user driver): the
-    replicas fill the buffer up to the staleness gate and the run is stopped after that long."""
+    replicas fill the buffer up to the staleness gate and the run is stopped once
+    ``user_samples`` samples have ended, or after ``user_rollout_s`` at the latest."""
     from shunter import Engine
 
     events = []
     async with Engine(cfg) as engine:
         if user_rollout_s:
+            enough = asyncio.Event()
+
             async def collect():
+                ended = 0
                 async for ev in engine.events():
                     events.append(ev)
+                    ended += isinstance(ev, SampleEnd)
+                    if user_samples and ended >= user_samples:
+                        enough.set()
 
             task = asyncio.create_task(collect())
-            await asyncio.sleep(user_rollout_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(enough.wait(), user_rollout_s)
             await engine.stop("measured")
             await task
         else:
@@ -232,7 +241,6 @@ def _core_child(spec: dict) -> dict:
                 Sample(sample_id=f"{i}.{k}", group_id=i, prompt_id=i, prompt_token_ids=ids, max_tokens=spec["max_tokens"])
                 for k in range(spec["n"])])
 
-        await core.generate(gen(-1, spec["prompts"][0]))  # warm-up
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(core.generate(gen(i, p)) for i, p in enumerate(spec["prompts"])))
         dt = time.perf_counter() - t0
@@ -298,7 +306,6 @@ def _raw_child(spec: dict) -> dict:
     sp = SamplingParams(n=1, max_tokens=spec["max_tokens"], temperature=spec["temperature"], logprobs=0,
                         detokenize=False, ignore_eos=spec.get("ignore_eos", False))
     reqs = [{"prompt_token_ids": p} for p in spec["prompts"] for _ in range(spec["n"])]
-    llm.generate(reqs[:8], sp, use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
     outs = llm.generate(reqs, sp, use_tqdm=False)
     dt = time.perf_counter() - t0
@@ -366,26 +373,34 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 res[part]["ended"] = _ended(events)
             elif part == "rollout":
                 r = base.rollout
-                # the gate lets 4 versions' worth of groups start; the first half warms the engine up
+                # The same closed batch for all three, each timed from its first request to its
+                # last token on an engine that was just started (no side warms up with requests
+                # the others do not make): as many groups as the staleness gate lets start
+                # without training, all of them in flight at once as the raw baseline submits
+                # them, no held-out validation sharing the replica.
                 groups = 4 * base.groups_per_mini_batch * base.trainer.parameter_sync_step
-                over = {"run": {"trainer_driver": "user", "policy": "separate"},
+                samples = groups * r.n_samples_per_prompt
+                over = {"run": {"trainer_driver": "user", "policy": "separate"}, "validation": {"every": 0},
                         "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0, "max_staleness": 3,
                                     "length_dist": "",  # fixed lengths: the raw baseline cannot draw ours
-                                    # as many requests in flight as the raw baseline submits at once
-                                    "max_in_flight_per_replica": max(r.max_in_flight_per_replica,
-                                                                     groups // 2 * r.n_samples_per_prompt)}}
-                events, _ = run(cfg(over), user_rollout_s=float(os.environ.get("SHUNTER_ROLLOUT_S", "60")))
-                eng = rollout_tokens_per_s(events, first_group=groups // 2)
+                                    "max_in_flight_per_replica": max(r.max_in_flight_per_replica, samples)}}
+                events, _ = run(cfg(over), user_rollout_s=float(os.environ.get("SHUNTER_ROLLOUT_S", "300")),
+                                user_samples=samples)
+                eng = rollout_tokens_per_s(events)
                 from transformers import AutoTokenizer
 
+                from shunter.actors.vllm_backend import EngineSpec
                 from shunter.engine.tasks import load_task
 
                 tok = AutoTokenizer.from_pretrained(base.model.path)
                 task = load_task(base.task.name)
                 it = task.train_prompts(base.run.seed)
-                prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)][groups // 2:]
+                prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)]
+                # the engine's replicas run vLLM with EngineSpec's max_num_seqs unless engine_args say otherwise
+                seqs = dict(r.engine_args).get("max_num_seqs", EngineSpec.__dataclass_fields__["max_num_seqs"].default)
                 raw = raw_vllm(base.model.path, prompts, r.n_samples_per_prompt, r.max_tokens, r.temperature,
-                               r.max_model_len, r.gpu_memory_utilization, dict(r.engine_args), r.ignore_eos)
+                               r.max_model_len, r.gpu_memory_utilization, {"max_num_seqs": seqs, **r.engine_args},
+                               r.ignore_eos)
                 core = core_alone({"model_dir": base.model.path, "prompts": prompts, "n": r.n_samples_per_prompt,
                                    "max_tokens": r.max_tokens, "temperature": r.temperature,
                                    "max_model_len": r.max_model_len, "gpu_memory_utilization": r.gpu_memory_utilization,

@@ -136,6 +136,17 @@ def gpu_section(r: dict, path: Path) -> list[str]:
          f"{sw.get('to_rollout_load_s', 0) * 1e3:.0f} ms), {sw.get('to_rollout_memory_taken_bytes', 0) / gib:.1f} GiB taken"),
         ("optimizer offload / onload", f"{sw.get('offload_s', 0) * 1e3:.0f} / {sw.get('onload_s', 0) * 1e3:.0f} ms"),
     ]
+    tr = r.get("transports", {})
+    if tr.get("cuda_ipc") and tr.get("vllm_ipc"):
+        a, b = tr["cuda_ipc"], tr["vllm_ipc"]
+        rows.append(("IPC weight paths side by side (one engine, one process, no Ray; median)",
+                     f"shunter's extension (cuda_ipc) {a['total_s'] * 1e3:.0f} ms = publish {a['publish_s'] * 1e3:.0f} + "
+                     f"load {a['load_s'] * 1e3:.0f} (open {a.get('replica_open_s', 0) * 1e3:.0f}, copy into the model "
+                     f"{a.get('replica_load_s', 0) * 1e3:.0f}, rest: prefix-cache reset + RPC), {a.get('ratio_to_floor', 0):.0f}x "
+                     f"the floor; vLLM's weight-transfer engine (vllm_ipc) {b['total_s'] * 1e3:.0f} ms = publish "
+                     f"{b['publish_s'] * 1e3:.0f} + start {b.get('replica_backend_start_s', 0) * 1e3:.0f} + update "
+                     f"{b.get('replica_backend_load_s', 0) * 1e3:.0f} + finish {b.get('replica_backend_finish_s', 0) * 1e3:.0f}, "
+                     f"{b.get('ratio_to_floor', 0):.0f}x"))
     if po:
         rows.append(("step time, colocated (2 hybrid) / lend_when_idle (1 standalone + 1 hybrid)",
                      f"{po.get('colocated_2_hybrid_step_s', po.get('colocated_step_s', 0)):.2f} s / "
@@ -148,6 +159,10 @@ def gpu_section(r: dict, path: Path) -> list[str]:
     out += [f"| {a} | {b} |" for a, b in rows]
     if po.get("note"):
         out += ["", f"Note: {po['note']}."]
+    if ro.get("window_note"):
+        out += ["", f"Rollout window: {ro['window_note']}."]
+    for when, sess in r.get("sessions", {}).items():
+        out += ["", f"Session {when} ({sess.get('what')}): {sess.get('config_note')}."]
     if r.get("config_note"):
         out += ["", f"Conditions: {r['config_note']}."]
     return out + [""]

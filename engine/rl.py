@@ -34,6 +34,34 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                  inv_temperature: float = 1.0, budget_bytes: int = 1 << 30) -> torch.Tensor:
+    """log p(target) for selected positions straight from the last hidden states: ``hidden``
+    [N, H] through the output head (``weight`` [V, H]) at ``1 / inv_temperature``, ``targets``
+    [N] -> [N] in fp32. Equal to ``token_logprobs`` on the full logits, but never holds more
+    than ``budget_bytes`` of [*, V] logits at once: the positions go in chunks, and under
+    autograd each chunk is recomputed in the backward pass (only ``hidden`` is kept), so a
+    150k-token vocabulary over 30k response tokens costs ~1 GiB instead of ~60 GiB."""
+    vocab = weight.shape[0]
+    chunk = max(1, budget_bytes // (vocab * 12))  # bf16 logits + fp32 copy + fp32 grad per element
+
+    def one(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = torch.nn.functional.linear(h, weight, bias).float() * inv_temperature
+        return logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    parts = []
+    for i in range(0, hidden.shape[0], chunk):
+        h, t = hidden[i : i + chunk], targets[i : i + chunk]
+        if grad:
+            from torch.utils.checkpoint import checkpoint
+
+            parts.append(checkpoint(one, h, t, use_reentrant=False))
+        else:
+            parts.append(one(h, t))
+    return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 

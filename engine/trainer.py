@@ -52,6 +52,22 @@ def load_causal_lm(model_dir: str, device: str):
         raise ModelDirError(f"model dir {model_dir!r} does not load: {type(e).__name__}: {e}") from e
 
 
+_HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _plain_head(model) -> tuple[torch.nn.Linear | None, torch.nn.Module | None]:
+    """(output head, decoder body) when the logits are exactly ``head(body(...))``, else
+    (None, None)."""
+    cfg = getattr(model, "config", None)
+    if any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in _HEAD_TRANSFORMS):
+        return None, None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if not isinstance(head, torch.nn.Linear) or body is None or body is model:
+        return None, None
+    return head, body
+
+
 class Trainer:
     def __init__(self, cfg: TrainerConfig, model_dir: str, *, seed: int = 0, pad_token_id: int = 0,
                  temperature: float = 1.0, init_from: str = "") -> None:
@@ -135,9 +151,22 @@ class Trainer:
         return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask.to(dev), "old": old.to(dev)}
 
     def _logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Log-probs of the response tokens, [B, T-1] fp32; 0 outside ``b["mask"]``.
+
+        Only the masked positions go through the output head, in chunks
+        (``rl.head_logprobs``): full [B, T, V] logits of a 150k vocabulary would take tens of
+        GiB at long response lengths. Models whose head does more than a linear map (logit
+        soft-capping or scaling) take the plain path over the full logits."""
+        targets = b["ids"][:, 1:]
         with torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.amp):
-            logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1]
-        return rl.token_logprobs(logits.float() / self.temperature, b["ids"][:, 1:])
+            head, body = _plain_head(model)
+            if head is None:
+                logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1]
+                return rl.token_logprobs(logits.float() / self.temperature, targets) * b["mask"]
+            hidden = body(input_ids=b["ids"], attention_mask=b["attn"]).last_hidden_state[:, :-1]
+            sel = b["mask"].bool()
+            lp = rl.head_logprobs(hidden[sel], head.weight, head.bias, targets[sel], 1.0 / self.temperature)
+        return torch.zeros_like(b["mask"]).index_put((sel.nonzero(as_tuple=True)), lp)
 
     def _loss(self, b: dict[str, torch.Tensor], adv: torch.Tensor, loss_fn: LossFn | None):
         adv_tok = adv[:, None].expand_as(b["mask"])

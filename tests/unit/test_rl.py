@@ -130,3 +130,39 @@ def test_micro_batches_take_the_same_step_as_the_whole_batch(model_dir):
     for loss, norm, ps in params[1:]:
         assert loss == pytest.approx(params[0][0], rel=1e-4) and norm == pytest.approx(params[0][1], rel=1e-4)
         assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(ps, params[0][2], strict=True))
+
+
+def test_head_logprobs_in_chunks_equal_the_full_logits_path_in_value_and_gradient():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(37, 8, generator=g, requires_grad=True)
+    weight = torch.randn(50, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (37,), generator=g)
+    want = rl.token_logprobs((hidden @ weight.T) / 0.7, targets)
+    got = rl.head_logprobs(hidden, weight, None, targets, 1 / 0.7, budget_bytes=50 * 12 * 5)  # chunks of 5
+    assert torch.allclose(got, want, atol=1e-5)
+    gw, gh = torch.autograd.grad(want.sum(), (weight, hidden))
+    cw, ch = torch.autograd.grad(got.sum(), (weight, hidden))
+    assert torch.allclose(cw, gw, atol=1e-5) and torch.allclose(ch, gh, atol=1e-5)
+
+
+def test_trainer_logprobs_of_response_tokens_match_the_full_forward_and_its_gradient(model_dir):
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer, _plain_head
+    from shunter.events import Sample
+
+    tr = Trainer(TrainerConfig(), model_dir, temperature=0.8)
+    tr.setup()
+    assert _plain_head(tr.model)[0] is not None  # the memory-lean path is the one tested
+    samples = [Sample(sample_id=f"0.{i}", group_id=0, prompt_id=0, prompt_token_ids=[29, 31, 40][: 2 + i % 2],
+                      token_ids=[29, 31, 30][: 1 + i], logprobs=[0.0] * (1 + i), versions=[0] * (1 + i), max_tokens=3)
+               for i in range(3)]
+    b = tr.collate(samples)
+    got = tr._logp(tr.model, b)
+    full = torch.log_softmax(tr.model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1] / 0.8, -1)
+    want = full.gather(-1, b["ids"][:, 1:, None]).squeeze(-1) * b["mask"]
+    assert torch.allclose(got, want, atol=1e-5) and float(got.detach()[b["mask"] == 0].abs().sum()) == 0.0
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+    g_got = torch.autograd.grad(got.sum(), params, allow_unused=True)
+    g_want = torch.autograd.grad(want.sum(), params, allow_unused=True)
+    for a, w in zip(g_got, g_want, strict=True):
+        assert (a is None and w is None) or torch.allclose(a, w, atol=1e-5)

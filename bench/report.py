@@ -19,6 +19,9 @@ COLUMNS = [
     ("rollout_idle_frac", "rollout idle", "{:.0%}"),
     ("staleness_mean", "staleness", "{:.2f}"),
     ("switches", "switches", "{:.0f}"),
+    ("reward_avg", "reward per step", "{:.3f}"),
+    ("reward_vs_colocated", "reward per step vs colocated", "{:.1%}"),
+    ("reward_last", "reward, last fifth", "{:.3f}"),
 ]
 
 
@@ -81,6 +84,74 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return made
 
 
+def _smooth(xs: list[float], k: int = 10) -> list[float]:
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x - (xs[i - k] if i >= k else 0.0)
+        out.append(acc / min(i + 1, k))
+    return out
+
+
+def _mean_curve(runs: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """Mean over seeds of ``key`` per optimizer step (up to the shortest run)."""
+    n = min(len(r["step"]) for r in runs)
+    return runs[0]["step"][:n], [sum(r[key][i] for r in runs) / len(runs) for i in range(n)]
+
+
+def plot_curves(result: dict, out_dir: Path) -> list[Path]:
+    """Reward vs optimizer step and vs wall time per variant (mean over seeds, moving average
+    of 10 steps); for ``eta=<n> <objective>`` variants, reward per step vs the staleness bound."""
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves, name = result.get("curves") or {}, result["scenario"]["scenario"]["name"]
+    curves = {v: runs for v, runs in curves.items() if runs}
+    if not curves:
+        return []
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (variant, runs) in enumerate(curves.items()):
+        color = cmap(i / max(1, len(curves) - 1))
+        style = "--" if "decoupled" in variant else "-"
+        steps, reward = _mean_curve(runs, "reward")
+        _, wall = _mean_curve(runs, "wall_s")
+        axes[0].plot(steps, _smooth(reward), style, color=color, label=variant)
+        axes[1].plot(wall, _smooth(reward), style, color=color, label=variant)
+    axes[0].set_xlabel("optimizer step")
+    axes[1].set_xlabel("wall time (s)")
+    for ax in axes:
+        ax.set_ylabel("sampled reward (mean over seeds, 10-step average)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    made = [out_dir / f"{name}-reward.png"]
+    fig.savefig(made[0], dpi=110)
+    plt.close(fig)
+    by: dict[str, list[tuple[int, float]]] = {}
+    for variant, m in result["metrics"].items():
+        hit = re.fullmatch(r"eta=(\d+) (\S+)", variant)
+        if hit and "reward_avg" in m:
+            by.setdefault(hit.group(2), []).append((int(hit.group(1)), m["reward_avg"]["median"]))
+    if by:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for obj, pts in by.items():
+            pts.sort()
+            ax.plot([str(e) for e, _ in pts], [r for _, r in pts], "o-" if obj != "decoupled" else "s--", label=obj)
+        ax.set_xlabel("max staleness (versions)")
+        ax.set_ylabel("reward per step (median over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        made.append(out_dir / f"{name}-summary.png")
+        fig.savefig(made[-1], dpi=110)
+        plt.close(fig)
+    return made
+
+
 def _save(plt, fig, ax, path: Path) -> Path:
     ax.invert_yaxis()  # variants top to bottom in scenario order
     fig.tight_layout()
@@ -105,7 +176,10 @@ def write_report(results: list[Path], out: Path) -> Path:
                   f"`python -m shunter.bench run bench/scenarios/{sc['name']}.toml` — commit {r.get('commit', '?')}, "
                   f"{r['machine'].get('cpus')} CPUs, {r['machine'].get('platform', '')}, seeds {sc.get('seeds')}, "
                   f"results: `{path.as_posix()}`", "", table(r), ""]
-        pngs = plot(r, path.parent) + sorted(path.parent.glob(f"{sc['name']}-timeline-*.png"))
+        if r.get("reward_per_step_vs_baseline"):
+            parts += ["Reward per step (mean over the run, then over seeds) relative to the baseline: "
+                      + ", ".join(f"{n} {v:.1%}" for n, v in r["reward_per_step_vs_baseline"].items()), ""]
+        pngs = plot(r, path.parent) + plot_curves(r, path.parent) + sorted(path.parent.glob(f"{sc['name']}-timeline-*.png"))
         for png in pngs:
             parts += [f"![{png.stem}]({Path('results') / png.name if out.parent == path.parent.parent else png.as_posix()})", ""]
     out.write_text("\n".join(parts))

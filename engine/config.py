@@ -103,6 +103,12 @@ class TrainerConfig(_Section):
     kl_coef: Annotated[float, _d("Weight of the KL penalty to the reference (initial) model; 0 disables it and loads no reference.", ge=0)] = 0.0
     grad_clip: Annotated[float, _d("Gradient norm clip; 0 disables.", ge=0)] = 1.0
     loss_fn: Annotated[str, _d("Loss override 'module:function'; empty: built-in PPO clip in bypass mode.")] = ""
+    objective: Annotated[Literal["bypass", "decoupled"], _d("'bypass': the rollout's log-probs are the old policy's (PPO ratio pi_theta / mu, no extra forward pass); 'decoupled': decoupled PPO — the trust region around the proximal policy (the weights at the start of the sync cycle, kept in host memory when parameter_sync_step > 1), each token weighted by pi_prox / mu corrected by 'tis' / 'mis'.")] = "bypass"
+    tis: Annotated[Literal["none", "token", "sequence"], _d("Truncated importance sampling of the behaviour weight pi_prox / mu (decoupled only): per token or per sequence (product over its tokens), capped at tis_cap; 'none': uncapped.")] = "token"
+    tis_cap: Annotated[PosFloat, _d("Cap of the TIS weight.")] = 5.0
+    mis: Annotated[Literal["none", "token", "sequence"], _d("Masked importance sampling (IcePop-style): drop tokens whose behaviour ratio (pi_prox / mu; in bypass pi_theta / mu) leaves [mis_low, mis_high], per token or per sequence (geometric mean ratio).")] = "none"
+    mis_low: Annotated[PosFloat, _d("Lower edge of the MIS band.")] = 0.5
+    mis_high: Annotated[PosFloat, _d("Upper edge of the MIS band.")] = 2.0
     micro_batch_size: Annotated[NonNegInt, _d("Samples per forward/backward pass (gradients accumulate over a mini-batch); 0: the whole mini-batch at once.")] = 0
     num_threads: Annotated[PosInt, _d("torch intra-op threads of the trainer.")] = 1
     num_cpus: Annotated[float, _d("Ray CPUs reserved for the trainer actor.", ge=0)] = 1.0
@@ -161,6 +167,12 @@ def merge(base: dict, over: dict) -> dict:
 
 def check(cfg: EngineConfig) -> None:
     """The seed's consistency checks; raise ConfigError naming fields and values."""
+    t = cfg.trainer
+    if t.mis != "none" and not t.mis_low < 1.0 < t.mis_high:
+        raise ConfigError(f"trainer.mis_low = {t.mis_low:g} and trainer.mis_high = {t.mis_high:g} must enclose 1 "
+                          "(a ratio of 1 is on-policy and must be kept)")
+    if t.objective == "decoupled" and t.loss_fn:
+        raise ConfigError("trainer.objective = 'decoupled' is the built-in loss; trainer.loss_fn replaces it — set one")
     t, r = cfg.trainer, cfg.rollout
     if t.train_batch_size != t.parameter_sync_step * t.ppo_mini_batch_size:
         raise ConfigError(

@@ -1,13 +1,34 @@
-"""RL math: GRPO advantages, token log-probs, the PPO clipped objective in bypass mode.
+"""RL math: GRPO advantages, token log-probs, the PPO clipped objective and its off-policy
+corrections.
 
 Invariants: pure functions of tensors (no state, no I/O); every loss is averaged over the
 response tokens of the whole mini-batch ("token-level"), so long and short answers weigh
-by their tokens; in bypass mode the *rollout's* log-probs are the old policy's, so no
-extra forward pass is needed and the ratio also absorbs the trainer–rollout mismatch.
+by their tokens (a token dropped by a mask counts in that denominator with a zero term, so
+masking shrinks the step instead of re-weighting the tokens kept).
+
+Objectives (``trainer.objective``):
+
+- ``bypass``: the *rollout's* log-probs ``mu`` are the old policy's; the PPO ratio
+  ``pi_theta / mu`` absorbs both staleness and the trainer–rollout mismatch; no extra
+  forward pass.
+- ``decoupled`` (decoupled PPO, AReaL): the trust region is taken around a *proximal*
+  policy ``pi_prox`` (the trainer's weights at the start of the sync cycle, recomputed by
+  the trainer), the ratio is ``pi_theta / pi_prox``, and each token is weighted by the
+  behaviour importance weight ``pi_prox / mu`` (the rollout's own log-prob, whatever version
+  made the token), corrected by TIS / MIS below.
+
+Corrections of the behaviour ratio ``rho`` (``pi_prox / mu``; in bypass ``pi_theta / mu``
+detached, for MIS only):
+
+- TIS (``tis``): truncate the weight at ``tis_cap`` — per token, or per sequence with the
+  sequence weight ``prod_t rho_t`` (then the same for all its tokens);
+- MIS / IcePop (``mis``): drop tokens whose ``rho`` leaves ``[mis_low, mis_high]`` — per
+  token, or whole sequences whose geometric-mean ratio ``exp(mean_t log rho_t)`` leaves it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -66,6 +87,64 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+def behaviour_correction(log_rho: torch.Tensor, mask: torch.Tensor, *, tis: str = "none", tis_cap: float = 2.0,
+                         mis: str = "none", mis_low: float = 0.5, mis_high: float = 2.0,
+                         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """TIS weight and MIS keep-mask from the per-token log behaviour ratio ``log_rho``
+    ([B, T], padding where ``mask`` is 0). Returns (weight, keep, stats); no gradient flows.
+
+    ``tis``: ``none`` (weight ``rho``, uncapped), ``token`` (``min(rho_t, cap)``),
+    ``sequence`` (``min(prod_t rho_t, cap)`` on every token of the sequence), or ``off``
+    (weight 1: the bypass objective, whose PPO ratio already holds ``rho``).
+    ``mis``: ``none``, ``token`` or ``sequence`` (geometric mean), band ``[mis_low, mis_high]``."""
+    with torch.no_grad():
+        lr = (log_rho * mask).float()
+        m = mask.bool()
+        n_tok = mask.sum().clamp(min=1)
+        seq_tokens = mask.sum(-1).clamp(min=1)
+        seq_log = lr.sum(-1, keepdim=True)  # log prod_t rho_t
+        if tis == "off":
+            weight = torch.ones_like(lr)
+            truncated = torch.zeros_like(lr)
+        elif tis == "none":
+            weight = torch.exp(lr)
+            truncated = torch.zeros_like(lr)
+        elif tis == "token":
+            raw = torch.exp(lr)
+            weight = raw.clamp(max=tis_cap)
+            truncated = (raw > tis_cap).float()
+        elif tis == "sequence":
+            raw = torch.exp(seq_log).expand_as(lr)
+            weight = raw.clamp(max=tis_cap)
+            truncated = (raw > tis_cap).float()
+        else:
+            raise ValueError(f"tis = {tis!r}; expected off, none, token or sequence")
+        lo, hi = math.log(mis_low), math.log(mis_high)
+        if mis == "none":
+            keep = torch.ones_like(lr)
+        elif mis == "token":
+            keep = ((lr >= lo) & (lr <= hi)).float()
+        elif mis == "sequence":
+            geo = (seq_log.squeeze(-1) / seq_tokens)[:, None].expand_as(lr)
+            keep = ((geo >= lo) & (geo <= hi)).float()
+        else:
+            raise ValueError(f"mis = {mis!r}; expected none, token or sequence")
+        weight, keep = weight * mask, keep * mask
+        rho = torch.exp(lr[m])
+        stats = {
+            "is_ratio_mean": float(rho.mean()) if rho.numel() else 1.0,
+            "is_ratio_max": float(rho.max()) if rho.numel() else 1.0,
+            "is_ratio_min": float(rho.min()) if rho.numel() else 1.0,
+            "is_weight_mean": float((weight * keep).sum() / keep.sum().clamp(min=1)),
+            "is_truncated_frac": float((truncated * mask).sum() / n_tok),
+            "is_masked_frac": float(1 - keep.sum() / n_tok),
+            # KL(mu || pi_ref) estimated on the rollout's tokens: k1 = E[log mu - log pi_ref], k3 >= 0
+            "mismatch_kl": float(masked_mean(-lr, mask)),
+            "mismatch_k3": float(masked_mean(torch.exp(lr) - lr - 1, mask)),
+        }
+    return weight, keep, stats
+
+
 def ppo_clip_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -73,13 +152,24 @@ def ppo_clip_loss(
     mask: torch.Tensor,
     *,
     clip: float,
+    weight: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate, token level. All tensors [B, T]; ``advantages`` broadcast per token."""
+    """Clipped surrogate, token level. All tensors [B, T]; ``advantages`` broadcast per token.
+
+    ``old_logp`` is the trust region's centre (``mu`` in bypass, ``pi_prox`` in decoupled
+    PPO); ``weight`` (detached, default 1) multiplies each token's term; ``keep`` (0/1,
+    default 1) drops tokens; the mean is over all response tokens of ``mask``."""
     log_ratio = (logp - old_logp) * mask
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip, 1 + clip) * advantages
-    loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
+    term = torch.minimum(unclipped, clipped)
+    if weight is not None:
+        term = term * weight
+    if keep is not None:
+        term = term * keep
+    loss = -masked_mean(term, mask)
     with torch.no_grad():
         m = mask.bool()
         r = ratio[m]
@@ -88,7 +178,6 @@ def ppo_clip_loss(
             "pg_clipfrac": float(clipfrac),
             "ratio_mean": float(r.mean()) if r.numel() else 1.0,
             "ratio_max": float(r.max()) if r.numel() else 1.0,
-            "mismatch_kl": float(masked_mean(old_logp - logp, mask)),
         }
     return loss, stats
 

@@ -3,7 +3,10 @@ weights published as a safetensors blob.
 
 Invariants: ``version`` counts publishes (0 = the weights the run started from, which the
 replicas also start from); a sample's staleness at a step is ``version - min(versions)``;
-each ``train_step`` is exactly one optimizer step on the samples it is given. The user's
+each ``train_step`` is exactly one optimizer step on the samples it is given. With
+``objective = "decoupled"`` the proximal log-probs of a step are those of the weights of
+the last publish (the start of the sync cycle): the live weights at the cycle's first
+step, a host copy taken then for its later steps (``parameter_sync_step > 1``). The user's
 own loss plugs in as ``loss_fn(logp, old_logp, advantages, mask, ref_logp, cfg) ->
 (loss, metrics)`` with [B, T] tensors.
 
@@ -68,6 +71,15 @@ def _plain_head(model) -> tuple[torch.nn.Linear | None, torch.nn.Module | None]:
     return head, body
 
 
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in host memory (pinned when ``t`` is on a GPU, for fast copies back)."""
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+    out.copy_(t.detach(), non_blocking=t.is_cuda)
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()
+    return out
+
+
 class Trainer:
     def __init__(self, cfg: TrainerConfig, model_dir: str, *, seed: int = 0, pad_token_id: int = 0,
                  temperature: float = 1.0, init_from: str = "") -> None:
@@ -89,6 +101,8 @@ class Trainer:
         self.transport = weight_transport.SAFETENSORS
         self._ipc: weight_transport.CudaIpcPublisher | None = None
         self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
+        self.steps_since_publish = 0
+        self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
 
     def setup(self) -> None:
         torch.manual_seed(self.seed)
@@ -177,12 +191,44 @@ class Trainer:
                 ref_logp = self._logp(self.ref, b)
         if loss_fn is not None:
             return loss_fn(logp, b["old"], adv_tok, b["mask"], ref_logp, self.cfg)
-        loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=self.cfg.clip_ratio)
+        c = self.cfg
+        band = {"mis": c.mis, "mis_low": c.mis_low, "mis_high": c.mis_high}
+        if c.objective == "decoupled":
+            weight, keep, is_stats = rl.behaviour_correction(b["prox"] - b["old"], b["mask"], tis=c.tis,
+                                                             tis_cap=c.tis_cap, **band)
+            loss, stats = rl.ppo_clip_loss(logp, b["prox"], adv_tok, b["mask"], clip=c.clip_ratio,
+                                           weight=weight, keep=keep)
+        else:  # bypass: the PPO ratio already is pi_theta / mu; MIS may still drop tokens
+            _, keep, is_stats = rl.behaviour_correction(logp.detach() - b["old"], b["mask"], tis="off", **band)
+            loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=c.clip_ratio,
+                                           keep=keep if c.mis != "none" else None)
+        stats.update(is_stats)
         if ref_logp is not None:
             kl = rl.masked_mean(rl.kl_k3(logp, ref_logp), b["mask"])
-            loss = loss + self.cfg.kl_coef * kl
+            loss = loss + c.kl_coef * kl
             stats["kl"] = float(kl.detach())
         return loss, stats
+
+    @torch.no_grad()
+    def _prox_logps(self, batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Decoupled PPO: log-probs under the weights of the last publish (module docstring)."""
+        if self.steps_since_publish == 0:
+            if self.cfg.parameter_sync_step > 1:  # later steps of this cycle need these weights
+                self._prox_host = {n: _host_copy(p) for n, p in self.model.named_parameters()}
+            return [self._logp(self.model, b) for b in batches]
+        if self._prox_host is None:
+            raise RuntimeError(f"decoupled PPO: step {self.step + 1} is {self.steps_since_publish} steps after the "
+                               "last publish but no proximal weights were kept (trainer.parameter_sync_step = "
+                               f"{self.cfg.parameter_sync_step}; is something publishing less often?)")
+        params = dict(self.model.named_parameters())
+        live = {n: p.data for n, p in params.items()}
+        try:
+            for n, p in params.items():
+                p.data = self._prox_host[n].to(p.device, non_blocking=True)
+            return [self._logp(self.model, b) for b in batches]
+        finally:
+            for n, p in params.items():
+                p.data = live[n]
 
     def train_step(self, samples: list[Sample], loss_fn: LossFn | None = None) -> dict[str, float]:
         """One optimizer step. The batch is cut into micro-batches of
@@ -196,21 +242,32 @@ class Trainer:
         adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
         size = self.cfg.micro_batch_size or len(samples)
         total = max(1, sum(len(s.token_ids) for s in samples))
+        chunks = [(self.collate(samples[i : i + size]), adv[i : i + size],
+                   max(1, sum(len(s.token_ids) for s in samples[i : i + size])) / total)
+                  for i in range(0, len(samples), size)]
+        if self.cfg.objective == "decoupled" and loss_fn is None:
+            for (b, _, _), prox in zip(chunks, self._prox_logps([b for b, _, _ in chunks]), strict=True):
+                b["prox"] = prox
         self.opt.zero_grad(set_to_none=True)
         loss_sum, stats_sum = 0.0, {}
-        for i in range(0, len(samples), size):
-            chunk = samples[i : i + size]
-            w = max(1, sum(len(s.token_ids) for s in chunk)) / total
-            loss, stats = self._loss(self.collate(chunk), adv[i : i + size], loss_fn)
+        for b, a, w in chunks:
+            loss, stats = self._loss(b, a, loss_fn)
             (loss * w).backward()
             loss_sum += float(loss.detach()) * w
-            for k, v in stats.items():
-                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * w
+            for k, v in stats.items():  # maxima and minima over micro-batches, token-weighted means else
+                v = float(v)
+                if k.endswith("_max"):
+                    stats_sum[k] = max(stats_sum.get(k, v), v)
+                elif k.endswith("_min"):
+                    stats_sum[k] = min(stats_sum.get(k, v), v)
+                else:
+                    stats_sum[k] = stats_sum.get(k, 0.0) + v * w
         stats, loss = stats_sum, torch.tensor(loss_sum)
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         self.opt.step()
         self.step += 1
+        self.steps_since_publish += 1
         stale = [self.version - s.min_version for s in samples]
         lens = [len(s.token_ids) for s in samples]
         out = {f"trainer/{k}": float(v) for k, v in stats.items()}
@@ -226,6 +283,8 @@ class Trainer:
             "batch/staleness_max": float(max(stale)),
             "batch/multi_version_samples": float(sum(len(set(s.versions)) > 1 for s in samples)),
         })
+        for k in range(int(max(stale)) + 1):  # staleness histogram: samples per staleness
+            out[f"batch/staleness_{k}"] = float(sum(x == k for x in stale))
         return out
 
     # -- weights ---------------------------------------------------------------------------
@@ -245,6 +304,7 @@ class Trainer:
         else:
             blob = weight_transport.to_safetensors(items, dtype)
         self.version += 1
+        self.steps_since_publish = 0
         return blob
 
     def offload(self, parts: list[str]) -> int:

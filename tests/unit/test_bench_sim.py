@@ -107,6 +107,12 @@ def test_shipped_scenarios_load_and_set_up(tmp_path):
         if sc.scenario.kind == "sim":
             for v in sc.variant:
                 variant_setup(sc, v)
+        if sc.scenario.kind == "real":  # every variant is a valid engine config
+            from shunter.bench.real import EXAMPLE
+            from shunter.engine.config import load_config, merge
+
+            for v in sc.variant:
+                load_config(EXAMPLE, merge(merge(sc.engine, {"rollout": {"max_staleness": v.max_staleness}}), v.engine))
     bad = tmp_path / "bad.toml"
     bad.write_text('[scenario]\nname = "x"\nseedz = [1]\n')
     with pytest.raises(ValueError, match="seedz"):
@@ -134,3 +140,17 @@ def test_busy_time_counts_overlaps_once_and_clips_to_the_run():
     assert _intervals_busy(changes, 0, 10) == 8  # 1..5 and 6..end
     assert _intervals_busy([(float("-inf"), 1)], 0, 10) == 10
     assert _intervals_busy([(-5, 1), (3, -1), (4, 1), (20, -1)], 0, 10) == 9
+
+
+def test_reward_curves_are_averaged_over_seeds_smoothed_and_plotted(tmp_path):
+    from shunter.bench import report
+
+    assert report._smooth([1.0, 3.0, 5.0, 7.0], k=2) == [1.0, 2.0, 4.0, 6.0]
+    runs = [{"seed": s, "step": [1.0, 2.0, 3.0], "wall_s": [1.0, 2.0, 3.0], "reward": [0.1 * s, 0.2 * s, 0.3 * s]}
+            for s in (1, 3)]
+    assert report._mean_curve(runs, "reward") == ([1.0, 2.0, 3.0], [0.2, 0.4, pytest.approx(0.6)])
+    metrics = {n: {"reward_avg": {"min": r, "median": r, "max": r}}
+               for n, r in (("eta=0 ppo", 0.5), ("eta=0 decoupled", 0.5), ("eta=4 ppo", 0.3), ("eta=4 decoupled", 0.45))}
+    result = {"scenario": {"scenario": {"name": "sweep"}}, "metrics": metrics, "curves": {n: runs for n in metrics}}
+    made = report.plot_curves(result, tmp_path)
+    assert [p.name for p in made] == ["sweep-reward.png", "sweep-summary.png"] and all(p.stat().st_size for p in made)

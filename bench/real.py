@@ -32,6 +32,11 @@ async def _one(cfg) -> tuple[dict[str, float], list]:
         rewards = [e.metrics["batch/reward_mean"] for e in steps]
         m["reward_last"] = sum(rewards[-k:]) / k
         m["reward_avg"] = sum(rewards) / len(rewards)  # reward per step, averaged over the run
+        for key in ("trainer/pg_clipfrac", "trainer/is_truncated_frac", "trainer/is_masked_frac",
+                    "trainer/mismatch_kl", "trainer/is_ratio_max"):  # off-policy figures, averaged over steps
+            vals = [e.metrics[key] for e in steps if key in e.metrics]
+            if vals:
+                m[key.split("/", 1)[1] + "_avg"] = sum(vals) / len(vals)
     return m, events
 
 

@@ -22,6 +22,9 @@ COLUMNS = [
     ("reward_avg", "reward per step", "{:.3f}"),
     ("reward_vs_colocated", "reward per step vs colocated", "{:.1%}"),
     ("reward_last", "reward, last fifth", "{:.3f}"),
+    ("pg_clipfrac_avg", "PPO clipped", "{:.1%}"),
+    ("is_truncated_frac_avg", "TIS truncated", "{:.2%}"),
+    ("mismatch_kl_avg", "mismatch KL", "{:.4f}"),
 ]
 
 
@@ -124,8 +127,9 @@ def plot_curves(result: dict, out_dir: Path) -> list[Path]:
     axes[0].set_xlabel("optimizer step")
     axes[1].set_xlabel("wall time (s)")
     for ax in axes:
-        ax.set_ylabel("sampled reward (mean over seeds, 10-step average)")
+        ax.set_ylabel("sampled reward")
         ax.grid(alpha=0.3)
+    fig.suptitle(f"{name}: mean over seeds, 10-step moving average", fontsize=9)
     axes[1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     made = [out_dir / f"{name}-reward.png"]

@@ -173,12 +173,10 @@ def sync_figures(log: Path, floor_gbps: float) -> dict:
             "first": rows[0], "n": len(rows)}
 
 
-def rollout_tokens_per_s(events: list, first_group: int = 0) -> dict:
-    """Tokens/s over the samples of groups ``>= first_group`` (from their first begin to their
-    last end): skipping the first groups keeps the engine's cold start (first kernels, JIT)
-    out of a steady-state figure, as the raw baseline's warm-up does."""
-    begins = [e.wall_time for e in events if isinstance(e, SampleBegin) and e.group_id >= first_group]
-    ends = [e for e in events if isinstance(e, SampleEnd) and e.sample.group_id >= first_group]
+def rollout_tokens_per_s(events: list) -> dict:
+    """Tokens/s over all samples of the run, from the first begin to the last end."""
+    begins = [e.wall_time for e in events if isinstance(e, SampleBegin)]
+    ends = [e for e in events if isinstance(e, SampleEnd)]
     if not begins or not ends:
         return {"error": "no samples"}
     tokens = sum(len(e.sample.token_ids) for e in ends)
@@ -264,7 +262,8 @@ def _transports_child(spec: dict) -> dict:
 
     # the handles must be opened by another process: vLLM's engine core runs in its own
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    t = Trainer(TrainerConfig(weight_transport="cuda_ipc"), spec["model_dir"])
+    # the trainer keeps no publisher of its own ("safetensors"); this one serves both wire formats
+    t = Trainer(TrainerConfig(weight_transport="safetensors"), spec["model_dir"])
     t.setup()
     pub = wt.CudaIpcPublisher()
 
@@ -288,7 +287,7 @@ def _transports_child(spec: dict) -> dict:
                 rows[wire].append({"publish_s": t1 - t0, "load_s": t2 - t1, "total_s": t2 - t0,
                                    **{f"replica_{k}": v for k, v in be.last_load.items() if isinstance(v, float)}})
         await be.shutdown()
-        out = {"nbytes": sum(x.numel() for _, x in items) * 2}
+        out = {"nbytes": sum(x.numel() for _, x in items) * torch.bfloat16.itemsize}
         for wire, rs in rows.items():
             steady = rs[1:]
             out[wire] = {k: statistics.median(r[k] for r in steady) for k in steady[0]}

@@ -167,13 +167,12 @@ def merge(base: dict, over: dict) -> dict:
 
 def check(cfg: EngineConfig) -> None:
     """The seed's consistency checks; raise ConfigError naming fields and values."""
-    t = cfg.trainer
+    t, r = cfg.trainer, cfg.rollout
     if t.mis != "none" and not t.mis_low < 1.0 < t.mis_high:
         raise ConfigError(f"trainer.mis_low = {t.mis_low:g} and trainer.mis_high = {t.mis_high:g} must enclose 1 "
                           "(a ratio of 1 is on-policy and must be kept)")
     if t.objective == "decoupled" and t.loss_fn:
         raise ConfigError("trainer.objective = 'decoupled' is the built-in loss; trainer.loss_fn replaces it — set one")
-    t, r = cfg.trainer, cfg.rollout
     if t.train_batch_size != t.parameter_sync_step * t.ppo_mini_batch_size:
         raise ConfigError(
             f"trainer.train_batch_size ({t.train_batch_size}) must equal trainer.parameter_sync_step "

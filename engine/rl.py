@@ -103,22 +103,11 @@ def behaviour_correction(log_rho: torch.Tensor, mask: torch.Tensor, *, tis: str 
         n_tok = mask.sum().clamp(min=1)
         seq_tokens = mask.sum(-1).clamp(min=1)
         seq_log = lr.sum(-1, keepdim=True)  # log prod_t rho_t
-        if tis == "off":
-            weight = torch.ones_like(lr)
-            truncated = torch.zeros_like(lr)
-        elif tis == "none":
-            weight = torch.exp(lr)
-            truncated = torch.zeros_like(lr)
-        elif tis == "token":
-            raw = torch.exp(lr)
-            weight = raw.clamp(max=tis_cap)
-            truncated = (raw > tis_cap).float()
-        elif tis == "sequence":
-            raw = torch.exp(seq_log).expand_as(lr)
-            weight = raw.clamp(max=tis_cap)
-            truncated = (raw > tis_cap).float()
-        else:
+        if tis not in ("off", "none", "token", "sequence"):
             raise ValueError(f"tis = {tis!r}; expected off, none, token or sequence")
+        raw = torch.ones_like(lr) if tis == "off" else torch.exp(seq_log if tis == "sequence" else lr).expand_as(lr)
+        cap = tis_cap if tis in ("token", "sequence") else math.inf
+        weight, truncated = raw.clamp(max=cap), (raw > cap).float()
         lo, hi = math.log(mis_low), math.log(mis_high)
         if mis == "none":
             keep = torch.ones_like(lr)

@@ -200,8 +200,7 @@ class Trainer:
                                            weight=weight, keep=keep)
         else:  # bypass: the PPO ratio already is pi_theta / mu; MIS may still drop tokens
             _, keep, is_stats = rl.behaviour_correction(logp.detach() - b["old"], b["mask"], tis="off", **band)
-            loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=c.clip_ratio,
-                                           keep=keep if c.mis != "none" else None)
+            loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=c.clip_ratio, keep=keep)
         stats.update(is_stats)
         if ref_logp is not None:
             kl = rl.masked_mean(rl.kl_k3(logp, ref_logp), b["mask"])

@@ -104,7 +104,7 @@ def pack_into(buf: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[
 def vllm_update_info(entries: list[tuple[str, tuple, int, int]], dtype: torch.dtype, handle: dict) -> dict:
     """vLLM's packed ``IPCWeightTransferUpdateInfo`` fields for a flat buffer of ``dtype``
     laid out as ``entries`` ((name, shape, element offset, numel), back to back)."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     return {"names": [n for n, *_ in entries], "dtype_names": [str(dtype).split(".")[-1]] * len(entries),
             "shapes": [list(shape) for _, shape, _, _ in entries], "ipc_handles": handle,
             "tensor_sizes": [n * size for *_, n in entries], "packed": True}

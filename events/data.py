@@ -12,6 +12,8 @@ resumed on new weights carries two versions.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 
 
@@ -35,6 +37,7 @@ class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     (at most ``max_tokens``); empty: every sample may use ``max_tokens``."""
 
 
+@functools.lru_cache(maxsize=16)  # read once per sample on the rollout's hot path
 def parse_length_dist(spec: str) -> tuple[float, float] | None:
     """``"lognormal:<median>:<sigma>"`` -> (median, sigma); ``""`` -> None; else ValueError."""
     if not spec:

@@ -30,6 +30,7 @@ from shunter.events import (
     PromptSpec,
     PublishWeights,
     ReplicaDown,
+    ReplicaUp,
     RunEnded,
     Stamper,
     StepEnd,
@@ -68,8 +69,11 @@ class CoordinatorActor:
         self.run_id = run_id
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        wt = self.cfg.trainer.weight_transport
         self.executor = RayExecutor(run_id, trainer, replicas, timeout_s=self.cfg.run.timeout_s,
-                                    generate_timeout_s=self.cfg.rollout.generate_timeout_s)
+                                    generate_timeout_s=self.cfg.rollout.generate_timeout_s,
+                                    weight_group=wt if wt in ("nccl", "gloo") else "",
+                                    group_timeout_s=self.cfg.trainer.weight_group_timeout_s)
         self.feed = Feed()
         self.waiters = Waiters()
         self.log = EventLog(self.out / "events.bin")
@@ -123,6 +127,8 @@ class CoordinatorActor:
             self.core.post(self.core.stamp(EventRejected(origin=origin, error=str(e), nbytes=len(data))))
             return 0
         for m in msgs:
+            if isinstance(m, ReplicaUp):
+                self.executor.kinds[m.replica_id] = m.replica_kind
             self.core.post(m if isinstance(m, Event) else self.user(m))
         return len(msgs)
 

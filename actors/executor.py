@@ -6,6 +6,14 @@ dead or hung trainer one ``ComponentFailed``), never a hang or a lost error; ret
 become ``EventRejected``. Weight blobs stay in the Ray object store: this executor keeps
 the handle -> ObjectRef table (last two versions) and passes the ref, which Ray resolves
 on the receiving replica.
+
+With a collective weight transport (``weight_group`` = ``nccl`` / ``gloo``) a weight load to
+a replica on another device is a command pair: before the first one the replica joins a
+group with the trainer (``JoinWeightGroup`` to each side); then every ``LoadWeights`` /
+``SwitchToRollout`` that carries weights goes out beside a ``SendWeights`` to the trainer,
+which broadcasts while the replica receives. Both halves are bounded; a failed half drops
+the group, and the next load joins a new one. A replica that joins late or restarts gets
+the current weights this way before it takes requests (the coordinator loads them first).
 """
 
 from __future__ import annotations
@@ -23,19 +31,24 @@ from shunter.events import (
     ComponentFailed,
     EventRejected,
     Generate,
+    JoinWeightGroup,
+    LeaveWeightGroup,
     LoadWeights,
     ReplicaDown,
+    SendWeights,
     Stamper,
     SwitchToRollout,
     Validate,
+    WeightGroupOpened,
     WeightsReady,
     tag_of,
 )
+from shunter.events.view import STANDALONE
 
 
 class RayExecutor(TaskExecutor):
     def __init__(self, run_id: str, trainer, replicas: dict, *, timeout_s: float,
-                 generate_timeout_s: float = 1800.0) -> None:
+                 generate_timeout_s: float = 1800.0, weight_group: str = "", group_timeout_s: float = 120.0) -> None:
         super().__init__()
         self.trainer = trainer
         self.replicas = dict(replicas)
@@ -44,10 +57,67 @@ class RayExecutor(TaskExecutor):
         self.stamp = Stamper(run_id, "executor")
         self._refs: dict[str, ray.ObjectRef] = {}
         self._down: set[str] = set()  # replicas already reported down: one ReplicaDown per replica life
+        self.weight_group, self.group_timeout_s = weight_group, group_timeout_s
+        self.kinds: dict[str, str] = {}  # replica id -> kind (from ReplicaUp)
+        self._joins: dict[str, asyncio.Future] = {}  # replica id -> its weight-group join
 
     def add_replica(self, replica_id: str, handle) -> None:
         self.replicas[replica_id] = handle
         self._down.discard(replica_id)
+        self._joins.pop(replica_id, None)
+
+    # -- weight groups (collective transports) ----------------------------------------------
+    def _grouped(self, replica_id: str) -> bool:
+        """Whether weights reach this replica over a weight group: every replica under gloo;
+        under nccl the standalone ones (hybrid replicas share the trainer's GPU and map its
+        IPC handles — NCCL cannot put two ranks on one GPU)."""
+        return bool(self.weight_group) and (self.weight_group == "gloo" or self.kinds.get(replica_id) == STANDALONE)
+
+    async def _ask(self, target: str, cmd, timeout: float) -> list:
+        if target == TRAINER:
+            out, _ = await asyncio.wait_for(self.trainer.control.remote(codec().encode(cmd)), timeout)
+        else:
+            out = await asyncio.wait_for(self.replicas[target].control.remote(codec().encode(cmd), None), timeout)
+        events = codec().decode_batch(out)
+        self._deliver(events)
+        return events
+
+    async def _join(self, replica_id: str) -> None:
+        """The replica's weight group, joined once per replica life (concurrent loads share it)."""
+        fut = self._joins.get(replica_id)
+        if fut is None:
+            fut = self._joins[replica_id] = asyncio.ensure_future(self._do_join(replica_id))
+        try:
+            await asyncio.shield(fut)
+        except BaseException:
+            if self._joins.get(replica_id) is fut:
+                del self._joins[replica_id]
+            raise
+
+    async def _do_join(self, replica_id: str) -> None:
+        bound = self.group_timeout_s + self.timeout_s
+        join = JoinWeightGroup(replica_ids=[replica_id], backend=self.weight_group, timeout_s=self.group_timeout_s)
+        opened = [e for e in await self._ask(TRAINER, join, self.timeout_s) if isinstance(e, WeightGroupOpened)]
+        if not opened:
+            raise RuntimeError(f"the trainer opened no weight group for {replica_id}")
+        o = opened[0]
+        await self._ask(replica_id, JoinWeightGroup(replica_ids=[replica_id], backend=o.backend, host=o.host,
+                                                    port=o.port, timeout_s=self.group_timeout_s), bound)
+
+    async def _send(self, replica_id: str, handle: str) -> None:
+        """The trainer's half of a weight load over a group; failures become events."""
+        cmd = SendWeights(replica_ids=[replica_id], version=_version(handle), handle=handle)
+        try:
+            await self._ask(TRAINER, cmd, self.group_timeout_s + self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - every failure becomes an event; the next load joins anew
+            self._joins.pop(replica_id, None)
+            self._emit([CommandFailed(command_kind=tag_of(cmd), target=TRAINER,
+                                      error=f"to {replica_id}: {type(e).__name__}: {e}")])
+
+    def _leave(self, replica_id: str) -> None:
+        if self._joins.pop(replica_id, None) is not None:
+            cmd = LeaveWeightGroup(replica_ids=[replica_id])
+            self.trainer.control.remote(codec().encode(cmd))  # best effort: the trainer aborts that group
 
     def _trainer_down(self, reason: str) -> None:
         if TRAINER not in self._down:
@@ -58,6 +128,7 @@ class RayExecutor(TaskExecutor):
         """Report a replica down once, however many of its calls were in flight when it died."""
         if replica_id not in self._down:
             self._down.add(replica_id)
+            self._leave(replica_id)
             self._emit([ReplicaDown(replica_id=replica_id, reason=reason)])
 
     async def _call(self, target: str, cmd) -> None:
@@ -77,13 +148,20 @@ class RayExecutor(TaskExecutor):
                                                     f" = {self.generate_timeout_s:g}s; killed"))
                         return
                 else:
-                    payload = None
+                    payload, send = None, None
                     if isinstance(cmd, LoadWeights | SwitchToRollout) and cmd.handle:
                         payload = self._refs.get(cmd.handle)
                         if payload is None:
                             raise LookupError(f"no weights under handle {cmd.handle!r}")
+                        if self._grouped(target):
+                            await self._join(target)
+                            send = asyncio.ensure_future(self._send(target, cmd.handle))
                     timeout = None if isinstance(cmd, Validate) else self.timeout_s
-                    out = await asyncio.wait_for(h.control.remote(data, payload), timeout)
+                    try:
+                        out = await asyncio.wait_for(h.control.remote(data, payload), timeout)
+                    finally:
+                        if send is not None:
+                            await send
         except RayActorError as e:
             if target == TRAINER:  # the run ends; the Engine restarts it from the last checkpoint
                 self._trainer_down(f"actor died during {tag_of(cmd)}: {e}")

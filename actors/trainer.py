@@ -38,6 +38,7 @@ class TrainerWorker:
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         core = Trainer(self.cfg, self.model_dir, seed=self.seed, pad_token_id=pad, temperature=self.temperature,
                        init_from=self.init_from)
+        core.weight_host = ray.util.get_node_ip_address()
         await asyncio.to_thread(core.setup)
         self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray")
         return time.perf_counter() - t0

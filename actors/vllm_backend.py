@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 _EXT_QUALNAME = f"{__package__ or 'shunter.actors'}.vllm_ext.WeightSyncExtension"
 _EXT_RPC = "shunter_load_safetensors"
 _EXT_RPC_IPC = "shunter_load_cuda_ipc"
+_EXT_RPC_JOIN = "shunter_join_weight_group"
+_EXT_RPC_RECV = "shunter_recv_weights"
 
 # Which log-probs vLLM reports for the sampled token.
 #   "raw_logprobs" (vLLM default): log_softmax of the model logits before
@@ -116,6 +118,9 @@ class VLLMBackend:
         self._on_cpu = False
         self.timings: dict[str, float] = {}  # informational: start-up breakdown
         self.last_load: dict = {}  # what the worker reported for the last weight load
+        self.weight_group = ""  # backend of the weight group this replica joined ("" = none)
+        self._group_timeout_s = 120.0
+        self._received = -1  # version last received over the weight group (not necessarily loaded)
 
     # ------------------------------------------------------------------ start
 
@@ -309,6 +314,36 @@ class VLLMBackend:
 
     # ---------------------------------------------------------------- weights
 
+    # ---------------------------------------------------------- weight groups
+
+    async def join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> float:
+        """Join the trainer's weight group for this replica (rank 1, in the worker); seconds."""
+        t0 = time.perf_counter()
+        await self._require().collective_rpc(_EXT_RPC_JOIN, args=(backend, host, port, timeout_s))
+        self.weight_group, self._group_timeout_s, self._received = backend, timeout_s, -1
+        return time.perf_counter() - t0
+
+    def receives(self, blob: bytes) -> bool:
+        """Whether ``blob`` is a layout whose bytes come over this replica's weight group (the
+        trainer sends them beside the command that carried it, so they must be received)."""
+        from shunter.engine import weight_transport as wt
+
+        return bool(self.weight_group) and wt.payload_kind(blob) in (wt.CUDA_IPC, wt.FLAT)
+
+    async def receive_weights(self, blob: bytes, *, load: bool = False) -> dict:
+        """Receive (and, with ``load``, install) the weights a layout names over the group;
+        a layout already received is only installed."""
+        from shunter.engine import weight_transport as wt
+
+        version = wt.package_layout(blob)["version"]
+        fresh = version != self._received
+        if fresh:
+            self._received = -1  # a failed receive leaves nothing usable in the buffer
+        results = await self._require().collective_rpc(
+            _EXT_RPC_RECV, args=(bytes(blob), self._group_timeout_s, fresh, load))
+        self._received = version
+        return results[0] if results else {}
+
     async def load_weights(self, blob: bytes) -> float:
         """Install a safetensors-serialised HF state dict; returns seconds taken.
 
@@ -322,7 +357,13 @@ class VLLMBackend:
         from shunter.engine import weight_transport as wt
 
         kind = wt.payload_kind(blob)
-        if kind == wt.VLLM_IPC:
+        if self.receives(blob):
+            self.last_load = await self.receive_weights(blob, load=True)
+            results = [self.last_load]
+        elif kind == wt.FLAT:
+            raise RuntimeError("got a flat weight layout but this replica joined no weight group "
+                               "(trainer.weight_transport nccl / gloo sends the bytes over one)")
+        elif kind == wt.VLLM_IPC:
             self.last_load = await self._load_through_vllm(wt.open_vllm_ipc(blob))
             results = [self.last_load]
         else:

@@ -129,6 +129,53 @@ class WeightSyncExtension:
         del items, weights  # drop the mapping; the trainer owns the memory
         return {"n_tensors": n, "nbytes": nbytes, "open_s": t_open, "load_s": t_load, "path": path}
 
+    def shunter_join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> dict:
+        """Join the trainer's weight group as rank 1 (``engine.weight_group``)."""
+        import torch
+
+        from shunter.engine.weight_group import make_group
+
+        old = getattr(self, "_shunter_group", None)
+        if old is not None:
+            old.close()
+        t0 = time.perf_counter()
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+        self._shunter_group = make_group(backend, host, port, 1, 2, timeout_s, device=device)
+        return {"join_s": time.perf_counter() - t0}
+
+    def shunter_recv_weights(self, package: bytes, timeout_s: float, receive: bool = True, load: bool = True) -> dict:
+        """Receive the flat weight copy a layout names over the weight group into a buffer
+        kept on the model's device (``receive``), then install it (``load``)."""
+        import torch
+
+        from shunter.engine import weight_transport as wt
+        from shunter.engine.weight_group import recv_flat
+
+        group = getattr(self, "_shunter_group", None)
+        if group is None:
+            raise RuntimeError("shunter_recv_weights: this worker joined no weight group")
+        layout = wt.package_layout(bytes(package))
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        device = next(model.parameters()).device
+        dtype = getattr(torch, layout["dtype"])
+        numel = layout["nbytes"] // dtype.itemsize
+        buf = getattr(self, "_shunter_recv_buf", None)
+        if buf is None or buf.numel() != numel or buf.dtype != dtype or buf.device != device:
+            self._shunter_recv_buf = None
+            buf = self._shunter_recv_buf = torch.empty(numel, dtype=dtype, device=device)
+        out: dict = {"nbytes": layout["nbytes"]}
+        if receive:
+            out.update(recv_flat(group, buf, layout["version"], timeout_s=timeout_s))
+        if load:
+            t1 = time.perf_counter()
+            weights = _normalise_tied(dict(wt.flat_views(buf, layout["entries"])), _tied(model))
+            out["path"] = self._shunter_reload(list(weights.items()))
+            self._shunter_refresh_shared_embeddings(model)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            out["load_s"] = time.perf_counter() - t1
+        return out
+
     def _shunter_refresh_shared_embeddings(self, model: Any) -> int:
         """Re-derive kernel state of embedding layers that share a weight.
 

@@ -115,7 +115,9 @@ class TrainerConfig(_Section):
     device: Annotated[str, _d("torch device; 'auto': cuda if available else cpu.")] = "auto"
     num_gpus: Annotated[float, _d("Ray GPUs for the trainer actor; 0 on CPU machines.", ge=0)] = 0.0
     precision: Annotated[Literal["auto", "fp32", "bf16"], _d("'bf16': forward/backward under bf16 autocast with fp32 master weights and optimizer state, weights published in bf16; 'auto': bf16 on cuda, fp32 on cpu.")] = "auto"
-    weight_transport: Annotated[Literal["auto", "safetensors", "cuda_ipc", "vllm_ipc"], _d("How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy, loaded by shunter's worker extension; replicas on the same GPU), 'vllm_ipc' (the same handles in vLLM's packed format, loaded by vLLM's own weight-transfer engine, backend 'ipc'); 'auto': cuda_ipc on cuda, else safetensors.")] = "auto"
+    weight_transport: Annotated[Literal["auto", "safetensors", "cuda_ipc", "vllm_ipc", "nccl", "gloo"], _d("How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy, loaded by shunter's worker extension; replicas on the same GPU), 'vllm_ipc' (the same handles in vLLM's packed format, loaded by vLLM's own weight-transfer engine, backend 'ipc'), 'nccl' (a broadcast over an NCCL group of the trainer and each standalone replica, on other GPUs; hybrid replicas on the trainer's GPU map the cuda_ipc handles), 'gloo' (the same over gloo, CPU: the stand-in the tests run); 'auto': cuda_ipc on cuda, else safetensors.")] = "auto"
+    weight_bucket_mb: Annotated[PosFloat, _d("nccl / gloo: the flat weight copy goes over the wire in buckets of at most this many MiB.")] = 256.0
+    weight_group_timeout_s: Annotated[PosFloat, _d("nccl / gloo: deadline of every collective (joining a group, one weight broadcast); past it the group is aborted and the failure reported.")] = 120.0
 
 
 class ValidationConfig(_Section):

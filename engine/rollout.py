@@ -26,6 +26,7 @@ from shunter.events import (
     CommandFailed,
     Event,
     Generate,
+    JoinWeightGroup,
     LoadWeights,
     ModeChanged,
     PromptSpec,
@@ -42,6 +43,7 @@ from shunter.events import (
     Validate,
     ValidateBegin,
     ValidateEnd,
+    WeightGroupJoined,
     WeightsLoaded,
     tag_of,
 )
@@ -108,6 +110,9 @@ class RolloutCore:
                 return await self.validate(cmd, max_tokens)
             case Rebalance():
                 return await self.shed(cmd.count)
+            case JoinWeightGroup():
+                dt = await self.backend.join_weight_group(cmd.backend, cmd.host, cmd.port, cmd.timeout_s)
+                return [self._stamp(WeightGroupJoined(replica_id=self.replica_id, backend=cmd.backend, duration_s=dt))]
         raise TypeError(f"a rollout replica does not take {type(cmd).__name__}")
 
     # -- generation --------------------------------------------------------------------
@@ -239,7 +244,16 @@ class RolloutCore:
         return []
 
     # -- weights and modes -------------------------------------------------------------
+    async def _consume(self, blob: bytes | None) -> None:
+        """Weights sent over this replica's weight group arrive whatever the replica does with
+        them (the trainer is sending them now): receive them into the group's buffer."""
+        receives = getattr(self.backend, "receives", None)
+        if blob is not None and receives is not None and receives(blob):
+            await self.backend.receive_weights(blob)
+
     async def load_weights(self, version: int, blob: bytes) -> list[Event]:
+        if version <= self.version or self.mode != ROLLOUT:
+            await self._consume(blob)
         if version <= self.version:
             return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=self.version, duration_s=0.0))]
         if self.mode != ROLLOUT:  # asleep: load on wake
@@ -293,11 +307,14 @@ class RolloutCore:
         taken = self._memory() - used
         t1 = _now()
         pending, self._pending_weights = self._pending_weights, None
+        sent = blob  # the command's own payload (its bytes may be on their way over a weight group)
         if blob is None and pending is not None:
             version, blob = pending
         if blob is not None and version > self.version:
             await self.backend.load_weights(blob)
             self.version = version
+        elif sent is not None:
+            await self._consume(sent)
         t2 = _now()
         previous, self.mode = self.mode, ROLLOUT
         return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=ROLLOUT, previous=previous, duration_s=t2 - t0,

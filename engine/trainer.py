@@ -99,7 +99,9 @@ class Trainer:
         self.opt = None
         self.amp = False  # bf16 autocast (fp32 master weights and optimizer state)
         self.transport = weight_transport.SAFETENSORS
-        self._ipc: weight_transport.CudaIpcPublisher | None = None
+        self._ipc: weight_transport.FlatPublisher | None = None
+        self.sender = None  # engine.weight_group.WeightSender for the nccl / gloo transports
+        self.weight_host = "127.0.0.1"  # the address replicas reach this trainer's weight groups at
         self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
         self.steps_since_publish = 0
         self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
@@ -116,7 +118,17 @@ class Trainer:
         if self.transport in weight_transport.IPC_TRANSPORTS:
             if not cuda:
                 raise ValueError(f"trainer.weight_transport = {self.transport!r} needs a cuda device, the trainer is on {self.device}")
-            self._ipc = weight_transport.CudaIpcPublisher()
+            self._ipc = weight_transport.FlatPublisher()
+        elif self.transport in weight_transport.COLLECTIVE_TRANSPORTS:
+            if self.transport == weight_transport.NCCL and not cuda:
+                raise ValueError(f"trainer.weight_transport = 'nccl' needs a cuda device, the trainer is on {self.device}")
+            from shunter.engine.weight_group import WeightSender
+
+            self._ipc = weight_transport.FlatPublisher()
+            self.sender = WeightSender(self.transport, self._ipc, host=self.weight_host,
+                                       bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
+                                       timeout_s=self.cfg.weight_group_timeout_s,
+                                       device=torch.device(self.device) if cuda else None)
         start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
         self.model = load_causal_lm(start, self.device)
         self.model.train()
@@ -299,12 +311,32 @@ class Trainer:
         dtype = self.publish_dtype
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
         if self._ipc is not None:
-            blob = self._ipc.publish(items, dtype, wire=self.transport)
+            wire = self.transport
+            if wire in weight_transport.COLLECTIVE_TRANSPORTS:  # hybrid replicas on this GPU map the handle
+                wire = weight_transport.CUDA_IPC if self.device.startswith("cuda") else weight_transport.FLAT
+            blob = self._ipc.publish(items, dtype, wire=wire, version=self.version + 1)
         else:
             blob = weight_transport.to_safetensors(items, dtype)
         self.version += 1
         self.steps_since_publish = 0
         return blob
+
+    def _sender(self):
+        if self.sender is None:
+            raise RuntimeError(f"trainer.weight_transport = {self.transport!r} has no weight groups (nccl / gloo do)")
+        return self.sender
+
+    def open_weight_group(self, replica_id: str) -> tuple[str, int]:
+        """Open ``replica_id``'s weight group as rank 0; the replica joins at (host, port)."""
+        return self._sender().open(replica_id)
+
+    def send_weights(self, replica_id: str, version: int) -> dict:
+        """Broadcast the flat copy of ``version`` to ``replica_id`` (it receives concurrently)."""
+        return self._sender().send(replica_id, version)
+
+    def drop_weight_group(self, replica_id: str) -> None:
+        if self.sender is not None:
+            self.sender.drop(replica_id)
 
     def offload(self, parts: list[str]) -> int:
         return self._move(parts, "cpu")

@@ -1,6 +1,9 @@
 """``TrainerHost``: turns trainer commands into calls on a trainer core and events back.
 
-Invariant: one command at a time (a lock), each answered by its events —
+Invariant: one command at a time (a lock), each answered by its events — except the
+weight-group commands (``JoinWeightGroup`` -> ``WeightGroupOpened``, ``SendWeights`` ->
+``WeightsSent``, ``LeaveWeightGroup``), which touch only the published copies and run beside
+a training step, so a replica's weight load never waits for one; otherwise —
 ``TrainStep`` -> ``StepBegin`` + ``StepEnd``; ``PublishWeights`` -> ``WeightsReady`` (the
 weight blob is returned beside the events, never inside one); ``Offload``/``Onload`` ->
 ``Offloaded``/``Onloaded``; ``SaveCheckpoint`` -> ``TrainerStateSaved``. Heavy work runs in a thread so the host's loop stays live.
@@ -17,18 +20,23 @@ from typing import Any
 
 from shunter.events import (
     Event,
+    JoinWeightGroup,
+    LeaveWeightGroup,
     Offload,
     Offloaded,
     Onload,
     Onloaded,
     PublishWeights,
     SaveCheckpoint,
+    SendWeights,
     Stamper,
     StepBegin,
     StepEnd,
     TrainerStateSaved,
     TrainStep,
+    WeightGroupOpened,
     WeightsReady,
+    WeightsSent,
 )
 
 
@@ -61,6 +69,8 @@ class TrainerHost:
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
 
     async def handle(self, cmd) -> tuple[list[Event], bytes | None]:
+        if isinstance(cmd, JoinWeightGroup | SendWeights | LeaveWeightGroup):
+            return await self._weight_group(cmd), None
         core = self.core
         async with self._lock:
             t0 = _now()
@@ -92,3 +102,19 @@ class TrainerHost:
                     cls = Offloaded if off else Onloaded
                     return [self.stamp(cls(parts=cmd.parts, nbytes=n, duration_s=_now() - t0))], None
         raise TypeError(f"the trainer does not take {type(cmd).__name__}")
+
+    async def _weight_group(self, cmd) -> list[Event]:
+        """Weight-group commands, one replica each (the executor sends them per replica)."""
+        core, (rid,) = self.core, cmd.replica_ids
+        t0 = _now()
+        match cmd:
+            case JoinWeightGroup():
+                host, port = core.open_weight_group(rid)
+                return [self.stamp(WeightGroupOpened(replica_id=rid, backend=cmd.backend, host=host, port=port))]
+            case SendWeights():
+                out = await asyncio.to_thread(core.send_weights, rid, cmd.version)
+                return [self.stamp(WeightsSent(replica_id=rid, version=cmd.version, nbytes=out["nbytes"],
+                                               buckets=out["buckets"], duration_s=_now() - t0))]
+            case _:
+                core.drop_weight_group(rid)
+                return []

@@ -17,6 +17,13 @@ The trainer keeps the last two flat copies (double buffering), so the payload of
 ``v`` stays valid until version ``v + 2`` is published. Tied tensors (``lm_head`` /
 ``embed_tokens``) are sent once.
 
+For replicas on *another* device (``nccl`` across GPUs, ``gloo`` on CPU — the tests'
+stand-in) the payload is the layout alone (``flat``: names, shapes, offsets, dtype,
+version); the bytes of the flat copy travel over a collective group of the trainer and
+that replica (``engine.weight_group``). On a CUDA trainer the ``nccl`` publish is the
+``cuda_ipc`` package, which carries the same layout: a replica with a weight group
+receives it over the group, a hybrid replica on the trainer's GPU maps the handle.
+
 Receivers call :func:`payload_kind` to tell the formats apart. IPC packages are pickled:
 they are only ever produced by this run's trainer and consumed by its replicas, never read
 from outside (events never carry them).
@@ -28,12 +35,19 @@ import pickle
 
 import torch
 
+import threading
+
 MAGIC = b"SHIPC001"
 VLLM_MAGIC = b"SHVIPC01"
+FLAT_MAGIC = b"SHFLAT01"
 SAFETENSORS = "safetensors"
 CUDA_IPC = "cuda_ipc"
 VLLM_IPC = "vllm_ipc"
+FLAT = "flat"
+NCCL = "nccl"
+GLOO = "gloo"
 IPC_TRANSPORTS = (CUDA_IPC, VLLM_IPC)
+COLLECTIVE_TRANSPORTS = (NCCL, GLOO)
 
 
 def unique_tensors(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
@@ -56,36 +70,60 @@ def to_safetensors(items: list[tuple[str, torch.Tensor]], dtype: torch.dtype | N
     return save({n: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for n, t in items})
 
 
-class CudaIpcPublisher:
-    """Keeps two flat device buffers and hands out IPC handles to the one just filled."""
+class FlatPublisher:
+    """Keeps two flat buffers on the weights' device and hands out a package naming the one
+    just filled: IPC handles (``cuda_ipc`` / ``vllm_ipc``, CUDA only) or the layout alone
+    (``flat``, for receivers that get the bytes over a collective — :meth:`buffer`).
+
+    A buffer is locked while a collective reads it (:meth:`buffer`), so a publish never
+    overwrites bytes still on their way to a replica."""
 
     def __init__(self) -> None:
         self._bufs: list[torch.Tensor | None] = [None, None]
+        self._versions = [-1, -1]
+        self._locks = [threading.Lock(), threading.Lock()]
         self._next = 0
 
-    def publish(self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype, wire: str = CUDA_IPC) -> bytes:
-        """Copy ``unique_tensors`` output into the next buffer; return the IPC package in
-        the ``wire`` format (``cuda_ipc`` or ``vllm_ipc``)."""
+    def publish(self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype, wire: str = CUDA_IPC,
+                version: int = -1) -> bytes:
+        """Copy ``unique_tensors`` output into the next buffer; return the package in the
+        ``wire`` format (``cuda_ipc``, ``vllm_ipc`` or ``flat``)."""
         from torch.multiprocessing.reductions import reduce_tensor
 
-        if wire not in IPC_TRANSPORTS:
-            raise ValueError(f"unknown IPC wire format {wire!r}; expected one of {IPC_TRANSPORTS}")
+        if wire not in (*IPC_TRANSPORTS, FLAT):
+            raise ValueError(f"unknown weight wire format {wire!r}; expected one of {(*IPC_TRANSPORTS, FLAT)}")
         total = sum(t.numel() for _, t in items)
         device = items[0][1].device
-        if device.type != "cuda":
-            raise ValueError(f"cuda_ipc needs the weights on a CUDA device, they are on {device}")
-        buf = self._bufs[self._next]
-        if buf is None or buf.numel() != total or buf.dtype != dtype or buf.device != device:
-            buf = self._bufs[self._next] = torch.empty(total, dtype=dtype, device=device)
-        entries = pack_into(buf, items)
-        torch.cuda.synchronize(device)
+        if wire in IPC_TRANSPORTS and device.type != "cuda":
+            raise ValueError(f"{wire} needs the weights on a CUDA device, they are on {device}")
+        k = self._next
+        with self._locks[k]:  # waits for a send still reading this buffer
+            buf = self._bufs[k]
+            if buf is None or buf.numel() != total or buf.dtype != dtype or buf.device != device:
+                buf = self._bufs[k] = None  # free the old one first
+                buf = self._bufs[k] = torch.empty(total, dtype=dtype, device=device)
+            entries = pack_into(buf, items)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self._versions[k] = version
         self._next ^= 1
+        nbytes = total * buf.element_size()
+        layout = {"entries": entries, "nbytes": nbytes, "dtype": str(dtype).split(".")[-1], "version": version}
         if wire == VLLM_IPC:
             uuid = str(torch.cuda.get_device_properties(device).uuid)
             _, args = reduce_tensor(buf.view(torch.uint8))
             return VLLM_MAGIC + pickle.dumps(vllm_update_info(entries, dtype, {uuid: args}))
-        return MAGIC + pickle.dumps({"handle": reduce_tensor(buf), "entries": entries,
-                                     "nbytes": total * buf.element_size()})
+        if wire == FLAT:
+            return FLAT_MAGIC + pickle.dumps(layout)
+        return MAGIC + pickle.dumps({"handle": reduce_tensor(buf), **layout})
+
+    def buffer(self, version: int) -> tuple[torch.Tensor, threading.Lock]:
+        """The flat buffer holding ``version`` and its lock (hold it while reading)."""
+        for k in (0, 1):
+            if self._versions[k] == version and self._bufs[k] is not None:
+                return self._bufs[k], self._locks[k]
+        raise LookupError(f"weights version {version} are no longer kept (kept: "
+                          f"{sorted(v for v in self._versions if v >= 0)})")
 
 
 def pack_into(buf: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple, int, int]]:
@@ -111,9 +149,24 @@ def vllm_update_info(entries: list[tuple[str, tuple, int, int]], dtype: torch.dt
 
 
 def payload_kind(payload: bytes) -> str:
-    """``safetensors``, ``cuda_ipc`` or ``vllm_ipc`` (from the payload's first bytes)."""
+    """``safetensors``, ``cuda_ipc``, ``vllm_ipc`` or ``flat`` (from the payload's first bytes)."""
     head = bytes(payload[: len(MAGIC)])
-    return CUDA_IPC if head == MAGIC else VLLM_IPC if head == VLLM_MAGIC else SAFETENSORS
+    return {MAGIC: CUDA_IPC, VLLM_MAGIC: VLLM_IPC, FLAT_MAGIC: FLAT}.get(head, SAFETENSORS)
+
+
+def package_layout(payload: bytes) -> dict:
+    """The layout of a ``cuda_ipc`` or ``flat`` package: ``entries`` ((name, shape, element
+    offset, numel)), ``nbytes``, ``dtype`` (a torch dtype name) and ``version``."""
+    kind = payload_kind(payload)
+    if kind not in (CUDA_IPC, FLAT):
+        raise ValueError(f"a {kind} payload carries no flat-buffer layout")
+    pkg = pickle.loads(bytes(payload[len(MAGIC):]))  # noqa: S301 - produced by this run's trainer only
+    return {k: pkg[k] for k in ("entries", "nbytes", "dtype", "version")}
+
+
+def flat_views(flat: torch.Tensor, entries: list[tuple[str, tuple, int, int]]) -> list[tuple[str, torch.Tensor]]:
+    """(name, view) for each entry of a flat buffer's layout."""
+    return [(name, flat[off : off + n].view(shape)) for name, shape, off, n in entries]
 
 
 def is_cuda_ipc(payload: bytes) -> bool:
@@ -133,5 +186,4 @@ def open_cuda_ipc(payload: bytes) -> tuple[list[tuple[str, torch.Tensor]], int]:
         raise ValueError("not a cuda_ipc weight package")
     pkg = pickle.loads(payload[len(MAGIC):])  # noqa: S301 - produced by this run's trainer only
     fn, args = pkg["handle"]
-    flat = fn(*args)
-    return [(name, flat[off : off + n].view(shape)) for name, shape, off, n in pkg["entries"]], pkg["nbytes"]
+    return flat_views(fn(*args), pkg["entries"]), pkg["nbytes"]

@@ -16,12 +16,15 @@ from shunter.events.codec import (
 )
 from shunter.events.commands import (
     Generate,
+    JoinWeightGroup,
+    LeaveWeightGroup,
     LoadWeights,
     Offload,
     Onload,
     PublishWeights,
     Rebalance,
     SaveCheckpoint,
+    SendWeights,
     Stop,
     SwitchToRollout,
     SwitchToTrainer,
@@ -56,8 +59,11 @@ from shunter.events.training import (
     StepBegin,
     StepEnd,
     TrainerStateSaved,
+    WeightGroupJoined,
+    WeightGroupOpened,
     WeightsLoaded,
     WeightsReady,
+    WeightsSent,
 )
 from shunter.events.validation import ValidateBegin, ValidateEnd
 from shunter.events.view import BufferView, EngineView, ReplicaView, TrainerView

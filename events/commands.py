@@ -71,6 +71,36 @@ class LoadWeights(Command, frozen=True, kw_only=True, tag="rollout.load_weights"
     handle: str = ""
 
 
+class JoinWeightGroup(Command, frozen=True, kw_only=True, tag="weight_group.join"):
+    """Join the collective group that carries weights from the trainer to one replica on
+    another device (``trainer.weight_transport`` = ``nccl`` / ``gloo``). Sent by the executor,
+    never by a policy: first to the trainer (``host`` empty: it opens the group as rank 0 and
+    answers ``WeightGroupOpened`` with the address), then to the replica (rank 1), which
+    answers ``WeightGroupJoined``."""
+
+    replica_ids: list[str]
+    backend: str
+    host: str = ""
+    port: int = 0
+    timeout_s: float = 120.0
+    """Deadline of the join and of every later receive over the group."""
+
+
+class SendWeights(Command, frozen=True, kw_only=True, tag="trainer.send_weights"):
+    """Broadcast the flat copy of ``version`` over the replica's weight group — the sending
+    half of a ``LoadWeights`` to that replica, issued by the executor beside it."""
+
+    replica_ids: list[str]
+    version: int
+    handle: str = ""
+
+
+class LeaveWeightGroup(Command, frozen=True, kw_only=True, tag="weight_group.leave"):
+    """The trainer drops (aborts) the groups of replicas that are gone."""
+
+    replica_ids: list[str]
+
+
 class Rebalance(Command, frozen=True, kw_only=True, tag="rollout.rebalance"):
     """Even out in-flight samples over the replicas in rollout mode: busy replicas cut some
     prompt groups (most recently started first) and hand back their partial samples, which

@@ -38,6 +38,33 @@ class WeightsReady(Event, frozen=True, kw_only=True, tag="trainer.weights_ready"
     duration_s: float
 
 
+class WeightsSent(Event, frozen=True, kw_only=True, tag="trainer.weights_sent"):
+    """The trainer broadcast ``version`` to a replica over its weight group."""
+
+    replica_id: str
+    version: int
+    nbytes: int
+    buckets: int
+    duration_s: float
+
+
+class WeightGroupOpened(Event, frozen=True, kw_only=True, tag="weight_group.opened"):
+    """The trainer opened (as rank 0) the weight group of ``replica_id`` at ``host:port``."""
+
+    replica_id: str
+    backend: str
+    host: str
+    port: int
+
+
+class WeightGroupJoined(Event, frozen=True, kw_only=True, tag="weight_group.joined"):
+    """A replica joined its weight group: it can receive weights over it."""
+
+    replica_id: str
+    backend: str
+    duration_s: float
+
+
 class WeightsLoaded(Event, frozen=True, kw_only=True, tag="rollout.weights_loaded"):
     replica_id: str
     version: int

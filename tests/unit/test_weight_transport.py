@@ -67,7 +67,7 @@ def test_payload_kinds_are_told_apart_and_a_wrong_kind_is_refused():
         wt.open_cuda_ipc(vllm_payload)
 
 
-@pytest.mark.parametrize("transport", ["cuda_ipc", "vllm_ipc"])
+@pytest.mark.parametrize("transport", ["cuda_ipc", "vllm_ipc", "nccl"])
 def test_an_ipc_transport_on_a_cpu_trainer_is_refused_by_name(tmp_path, transport):
     from shunter.engine.config import TrainerConfig
     from shunter.engine.trainer import Trainer
@@ -77,6 +77,23 @@ def test_an_ipc_transport_on_a_cpu_trainer_is_refused_by_name(tmp_path, transpor
         t.setup()
 
 
-def test_an_unknown_ipc_wire_format_is_refused():
-    with pytest.raises(ValueError, match="unknown IPC wire format"):
-        wt.CudaIpcPublisher().publish(_items(), torch.bfloat16, wire="nccl")
+def test_an_unknown_wire_format_is_refused_and_ipc_needs_cuda():
+    with pytest.raises(ValueError, match="unknown weight wire format 'nccl'"):
+        wt.FlatPublisher().publish(_items(), torch.bfloat16, wire="nccl")
+    with pytest.raises(ValueError, match="cuda_ipc needs the weights on a CUDA device"):
+        wt.FlatPublisher().publish(_items(), torch.bfloat16, wire="cuda_ipc")
+
+
+def test_a_flat_package_names_the_layout_and_the_views_rebuild_the_tensors():
+    pub = wt.FlatPublisher()
+    items = wt.unique_tensors(dict(_items()))
+    pkg = pub.publish(items, torch.bfloat16, wire=wt.FLAT, version=3)
+    assert wt.payload_kind(pkg) == wt.FLAT
+    layout = wt.package_layout(pkg)
+    assert layout["version"] == 3 and layout["dtype"] == "bfloat16"
+    flat, _ = pub.buffer(3)
+    assert layout["nbytes"] == flat.numel() * 2
+    for (name, view), (n2, t) in zip(wt.flat_views(flat, layout["entries"]), items, strict=True):
+        assert name == n2 and torch.equal(view, t.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="safetensors payload carries no flat-buffer layout"):
+        wt.package_layout(wt.to_safetensors(items))

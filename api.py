@@ -35,6 +35,7 @@ from shunter.engine.config import EngineConfig, load_config
 from shunter.events import (
     Codec,
     Command,
+    ComponentPlaced,
     ComponentReady,
     Event,
     ReplicaUp,
@@ -78,6 +79,8 @@ class Engine:
         self.ended: RunEnded | None = None
         self._replicas_made = 0
         self._model_dir = ""
+        self._placer = None  # actors.placement.Placer when the config asks for GPUs
+        self._slots: dict[str, int] = {}  # component -> its placement-group bundle
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -97,6 +100,14 @@ class Engine:
         self._model_dir = self._ensure_model()
         self._init_ray()
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        from shunter.engine.placement import plan
+
+        layout = plan(self.cfg)
+        if layout is not None:
+            from shunter.actors.placement import Placer
+
+            self._placer = Placer(layout, f"shunter.{self.run_id}.placement")
+            await self._placer.reserve(self.cfg.run.timeout_s)
         self.registry = registry.remote_class().options(
             name=registry.registry_name(self.run_id), namespace=NAMESPACE).remote(
             self.run_id, None, str(self.out_dir / "registry.msgpack"))
@@ -126,8 +137,9 @@ class Engine:
             opening += evs
             replicas[rid] = (h, kind, rank)
         tr = trainer.remote_class().options(
-            name=self._name("trainer"), namespace=NAMESPACE, num_cpus=cfg.trainer.num_cpus,
-            num_gpus=cfg.trainer.num_gpus).remote(
+            name=self._name("trainer"), namespace=NAMESPACE,
+            **self._resources("trainer", self._placer.trainer_slot() if self._placer else None,
+                              cfg.trainer.num_gpus, cfg.trainer.num_cpus)).remote(
             self.run_id, msgspec.msgpack.encode(cfg.trainer), self._model_dir, seed=cfg.run.seed,
             temperature=cfg.rollout.temperature, init_from=str(ckpt) if ckpt else "")
         self._actors.append(tr)
@@ -144,6 +156,7 @@ class Engine:
         now = time.time()
         opening += [ComponentReady(component=comp, setup_s=t, run_id=self.run_id, source="engine", wall_time=now)
                     for comp, t in times.items()]
+        opening += await self._placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
         for rid, (_, kind, rank) in replicas.items():
             opening.append(self._replica_up(rid, kind, rank, times[rid]))
         self.coordinator = coordinator.remote_class().options(name=self._name("coordinator"), namespace=NAMESPACE).remote(
@@ -152,6 +165,25 @@ class Engine:
             reason=self._restart_reason)
         self._actors.append(self.coordinator)
         await self.coordinator.start.remote(self._codec.encode_batch(opening))
+
+    def _resources(self, component: str, slot, num_gpus: float, num_cpus: float) -> dict:
+        if self._placer is None:
+            return {"num_gpus": num_gpus, "num_cpus": num_cpus}
+        self._slots[component] = slot.bundle if slot is not None else -1
+        return self._placer.options(slot, num_gpus=num_gpus, num_cpus=num_cpus)
+
+    async def _placed(self, actors: dict) -> list[ComponentPlaced]:
+        """Where each actor landed (bundle, node, GPU ids), for the event log."""
+        out = []
+        for comp, h in actors.items():
+            try:
+                w = await asyncio.wait_for(h.where.remote(), 30)
+            except Exception:  # noqa: BLE001 - informational only
+                w = {}
+            out.append(ComponentPlaced(component=comp, bundle=self._slots.get(comp, -1), node=w.get("node", ""),
+                                       gpu_ids=w.get("gpu_ids", []), run_id=self.run_id, source="engine",
+                                       wall_time=time.time()))
+        return out
 
     def _replica_up(self, rid: str, kind: str, rank: int, setup_s: float) -> ReplicaUp:
         return ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=ROLLOUT if kind == STANDALONE else TRAINER,
@@ -200,8 +232,10 @@ class Engine:
         rank, name, evs = await self.registry.register.remote(rid, kind)
         binds = cfg.rollout.cpu_bind
         model_dir, version = self._serve
-        h = rollout.remote_class().options(name=name, namespace=NAMESPACE, num_cpus=cfg.rollout.num_cpus,
-                                           num_gpus=cfg.rollout.num_gpus).remote(
+        slot = self._placer.replica_slot(rid, kind, name, NAMESPACE) if self._placer else None
+        h = rollout.remote_class().options(name=name, namespace=NAMESPACE,
+                                           **self._resources(rid, slot, cfg.rollout.num_gpus,
+                                                             cfg.rollout.num_cpus)).remote(
             self.run_id, rid, model_dir, reward=cfg.task.reward, task=cfg.task.name, version=version,
             mode=ROLLOUT if kind == STANDALONE else TRAINER, seed=cfg.run.seed + rank,
             max_model_len=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
@@ -222,6 +256,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - name the replica and the cause
             raise EngineSetupError(f"{rid} failed to start: {type(e).__name__}: {e}") from e
         opening.append(self._replica_up(rid, kind, rank, setup_s))
+        opening += await self._placed({rid: h})
         await self.coordinator.add_replica.remote(rid, h, self._codec.encode_batch(opening))
         return rid
 
@@ -267,6 +302,9 @@ class Engine:
             except Exception:  # noqa: BLE001
                 pass
             self.registry = None
+        if self._placer is not None:
+            self._placer.remove()
+            self._placer = None
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False

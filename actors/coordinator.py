@@ -24,6 +24,7 @@ from shunter.engine.tasks import load_task
 from shunter.events import (
     Command,
     CommandFailed,
+    ComponentPlaced,
     Event,
     EventRejected,
     Message,
@@ -129,6 +130,8 @@ class CoordinatorActor:
         for m in msgs:
             if isinstance(m, ReplicaUp):
                 self.executor.kinds[m.replica_id] = m.replica_kind
+            elif isinstance(m, ComponentPlaced):
+                self.executor.places[m.component] = (m.node, tuple(m.gpu_ids))
             self.core.post(m if isinstance(m, Event) else self.user(m))
         return len(msgs)
 

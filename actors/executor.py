@@ -59,6 +59,7 @@ class RayExecutor(TaskExecutor):
         self._down: set[str] = set()  # replicas already reported down: one ReplicaDown per replica life
         self.weight_group, self.group_timeout_s = weight_group, group_timeout_s
         self.kinds: dict[str, str] = {}  # replica id -> kind (from ReplicaUp)
+        self.places: dict[str, tuple[str, tuple[str, ...]]] = {}  # component -> (node, GPU ids), from ComponentPlaced
         self._joins: dict[str, asyncio.Future] = {}  # replica id -> its weight-group join
 
     def add_replica(self, replica_id: str, handle) -> None:
@@ -69,9 +70,17 @@ class RayExecutor(TaskExecutor):
     # -- weight groups (collective transports) ----------------------------------------------
     def _grouped(self, replica_id: str) -> bool:
         """Whether weights reach this replica over a weight group: every replica under gloo;
-        under nccl the standalone ones (hybrid replicas share the trainer's GPU and map its
-        IPC handles — NCCL cannot put two ranks on one GPU)."""
-        return bool(self.weight_group) and (self.weight_group == "gloo" or self.kinds.get(replica_id) == STANDALONE)
+        under nccl those on another GPU than the trainer (a replica on the trainer's GPU maps
+        its IPC handles — NCCL cannot put two ranks on one GPU). Without placement facts:
+        the standalone ones."""
+        if not self.weight_group:
+            return False
+        if self.weight_group == "gloo":
+            return True
+        mine, trainer = self.places.get(replica_id), self.places.get(TRAINER)
+        if mine and trainer and mine[1] and trainer[1]:
+            return mine != trainer
+        return self.kinds.get(replica_id) == STANDALONE
 
     async def _ask(self, target: str, cmd, timeout: float) -> list:
         if target == TRAINER:

@@ -47,6 +47,12 @@ class TrainerWorker:
         events, blob = await self.host.handle(decode_command(data))
         return encode_events(events), ([ray.put(blob)] if blob is not None else [])
 
+    async def where(self) -> dict:
+        """Node and GPUs of this actor (``ComponentPlaced``)."""
+        from shunter.actors.placement import where
+
+        return where()
+
 
 def remote_class():
     return ray.remote(TrainerWorker)

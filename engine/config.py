@@ -87,6 +87,7 @@ class RolloutConfig(_Section):
     num_cpus: Annotated[float, _d("Ray CPUs reserved per replica actor (fractional is fine).", ge=0)] = 0.5
     num_gpus: Annotated[float, _d("Ray GPUs per replica actor; a fraction shares a GPU (with the trainer, for cuda_ipc weight sync). 0 on CPU machines.", ge=0)] = 0.0
     gpu_memory_utilization: Annotated[float, _d("Share of the GPU's memory one vLLM engine may take (GPU only).", gt=0, le=1)] = 0.4
+    share_trainer_gpu: Annotated[bool, _d("Standalone replicas too live on the trainer's GPU (one-GPU machines), each with rollout.num_gpus of it; weights then reach them over IPC. Off: each standalone replica gets a GPU of its own.")] = False
     stream_interval: Annotated[PosInt, _d("vLLM hands generated tokens to the replica every this many tokens (and at the end of a request, an abort included, so none is lost); 1 streams every token at a large host cost with many concurrent requests.")] = 16
     enable_sleep_mode: Annotated[bool, _d("Start vLLM with sleep mode so SwitchToTrainer frees its GPU memory (GPU only; sleep is a no-op on CPU).")] = True
     engine_args: Annotated[dict[str, float | int | str | bool], _d("Extra vLLM engine arguments.")] = {}
@@ -113,7 +114,8 @@ class TrainerConfig(_Section):
     num_threads: Annotated[PosInt, _d("torch intra-op threads of the trainer.")] = 1
     num_cpus: Annotated[float, _d("Ray CPUs reserved for the trainer actor.", ge=0)] = 1.0
     device: Annotated[str, _d("torch device; 'auto': cuda if available else cpu.")] = "auto"
-    num_gpus: Annotated[float, _d("Ray GPUs for the trainer actor; 0 on CPU machines.", ge=0)] = 0.0
+    num_gpus: Annotated[float, _d("Ray GPUs for the trainer actor (at most 1: it is one process; a fraction leaves room for hybrid replicas on its GPU); 0 on CPU machines.", ge=0, le=1)] = 0.0
+    gpus: Annotated[PosInt, _d("GPUs on the trainer's side of the placement (GPU configs): the trainer process uses the first; hybrid replicas spread over all of them, round robin. More than 1 lets a synchronous run (colocated) generate on every GPU it trains beside.")] = 1
     precision: Annotated[Literal["auto", "fp32", "bf16"], _d("'bf16': forward/backward under bf16 autocast with fp32 master weights and optimizer state, weights published in bf16; 'auto': bf16 on cuda, fp32 on cpu.")] = "auto"
     weight_transport: Annotated[Literal["auto", "safetensors", "cuda_ipc", "vllm_ipc", "nccl", "gloo"], _d("How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy, loaded by shunter's worker extension; replicas on the same GPU), 'vllm_ipc' (the same handles in vLLM's packed format, loaded by vLLM's own weight-transfer engine, backend 'ipc'), 'nccl' (a broadcast over an NCCL group of the trainer and each standalone replica, on other GPUs; hybrid replicas on the trainer's GPU map the cuda_ipc handles), 'gloo' (the same over gloo, CPU: the stand-in the tests run); 'auto': cuda_ipc on cuda, else safetensors.")] = "auto"
     weight_bucket_mb: Annotated[PosFloat, _d("nccl / gloo: the flat weight copy goes over the wire in buckets of at most this many MiB.")] = 256.0
@@ -207,6 +209,9 @@ def check(cfg: EngineConfig) -> None:
             f"rollout.cpu_bind has {len(r.cpu_bind)} entries for "
             f"{r.standalone_replicas + r.hybrid_replicas} replicas"
         )
+    from shunter.engine.placement import plan  # GPU configs must fit a placement plan
+
+    plan(cfg)
     from shunter.policies import policy_class  # policies know what replicas they need
 
     try:

@@ -32,10 +32,9 @@ from outside (events never carry them).
 from __future__ import annotations
 
 import pickle
+import threading
 
 import torch
-
-import threading
 
 MAGIC = b"SHIPC001"
 VLLM_MAGIC = b"SHVIPC01"

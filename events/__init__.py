@@ -36,6 +36,7 @@ from shunter.events.lifecycle import (
     CheckpointSaved,
     CommandFailed,
     ComponentFailed,
+    ComponentPlaced,
     ComponentReady,
     EventRejected,
     PolicyFailed,

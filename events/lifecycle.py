@@ -57,6 +57,16 @@ class ComponentReady(Event, frozen=True, kw_only=True, tag="component.ready"):
     setup_s: float = 0.0
 
 
+class ComponentPlaced(Event, frozen=True, kw_only=True, tag="component.placed"):
+    """Where a component's actor runs: its placement-group bundle (-1: outside any group),
+    node and the GPUs Ray gave it."""
+
+    component: str
+    bundle: int = -1
+    node: str = ""
+    gpu_ids: list[str] = []
+
+
 class ComponentFailed(Event, frozen=True, kw_only=True, tag="component.failed"):
     component: str
     error: str

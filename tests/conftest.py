@@ -19,7 +19,8 @@ def ray_cluster():
     import ray
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="shunter",
+    # three simulated GPUs: resources only (nothing here runs CUDA), for the placement tests
+    ray.init(num_cpus=4, num_gpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="shunter",
              log_to_driver=False)
     yield ray
     ray.shutdown()

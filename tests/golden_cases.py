@@ -27,6 +27,7 @@ CASES: list[e.Message] = [
     e.ComponentFailed(component="standalone-0", error="boom", **ENV),
     e.EventRejected(origin="user", error="truncated", nbytes=3, **ENV),
     e.PolicyFailed(policy="separate", on_kind="trainer.step_end", error="ValueError: x", **ENV),
+    e.ComponentPlaced(component="standalone-0", bundle=1, node="10.0.0.1", gpu_ids=["1"], **ENV),
     e.CommandFailed(command_kind="rollout.generate", target="standalone-0", error="died", group_id=3, **ENV),
     e.SampleBegin(sample_id="3.1", group_id=3, replica_id="standalone-0", version=1, **ENV),
     e.SampleEnd(replica_id="standalone-0", sample=SAMPLE, **ENV),

@@ -1,4 +1,8 @@
-"""The collective weight transport end to end, on CPU: ``trainer.weight_transport = "gloo"``
+"""Placement and the collective weight transport end to end, on CPU. The session's Ray
+cluster has three simulated GPUs (resources only), so the run's placement group is real:
+the trainer and the hybrid replica share one GPU's bundle, the standalone replica has a
+GPU of its own, a replica beyond the plan lands outside the group.
+``trainer.weight_transport = "gloo"`` ``trainer.weight_transport = "gloo"``
 runs the code path of ``nccl`` (a group per replica, a header + bucketed broadcast of the
 trainer's flat copy beside every weight load) with torch's gloo backend in its place. Real
 vLLM replicas, the real torch trainer, a replica that joins while the run goes on."""
@@ -8,9 +12,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from test_runs import config
 
 from shunter import Engine
 from shunter.events import (
+    ComponentPlaced,
     ModeChanged,
     RunEnded,
     SampleBegin,
@@ -22,8 +28,6 @@ from shunter.events import (
     WeightsSent,
 )
 
-from test_runs import config
-
 pytestmark = pytest.mark.e2e
 
 
@@ -31,8 +35,9 @@ async def test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_befo
         ray_cluster, tiny_model, tmp_path):
     cfg = config(tiny_model, tmp_path, run={"total_steps": 80, "policy": "lend_when_idle",
                                            "policy_options": {"switch_cost_prior_s": 0.05}},
-                 rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 0},
-                 trainer={"weight_transport": "gloo", "weight_bucket_mb": 1.0, "weight_group_timeout_s": 60},
+                 rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 0, "num_gpus": 0.4},
+                 trainer={"weight_transport": "gloo", "weight_bucket_mb": 1.0, "weight_group_timeout_s": 60,
+                          "num_gpus": 0.5, "device": "cpu"},
                  validation={"every": 0})
     events, late, version_then = [], None, None
     async with asyncio.timeout(420):
@@ -46,6 +51,13 @@ async def test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_befo
     ended = events[-1]
     assert isinstance(ended, RunEnded) and ended.reason == "completed", ended
     replicas = {"standalone-0", "hybrid-1", late_id}
+    placed = {e.component: e for e in events if isinstance(e, ComponentPlaced)}
+    assert set(placed) == {"trainer"} | replicas
+    assert placed["trainer"].bundle == placed["hybrid-1"].bundle == 0
+    assert placed["standalone-0"].bundle == 1 and placed[late_id].bundle == -1  # beyond the plan
+    gpus = {c: tuple(p.gpu_ids) for c, p in placed.items()}
+    assert all(len(g) == 1 for g in gpus.values()), gpus
+    assert gpus["trainer"] == gpus["hybrid-1"] and len({gpus["trainer"], gpus["standalone-0"], gpus[late_id]}) == 3
     assert {e.replica_id for e in events if isinstance(e, WeightGroupOpened)} == replicas
     assert {e.replica_id for e in events if isinstance(e, WeightGroupJoined)} == replicas
     sent = [e for e in events if isinstance(e, WeightsSent)]

@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from shunter.engine import weight_transport as wt
-from shunter.engine.weight_group import WeightGroupError, WeightSender, make_group, recv_flat
+from shunter.engine.weight_group import (
+    WeightGroupError,
+    WeightSender,
+    make_group,
+    recv_flat,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

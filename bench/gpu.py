@@ -14,6 +14,22 @@ the machine's details:
   shunter's worker extension (``cuda_ipc``) and vLLM's own weight-transfer engine
   (``vllm_ipc``) — publish and load split into their parts, without Ray or the coordinator.
 
+Across two GPUs of one host (issue 7; a config with ``weight_transport = "nccl"``, e.g.
+``examples/gpu2_qwen05b.toml``):
+
+- ``nccl_floor``: the published bytes broadcast GPU 0 -> GPU 1 by two processes over the
+  weight group (``engine.weight_group``), nothing loaded: one raw broadcast of the whole
+  buffer (the floor) and shunter's header + buckets;
+- ``separate2``: trainer on GPU 0, a standalone replica on GPU 1: weight sync over NCCL vs
+  that floor (``nccl_floor`` first), step time, idle fractions;
+- ``colocated2``: the synchronous baseline on the same two GPUs (``trainer.gpus = 2``: a
+  hybrid replica on each, the trainer on GPU 0): step time, idle fractions;
+- ``lend2``: ``lend_when_idle`` — a hybrid replica beside the trainer on GPU 0, a standalone
+  one on GPU 1: step time, idle fractions.
+
+Each run's event log is kept beside the JSON (``events_<part>.bin.gz``) for the simulator
+comparison (``python -m shunter.bench gpu-sim``).
+
     python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
 """
 
@@ -44,10 +60,11 @@ from shunter.events import (
     StepEnd,
     WeightsLoaded,
     WeightsReady,
+    WeightsSent,
     read_log,
 )
 
-PARTS = ("sync", "rollout", "switch", "policies", "transports")
+PARTS = ("sync", "rollout", "switch", "policies", "transports", "nccl_floor", "separate2", "colocated2", "lend2")
 
 
 def machine() -> dict:
@@ -128,13 +145,15 @@ def _wait_for_free_gpu(timeout_s: float = 120.0, used_below: float = 0.05) -> No
         return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        free, total = torch.cuda.mem_get_info()
-        if (total - free) / total < used_below:
+        used = [1 - free / total for free, total in map(torch.cuda.mem_get_info, range(torch.cuda.device_count()))]
+        if max(used) < used_below:
             return
         time.sleep(2.0)
 
 
-def sync_figures(log: Path, floor_gbps: float) -> dict:
+def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> dict:
+    """Weight sync per publish from a run's event log, next to the floor: the published bytes
+    at the device copy bandwidth, or ``floor_s`` (the NCCL broadcast floor across GPUs)."""
     msgs = list(read_log(log))
     rows = []
     for i, m in enumerate(msgs):
@@ -157,15 +176,19 @@ def sync_figures(log: Path, floor_gbps: float) -> dict:
         if cmd is not None:
             row["back_and_decide_s"] = cmd.wall_time - ready.wall_time
             row["to_replica_and_load_s"] = last.wall_time - cmd.wall_time
-        for k in ("abort_s", "load_s", "backend_open_s", "backend_load_s", "backend_decode_s"):
+        for k in ("abort_s", "load_s", "backend_open_s", "backend_load_s", "backend_decode_s", "backend_recv_s"):
             if k in last.detail:
                 row[f"replica_{k}"] = last.detail[k]
+        sent = [x for x in msgs[i:] if isinstance(x, WeightsSent) and x.version == ready.version]
+        if sent:
+            row["trainer_send_s"] = max(x.duration_s for x in sent)
         rows.append(row)
     if not rows:
         return {"error": "no publish reached a replica"}
     steady = rows[1:] or rows  # the first one pays one-time costs (IPC mapping, allocator)
     nbytes = rows[0]["nbytes"]
-    floor_s = nbytes / (floor_gbps * 1e9 / 2)  # read + write
+    if floor_s is None:
+        floor_s = nbytes / (floor_gbps * 1e9 / 2)  # read + write
     keys = [k for k in steady[0] if k.endswith("_s") and all(k in r for r in steady)]
     med = {k: statistics.median(r[k] for r in steady) for k in keys}
     return {"transport": rows[0]["transport"], "nbytes": nbytes, "copy_gbps": floor_gbps, "floor_s": floor_s,
@@ -422,6 +445,10 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                     for wire in ("cuda_ipc", "vllm_ipc"):
                         tr[wire]["ratio_to_floor"] = tr[wire]["total_s"] / tr["floor_s"]
                 res["transports"] = tr
+            elif part == "nccl_floor":
+                res["nccl_floor"] = nccl_floor(_published_nbytes(base), int(base.trainer.weight_bucket_mb * (1 << 20)))
+            elif part in ("separate2", "colocated2", "lend2"):
+                res[part] = two_gpu_run(part, cfg, out, res.get("nccl_floor", {}).get("floor_s"), floor)
             elif part == "policies":
                 col, _ = run(cfg({"run": {"policy": "colocated"},
                                   "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2}}))
@@ -436,6 +463,105 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
             res[part] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
         res.setdefault(part, {})["part_s"] = time.perf_counter() - t0
         save()
+    return res
+
+
+def _published_nbytes(cfg: EngineConfig) -> int:
+    """Bytes one publish moves for the config's model (bf16, tied tensors once)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from shunter.engine.weight_transport import unique_tensors
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model.path))
+    return 2 * sum(t.numel() for _, t in unique_tensors(model.state_dict()))
+
+
+def nccl_floor(nbytes: int, bucket_bytes: int, reps: int = 10) -> dict:
+    """Two processes on GPUs 0 and 1 broadcast ``nbytes`` over a weight group (no load)."""
+    import torch.multiprocessing as mp
+
+    from shunter.engine.weight_group import listen_socket
+
+    sock, port = listen_socket()
+    sock.close()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_nccl_floor_child, args=(rank, port, nbytes, bucket_bytes, reps, q)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        out = q.get(timeout=300)
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    if "error" not in out:
+        out["floor_s"] = out["raw_broadcast_s"]
+        out["broadcast_gbps"] = nbytes / out["raw_broadcast_s"] / 1e9
+    return out
+
+
+def _nccl_floor_child(rank: int, port: int, nbytes: int, bucket_bytes: int, reps: int, q) -> None:
+    import torch
+
+    from shunter.engine.weight_group import make_group, recv_flat, send_flat
+
+    try:
+        dev = torch.device("cuda", rank)
+        torch.cuda.set_device(dev)
+        g = make_group("nccl", "127.0.0.1", port, rank, 2, 120.0, device=dev)
+        flat = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=dev)
+        raw, framed = [], []
+        for i in range(reps + 3):
+            torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            g.broadcast([flat.view(torch.uint8)], 0, time.monotonic() + 60)
+            t1 = time.perf_counter()
+            if rank == 0:
+                send_flat(g, flat, i, bucket_bytes=bucket_bytes, timeout_s=60)
+            else:
+                recv_flat(g, flat, i, timeout_s=60)
+            t2 = time.perf_counter()
+            if i >= 3:
+                raw.append(t1 - t0)
+                framed.append(t2 - t1)
+        g.close()
+        if rank == 0:
+            q.put({"nbytes": nbytes, "bucket_bytes": bucket_bytes, "reps": reps,
+                   "raw_broadcast_s": statistics.median(raw), "framed_s": statistics.median(framed),
+                   "raw_all_s": raw})
+    except Exception as e:  # noqa: BLE001 - reported in the JSON
+        if rank == 0:
+            q.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def two_gpu_run(part: str, cfg, out: Path, nccl_floor_s: float | None, copy_gbps: float) -> dict:
+    """One run of the two-GPU comparison (see the module docstring); keeps its event log."""
+    import gzip
+    import shutil
+
+    from shunter.bench.analysis import summarize
+
+    over = {"separate2": {"run": {"policy": "separate"},
+                          "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0}},
+            "colocated2": {"run": {"policy": "colocated"}, "trainer": {"gpus": 2},
+                           "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0}},
+            "lend2": {"run": {"policy": "lend_when_idle"},
+                      "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1}}}[part]
+    events, run_dir = run(cfg(over))
+    log = run_dir / "events.bin"
+    with open(log, "rb") as src, gzip.open(out.parent / f"events_{part}.bin.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    res = {"step_s": step_time(events), "ended": _ended(events), "summary": summarize(read_log(log))}
+    from shunter.events import ComponentPlaced
+
+    res["placed"] = {e.component: {"bundle": e.bundle, "gpu_ids": e.gpu_ids} for e in events
+                     if isinstance(e, ComponentPlaced)}
+    if part == "separate2":
+        res["sync"] = sync_figures(log, copy_gbps, floor_s=nccl_floor_s)
     return res
 
 

@@ -471,11 +471,9 @@ def _published_nbytes(cfg: EngineConfig) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from shunter.engine.weight_transport import unique_tensors
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model.path))
-    return 2 * sum(t.numel() for _, t in unique_tensors(model.state_dict()))
+    return 2 * sum(p.numel() for p in model.parameters())  # parameters() lists a tied tensor once
 
 
 def nccl_floor(nbytes: int, bucket_bytes: int, reps: int = 10) -> dict:

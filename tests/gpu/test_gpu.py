@@ -8,7 +8,9 @@ skips it). A developer runs it on the lent machine:
 - a weight update through CUDA IPC that provably changes the replica's outputs, and makes
   them those of the new weights (shunter's worker extension, and vLLM's own IPC
   weight-transfer engine);
-- a sleep / wake cycle that frees GPU memory and gives back the same outputs.
+- a sleep / wake cycle that frees GPU memory and gives back the same outputs;
+- with two GPUs: the same weight update over an NCCL weight group (trainer on one GPU,
+  replica on the other), and a short run with the replica on its own GPU.
 """
 
 from __future__ import annotations
@@ -83,17 +85,51 @@ def _greedy(backend, prompts, n_tokens=8):
     return asyncio.get_event_loop().run_until_complete(asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
-@pytest.mark.parametrize("transport", ["cuda_ipc", "vllm_ipc"])
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+@pytest.mark.parametrize("transport", ["cuda_ipc", "vllm_ipc", pytest.param("nccl", marks=two_gpus)])
 def test_an_ipc_weight_update_changes_outputs_to_those_of_the_new_weights(tiny, transport):
     """Trainer and replica in two processes on one GPU (Ray actors), as in a run; through
-    shunter's worker extension (cuda_ipc) and through vLLM's own IPC weight-transfer engine."""
+    shunter's worker extension (cuda_ipc) and through vLLM's own IPC weight-transfer engine;
+    with ``nccl`` each on a GPU of its own, the weights broadcast over their weight group."""
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    gpus = 1 if transport == "nccl" else 0.5
     try:
-        ray.get(ray.remote(num_gpus=0.5)(_ipc_round_trip).remote(tiny, transport), timeout=600)
+        ray.get(ray.remote(num_gpus=gpus)(_ipc_round_trip).remote(tiny, transport), timeout=600)
     finally:
         ray.shutdown()
+
+
+@two_gpus
+def test_a_short_run_on_two_gpus_sends_weights_over_nccl(tiny, tmp_path):
+    from shunter import Engine
+    from shunter.engine.config import load_config
+    from shunter.events import ComponentPlaced, RunEnded, WeightsLoaded, WeightsSent
+
+    cfg = load_config(ROOT / "examples" / "gpu2_qwen05b.toml",
+                      {"run": {"output_dir": str(tmp_path), "total_steps": 6}, "model": {"path": tiny, "build_tiny": ""},
+                       "rollout": {"max_tokens": 16, "max_model_len": 64, "length_dist": "", "ignore_eos": False,
+                                   "gpu_memory_utilization": 0.2},
+                       "trainer": {"ppo_mini_batch_size": 64, "train_batch_size": 64}})
+
+    async def go():
+        evs = []
+        async with asyncio.timeout(900):
+            async with Engine(cfg) as engine:
+                async for ev in engine.events():
+                    evs.append(ev)
+        return evs
+
+    evs = asyncio.run(go())
+    assert isinstance(evs[-1], RunEnded) and evs[-1].reason == "completed", evs[-1]
+    placed = {e.component: e.gpu_ids for e in evs if isinstance(e, ComponentPlaced)}
+    assert placed["trainer"] != placed["standalone-0"], placed
+    sent = {(e.replica_id, e.version) for e in evs if isinstance(e, WeightsSent)}
+    loaded = {(e.replica_id, e.version) for e in evs if isinstance(e, WeightsLoaded) and e.version > 0}
+    assert loaded and loaded <= sent
 
 
 def _ipc_round_trip(model_dir: str, transport: str) -> None:
@@ -105,7 +141,7 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
 
     from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
 
-    @ray.remote(num_gpus=0.4)
+    @ray.remote(num_gpus=1 if transport == "nccl" else 0.4)
     class Pub:
         def __init__(self, d):
             from shunter.engine.config import TrainerConfig
@@ -120,6 +156,12 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
         def publish(self):
             return self.t.publish(), {k: v.detach().cpu() for k, v in self.t.model.state_dict().items()}
 
+        def open(self):
+            return self.t.open_weight_group("r0")
+
+        def send(self, version):
+            return self.t.send_weights("r0", version)
+
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     be = VLLMBackend(EngineSpec(model_dir=model_dir, max_model_len=64, gpu_memory_utilization=0.2,
@@ -128,11 +170,17 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
     prompts = [[30, 31, 32, 40], [33, 34, 40], [35, 31, 36, 37, 40]]
     before = _greedy(be, prompts)
     pub = Pub.remote(model_dir)
+    if transport == "nccl":
+        host, port = ray.get(pub.open.remote())
+        loop.run_until_complete(be.join_weight_group("nccl", host, port, 120.0))
     package, sd = ray.get(pub.publish.remote())
     from shunter.engine.weight_transport import payload_kind
 
-    assert payload_kind(package) == transport and len(package) < 1 << 16
+    assert payload_kind(package) == ("cuda_ipc" if transport == "nccl" else transport) and len(package) < 1 << 16
+    sent = pub.send.remote(1) if transport == "nccl" else None
     loop.run_until_complete(be.load_weights(package))
+    if sent is not None:
+        assert ray.get(sent, timeout=120)["nbytes"] > 0
     after = _greedy(be, prompts)
     assert after != before
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

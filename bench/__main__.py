@@ -4,6 +4,7 @@
     python -m shunter.bench report bench/results/*.json [--out bench/REPORT.md]
     python -m shunter.bench trace runs/<run_id>/events.bin trace.json
     python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
+    python -m shunter.bench gpu-sim DIR [DIR ...]   # the simulator vs the real two-GPU runs in DIR
 """
 
 from __future__ import annotations
@@ -28,12 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("out")
     sub.add_parser("gpu", help="GPU measurements (weight sync, rollout efficiency, switch cost, policies)",
                    add_help=False)
+    sub.add_parser("gpu-sim", help="the simulator calibrated on real GPU runs, predicted vs measured", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "gpu":
         from shunter.bench import gpu
 
         return gpu.main(argv[1:])
+    if argv and argv[0] == "gpu-sim":
+        from shunter.bench import gpu_sim
+
+        return gpu_sim.main(argv[1:])
     args = p.parse_args(argv)
     if args.cmd == "run":
         from shunter.bench import runners

@@ -352,10 +352,12 @@ def switch_figures(events: list) -> dict:
     return out
 
 
-def step_time(events: list) -> float:
-    ends = [e.wall_time for e in events if isinstance(e, StepEnd)]
-    gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)][2:]  # past warm-up
-    return statistics.median(gaps) if gaps else float("nan")
+def step_time(events: list, warmup: int = 2) -> float:
+    """The run's pace once started: mean gap between optimizer steps past the first
+    ``warmup`` steps. A mean, not a median: under a staleness bound or a lending policy steps
+    often come in a rhythm of short and long gaps, and the median would report the short one."""
+    ends = [e.wall_time for e in events if isinstance(e, StepEnd)][warmup:]
+    return (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else float("nan")
 
 
 def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
@@ -536,6 +538,16 @@ def _nccl_floor_child(rank: int, port: int, nbytes: int, bucket_bytes: int, reps
             q.put({"error": f"{type(e).__name__}: {e}"})
 
 
+def two_gpu_overrides(part: str) -> dict:
+    """The config changes of one two-GPU part (over e.g. ``examples/gpu2_qwen05b.toml``)."""
+    return {"separate2": {"run": {"policy": "separate"},
+                          "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0}},
+            "colocated2": {"run": {"policy": "colocated"}, "trainer": {"gpus": 2},
+                           "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0}},
+            "lend2": {"run": {"policy": "lend_when_idle"},
+                      "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1}}}[part]
+
+
 def two_gpu_run(part: str, cfg, out: Path, nccl_floor_s: float | None, copy_gbps: float) -> dict:
     """One run of the two-GPU comparison (see the module docstring); keeps its event log."""
     import gzip
@@ -543,13 +555,7 @@ def two_gpu_run(part: str, cfg, out: Path, nccl_floor_s: float | None, copy_gbps
 
     from shunter.bench.analysis import summarize
 
-    over = {"separate2": {"run": {"policy": "separate"},
-                          "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0}},
-            "colocated2": {"run": {"policy": "colocated"}, "trainer": {"gpus": 2},
-                           "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0}},
-            "lend2": {"run": {"policy": "lend_when_idle"},
-                      "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1}}}[part]
-    events, run_dir = run(cfg(over))
+    events, run_dir = run(cfg(two_gpu_overrides(part)))
     log = run_dir / "events.bin"
     with open(log, "rb") as src, gzip.open(out.parent / f"events_{part}.bin.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)

@@ -175,6 +175,12 @@ def write_report(results: list[Path], out: Path) -> Path:
         if "scenario" not in r and "sync" in r:  # python -m shunter.bench gpu
             parts += gpu_section(r, path)
             continue
+        if "scenario" not in r and "separate2" in r:  # python -m shunter.bench gpu, the two-GPU parts
+            parts += gpu2_section(r, path)
+            continue
+        if "scenario" not in r and "step_time_ratios" in r:  # python -m shunter.bench gpu-sim
+            parts += gpu_sim_section(r, path)
+            continue
         sc = r["scenario"]["scenario"]
         parts += [f"## {sc['name']}", "", sc.get("description", ""), "",
                   f"`python -m shunter.bench run bench/scenarios/{sc['name']}.toml` — commit {r.get('commit', '?')}, "
@@ -190,6 +196,66 @@ def write_report(results: list[Path], out: Path) -> Path:
     return out
 
 
+def gpu2_section(r: dict, path: Path) -> list[str]:
+    """The two-GPU measurements (``bench gpu --parts nccl_floor,separate2,colocated2,lend2``)."""
+    m, fl, sep, col, lend = r["machine"], r.get("nccl_floor", {}), r["separate2"], r.get("colocated2", {}), r.get("lend2", {})
+    sy, gib = sep.get("sync", {}), 2**30
+
+    def idle(x: dict) -> str:
+        s = x.get("summary", {})
+        return f"trainer idle {s.get('trainer_idle_frac', float('nan')):.0%}, rollout idle {s.get('rollout_idle_frac', float('nan')):.0%}"
+
+    rows = [
+        ("NCCL broadcast floor, GPU 0 -> GPU 1 (same session)",
+         f"{fl.get('floor_s', float('nan')) * 1e3:.2f} ms for {fl.get('nbytes', 0) / gib:.2f} GiB "
+         f"({fl.get('broadcast_gbps', 0):.0f} GB/s); with shunter's header + {fl.get('bucket_bytes', 0) >> 20} MiB buckets "
+         f"{fl.get('framed_s', float('nan')) * 1e3:.2f} ms"),
+        ("weight sync over NCCL, PublishWeights -> WeightsLoaded (median, separate 1+1)",
+         f"{sy.get('median_end_to_end_s', float('nan')) * 1e3:.0f} ms = {sy.get('ratio_to_nccl_floor', 0):.0f}x the broadcast "
+         f"floor: publish {sy.get('median_publish_s', 0) * 1e3:.0f} ms, trainer send {sy.get('median_trainer_send_s', 0) * 1e3:.0f} ms, "
+         f"replica receive {sy.get('median_replica_backend_recv_s', 0) * 1e3:.1f} ms + load into vLLM "
+         f"{sy.get('median_replica_backend_load_s', 0) * 1e3:.0f} ms, cut requests {sy.get('median_replica_abort_s', 0) * 1e3:.0f} ms"),
+        ("step time: colocated (sync, a hybrid replica on each GPU) / separate (trainer GPU 0, replica GPU 1)",
+         f"{col.get('step_s', float('nan')):.2f} s / {sep.get('step_s', float('nan')):.2f} s = "
+         f"**{r.get('ratios', {}).get('separate_speedup_over_colocated', float('nan')):.2f}x** speedup of separate"),
+        ("step time: lend_when_idle (hybrid beside the trainer on GPU 0 + standalone on GPU 1) / separate",
+         f"{lend.get('step_s', float('nan')):.2f} s / {sep.get('step_s', float('nan')):.2f} s = "
+         f"{r.get('ratios', {}).get('lend_when_idle_over_separate_step', float('nan')):.2f}"),
+        ("idle fractions (whole run, from the event log)",
+         f"separate: {idle(sep)}; colocated: {idle(col)}; lend_when_idle: {idle(lend)}"),
+    ]
+    out = [f"## two GPUs: 2x {m.get('gpu')} ({m.get('host', '')})", "",
+           f"`{r.get('config')}`, vLLM {m.get('vllm')}, torch {m.get('torch')}, Ray {m.get('ray')}, {r.get('when')}; "
+           f"results: `{path.as_posix()}`; commands: " + "; ".join(f"`{c}`" for c in r.get("commands", [])), "",
+           "| what | figure |", "|---|---|"]
+    out += [f"| {a} | {b} |" for a, b in rows]
+    if r.get("not_run"):
+        out += ["", f"Not run: {r['not_run']}."]
+    return out + [""]
+
+
+def gpu_sim_section(r: dict, path: Path) -> list[str]:
+    """The simulator calibrated on real runs vs those runs (``bench gpu-sim``)."""
+    rows = []
+    for part, v in r["parts"].items():
+        cells = [f"{v[k]['measured']:.2f} / {v[k]['predicted']:.2f}" if "step" in k else
+                 f"{v[k]['measured']:.0%} / {v[k]['predicted']:.0%}" for k in ("steady_step_s", "trainer_idle_frac",
+                                                                              "rollout_idle_frac")]
+        rows.append(f"| {part} | " + " | ".join(cells) + " |")
+    for name, v in r["step_time_ratios"].items():
+        st = v["steady_step_s"]
+        rows.append(f"| ratio {name} | {st['measured']:.2f} / {st['predicted']:.2f} | | |")
+    cm = r["cost_model"]
+    return [f"## the simulator vs the two-GPU runs", "",
+            f"Cost model calibrated on the runs' own event logs (decode {cm['decode_step_s_per_seq'] * 1e6:.0f} µs per "
+            f"sequence per step over {cm['decode_fit_samples']} samples, train {cm['train_s_per_token'] * 1e6:.0f} µs "
+            f"per token, load {cm['load_s'] * 1e3:.0f} ms, sleep / wake {cm['sleep_s'] * 1e3:.0f} / {cm['wake_s'] * 1e3:.0f} ms, "
+            f"the runs' {r['lengths']['n']} response lengths), then the simulator runs `{r['config']}` with each part's "
+            f"changes. `python -m shunter.bench gpu-sim DIR...`; results: `{path.as_posix()}`.", "",
+            "| part | steady step s (measured / predicted) | trainer idle | rollout idle |", "|---|---|---|---|",
+            *rows, ""]
+
+
 def gpu_section(r: dict, path: Path) -> list[str]:
     """The one-GPU measurements (``python -m shunter.bench gpu``), as written by it."""
     m, sy, ro, sw, po = r["machine"], r.get("sync", {}), r.get("rollout", {}), r.get("switch", {}), r.get("policies", {})
@@ -199,6 +265,12 @@ def gpu_section(r: dict, path: Path) -> list[str]:
          f"{sy.get('median_end_to_end_s', float('nan')) * 1e3:.0f} ms for {sy.get('nbytes', 0) / gib:.2f} GiB over "
          f"{sy.get('transport')}: publish {sy.get('median_publish_s', 0) * 1e3:.0f} ms, replica load "
          f"{sy.get('median_load_s', 0) * 1e3:.0f} ms, the rest RPC and the coordinator"),
+        ("where the sync time goes (median)",
+         f"to the trainer + publish {sy.get('median_to_trainer_and_publish_s', 0) * 1e3:.0f} ms, back to the "
+         f"coordinator + policy {sy.get('median_back_and_decide_s', 0) * 1e3:.0f} ms, to the replica + load "
+         f"{sy.get('median_to_replica_and_load_s', 0) * 1e3:.0f} ms (map handles "
+         f"{sy.get('median_replica_backend_open_s', 0) * 1e3:.0f}, copy into vLLM's parameters "
+         f"{sy.get('median_replica_backend_load_s', 0) * 1e3:.0f}, the rest: cut requests, prefix-cache reset, RPC)"),
         ("copy floor (same run)", f"{sy.get('floor_s', 0) * 1e3:.2f} ms at {r.get('copy_gbps', 0):,.0f} GB/s "
                                   f"device-to-device; end to end = {sy.get('ratio_to_floor', 0):.0f}x the floor"),
         ("rollout efficiency (engine / raw vLLM)",

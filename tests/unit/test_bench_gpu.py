@@ -51,3 +51,41 @@ def test_switch_figures_and_the_report_section():
          "rollout": {"efficiency": 0.9, "engine": {"tokens_per_s": 9.0}, "raw_vllm": {"tokens_per_s": 10.0}}}
     text = "\n".join(gpu_section(json.loads(json.dumps(r)), __import__("pathlib").Path("x.json")))
     assert "100 ms for 1.00 GiB over cuda_ipc" in text and "90%" in text
+
+
+def test_the_simulator_calibrated_on_its_own_runs_predicts_them(tmp_path):
+    """``bench gpu-sim`` on logs the simulator itself wrote with a known cost model: the
+    calibration recovers the model and the prediction matches the 'measurement'."""
+    import gzip
+
+    import msgspec
+
+    from shunter.bench import gpu_sim
+    from shunter.bench.cluster import run_sim
+    from shunter.bench.sim import CostModel
+    from shunter.engine.config import from_dict, load_config, merge
+
+    truth = CostModel(prompt_tokens=7, decode_step_s=0.0, decode_step_s_per_seq=1e-4, length_median=200,
+                      length_sigma=0.8, train_step_s=0.0, train_s_per_token=5e-5, load_s=0.08, sleep_s=0.15,
+                      wake_s=0.2, offload_s=0.25, weight_bytes=1e9, sync_bandwidth_Bps=1e15, sync_latency_s=0.01)
+    base = msgspec.to_builtins(load_config("examples/gpu2_qwen05b.toml"))
+    c = Codec()
+    for part in ("separate2", "colocated2", "lend2"):
+        over = gpu.two_gpu_overrides(part)
+        over.setdefault("rollout", {}).update(length_dist="", ignore_eos=False, engine_args={})
+        res = run_sim(from_dict(merge(json.loads(json.dumps(base)), over)), truth)
+        with gzip.open(tmp_path / f"events_{part}.bin.gz", "wb") as f:
+            f.write(b"".join(c.frame(m) for m in res.messages))
+    out = tmp_path / "sim.json"
+    assert gpu_sim.main([str(tmp_path), "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    cm = r["cost_model"]
+    assert abs(cm["decode_step_s_per_seq"] - 1e-4) / 1e-4 < 0.15 and cm["decode_step_s"] < 0.005
+    assert abs(cm["train_s_per_token"] - 5e-5) / 5e-5 < 0.05
+    assert abs(cm["load_s"] - 0.08) < 1e-6 and abs(cm["sleep_s"] - 0.15) < 1e-6
+    for v in r["step_time_ratios"].values():  # eight steps per run, as on the GPU: ~10 % noise in a pace
+        st = v["steady_step_s"]
+        assert abs(st["predicted"] / st["measured"] - 1) < 0.2, v
+    from shunter.bench.report import gpu_sim_section
+
+    assert any("ratio colocated2_over_separate2" in line for line in gpu_sim_section(r, out))

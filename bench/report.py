@@ -196,6 +196,15 @@ def write_report(results: list[Path], out: Path) -> Path:
     return out
 
 
+def _gpu_table(title: str, r: dict, path: Path, rows: list[tuple[str, str]]) -> list[str]:
+    """A GPU section's heading, conditions line (versions, results file, commands) and table."""
+    m = r["machine"]
+    return [f"## {title}", "",
+            f"`{r.get('config')}`, vLLM {m.get('vllm')}, torch {m.get('torch')}, Ray {m.get('ray')}, {r.get('when')}; "
+            f"results: `{path.as_posix()}`; commands: " + "; ".join(f"`{c}`" for c in r.get("commands", [])), "",
+            "| what | figure |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
 def gpu2_section(r: dict, path: Path) -> list[str]:
     """The two-GPU measurements (``bench gpu --parts nccl_floor,separate2,colocated2,lend2``)."""
     m, fl, sep, col, lend = r["machine"], r.get("nccl_floor", {}), r["separate2"], r.get("colocated2", {}), r.get("lend2", {})
@@ -224,11 +233,7 @@ def gpu2_section(r: dict, path: Path) -> list[str]:
         ("idle fractions (whole run, from the event log)",
          f"separate: {idle(sep)}; colocated: {idle(col)}; lend_when_idle: {idle(lend)}"),
     ]
-    out = [f"## two GPUs: 2x {m.get('gpu')} ({m.get('host', '')})", "",
-           f"`{r.get('config')}`, vLLM {m.get('vllm')}, torch {m.get('torch')}, Ray {m.get('ray')}, {r.get('when')}; "
-           f"results: `{path.as_posix()}`; commands: " + "; ".join(f"`{c}`" for c in r.get("commands", [])), "",
-           "| what | figure |", "|---|---|"]
-    out += [f"| {a} | {b} |" for a, b in rows]
+    out = _gpu_table(f"two GPUs: 2x {m.get('gpu')} ({m.get('host', '')})", r, path, rows)
     if r.get("not_run"):
         out += ["", f"Not run: {r['not_run']}."]
     return out + [""]
@@ -246,7 +251,7 @@ def gpu_sim_section(r: dict, path: Path) -> list[str]:
         st = v["steady_step_s"]
         rows.append(f"| ratio {name} | {st['measured']:.2f} / {st['predicted']:.2f} | | |")
     cm = r["cost_model"]
-    return [f"## the simulator vs the two-GPU runs", "",
+    return ["## the simulator vs the two-GPU runs", "",
             f"Cost model calibrated on the runs' own event logs (decode {cm['decode_step_s_per_seq'] * 1e6:.0f} µs per "
             f"sequence per step over {cm['decode_fit_samples']} samples, train {cm['train_s_per_token'] * 1e6:.0f} µs "
             f"per token, load {cm['load_s'] * 1e3:.0f} ms, sleep / wake {cm['sleep_s'] * 1e3:.0f} / {cm['wake_s'] * 1e3:.0f} ms, "
@@ -302,11 +307,7 @@ def gpu_section(r: dict, path: Path) -> list[str]:
                      f"{po.get('colocated_2_hybrid_step_s', po.get('colocated_step_s', 0)):.2f} s / "
                      f"{po.get('lend_when_idle_1_standalone_1_hybrid_step_s', po.get('lend_when_idle_step_s', 0)):.2f} s"
                      f" = {po.get('ratio_sync_over_lend', 0):.2f}"))
-    out = [f"## one GPU: {m.get('gpu')} ({m.get('gpu_memory_gib')} GiB)", "",
-           f"`{r.get('config')}`, vLLM {m.get('vllm')}, torch {m.get('torch')}, Ray {m.get('ray')}, {r.get('when')}; "
-           f"results: `{path.as_posix()}`; commands: " + "; ".join(f"`{c}`" for c in r.get("commands", [])), "",
-           "| what | figure |", "|---|---|"]
-    out += [f"| {a} | {b} |" for a, b in rows]
+    out = _gpu_table(f"one GPU: {m.get('gpu')} ({m.get('gpu_memory_gib')} GiB)", r, path, rows)
     if po.get("note"):
         out += ["", f"Note: {po['note']}."]
     if ro.get("window_note"):

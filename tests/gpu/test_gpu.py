@@ -49,23 +49,28 @@ def tiny(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("m") / "sort-tiny", sft_steps=25))
 
 
-def test_a_short_run_on_one_gpu_completes_and_learns(tiny, tmp_path):
+def _run_events(cfg, timeout_s: float = 900) -> list:
+    """Every event of one whole run."""
     from shunter import Engine
-    from shunter.engine.config import load_config
-    from shunter.events import RunEnded, WeightsLoaded, WeightsReady
-
-    cfg = load_config(ROOT / "examples" / "gpu_tiny.toml",
-                      {"run": {"output_dir": str(tmp_path)}, "model": {"path": tiny, "build_tiny": ""}})
 
     async def go():
         evs = []
-        async with asyncio.timeout(900):
+        async with asyncio.timeout(timeout_s):
             async with Engine(cfg) as engine:
                 async for ev in engine.events():
                     evs.append(ev)
         return evs
 
-    evs = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_a_short_run_on_one_gpu_completes_and_learns(tiny, tmp_path):
+    from shunter.engine.config import load_config
+    from shunter.events import RunEnded, WeightsLoaded, WeightsReady
+
+    cfg = load_config(ROOT / "examples" / "gpu_tiny.toml",
+                      {"run": {"output_dir": str(tmp_path)}, "model": {"path": tiny, "build_tiny": ""}})
+    evs = _run_events(cfg)
     ended = evs[-1]
     assert isinstance(ended, RunEnded) and ended.reason == "completed", ended
     ready = [e for e in evs if isinstance(e, WeightsReady)]
@@ -105,7 +110,6 @@ def test_an_ipc_weight_update_changes_outputs_to_those_of_the_new_weights(tiny, 
 
 @two_gpus
 def test_a_short_run_on_two_gpus_sends_weights_over_nccl(tiny, tmp_path):
-    from shunter import Engine
     from shunter.engine.config import load_config
     from shunter.events import ComponentPlaced, RunEnded, WeightsLoaded, WeightsSent
 
@@ -114,16 +118,7 @@ def test_a_short_run_on_two_gpus_sends_weights_over_nccl(tiny, tmp_path):
                        "rollout": {"max_tokens": 16, "max_model_len": 64, "length_dist": "", "ignore_eos": False,
                                    "gpu_memory_utilization": 0.2},
                        "trainer": {"ppo_mini_batch_size": 64, "train_batch_size": 64}})
-
-    async def go():
-        evs = []
-        async with asyncio.timeout(900):
-            async with Engine(cfg) as engine:
-                async for ev in engine.events():
-                    evs.append(ev)
-        return evs
-
-    evs = asyncio.run(go())
+    evs = _run_events(cfg)
     assert isinstance(evs[-1], RunEnded) and evs[-1].reason == "completed", evs[-1]
     placed = {e.component: e.gpu_ids for e in evs if isinstance(e, ComponentPlaced)}
     assert placed["trainer"] != placed["standalone-0"], placed

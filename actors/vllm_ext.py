@@ -70,6 +70,12 @@ def _normalise_tied(weights: dict, tied: bool) -> dict:
     return weights
 
 
+def _unquantized(model: Any) -> bool:
+    """Every layer with a quant method uses an unquantized one (no derived kernel state)."""
+    return all(type(m.quant_method).__name__.startswith("Unquantized")
+               for m in model.modules() if getattr(m, "quant_method", None) is not None)
+
+
 class WeightSyncExtension:
     """Mixed into the vLLM worker class (see module docstring)."""
 
@@ -233,8 +239,8 @@ class WeightSyncExtension:
         ``process_weights_after_loading``.  On CPU + 0.32 the fallback breaks,
         which is why it is only a fallback.
         """
-        if self._shunter_on_gpu():  # unquantized on GPU: the model's own loader is complete and fastest
-            return self._shunter_legacy_load(items)
+        if self._shunter_on_gpu():  # on GPU the model's own loader is complete; a verified plan is faster
+            return self._shunter_gpu_load(items)
         reload = getattr(self, "reload_weights", None)
         if reload is not None:
             try:
@@ -256,6 +262,27 @@ class WeightSyncExtension:
                     if "weights_iterator" not in str(e) and "is_checkpoint_format" not in str(e):
                         raise
         return self._shunter_legacy_load(items)
+
+    def _shunter_gpu_load(self, items: list) -> str:
+        """On GPU: copy straight into the parameters with a plan (``engine.copy_plan``) once a
+        plan for this layout reproduced what the model's own loader wrote; until then, and for
+        layouts or models it does not fit (quantized ones), the loader."""
+        from shunter.engine import copy_plan
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        key = tuple((n, tuple(t.shape)) for n, t in items)
+        state = getattr(self, "_shunter_plan", None)  # (layout key, plan or None, verified)
+        if state is not None and state[0] == key and state[2]:
+            copy_plan.apply(dict(model.named_parameters()), state[1], [t for _, t in items])
+            return "copy_plan"
+        path = self._shunter_legacy_load(items)
+        if state is None or state[0] != key:
+            params = dict(model.named_parameters())
+            plan = copy_plan.build(params, list(key)) if _unquantized(model) else None
+            ok = plan is not None and copy_plan.verify(params, plan, [t for _, t in items])
+            self._shunter_plan = (key, plan, ok)
+            path += "+plan_verified" if ok else "+no_plan"
+        return path
 
     def _shunter_on_gpu(self) -> bool:
         try:

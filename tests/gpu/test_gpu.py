@@ -7,7 +7,8 @@ skips it). A developer runs it on the lent machine:
   bf16 autocast, cuda_ipc weight sync) that completes and improves its reward;
 - a weight update through CUDA IPC that provably changes the replica's outputs, and makes
   them those of the new weights (shunter's worker extension, and vLLM's own IPC
-  weight-transfer engine);
+  weight-transfer engine) — twice, the second time through the direct copy plan the first
+  load verified;
 - a sleep / wake cycle that frees GPU memory and gives back the same outputs;
 - with two GPUs: the same weight update over an NCCL weight group (trainer on one GPU,
   replica on the other), and a short run with the replica on its own GPU.
@@ -144,11 +145,11 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
 
             self.t = Trainer(TrainerConfig(weight_transport=transport), d)
             self.t.setup()
+
+        def publish(self):
             with torch.no_grad():
                 for p in self.t.model.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
-
-        def publish(self):
             return self.t.publish(), {k: v.detach().cpu() for k, v in self.t.model.state_dict().items()}
 
         def open(self):
@@ -168,23 +169,29 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
     if transport == "nccl":
         host, port = ray.get(pub.open.remote())
         loop.run_until_complete(be.join_weight_group("nccl", host, port, 120.0))
-    package, sd = ray.get(pub.publish.remote())
     from shunter.engine.weight_transport import payload_kind
 
-    assert payload_kind(package) == ("cuda_ipc" if transport == "nccl" else transport) and len(package) < 1 << 16
-    sent = pub.send.remote(1) if transport == "nccl" else None
-    loop.run_until_complete(be.load_weights(package))
-    if sent is not None:
-        assert ray.get(sent, timeout=120)["nbytes"] > 0
-    after = _greedy(be, prompts)
-    assert after != before
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    hf.load_state_dict(sd)
-    hf = hf.to(torch.bfloat16).cuda().eval()  # vLLM got bf16 weights
-    for p, got in zip(prompts, after, strict=True):
-        ids = hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=8, do_sample=False,
-                          eos_token_id=None)[0, len(p):].tolist()
-        assert got[:4] == ids[:4], (p, got, ids)  # bf16 near-ties may split later tokens
+    paths = []
+    for version in (1, 2):  # the second load goes through the copy plan the first one verified
+        package, sd = ray.get(pub.publish.remote())
+        assert payload_kind(package) == ("cuda_ipc" if transport == "nccl" else transport) and len(package) < 1 << 16
+        sent = pub.send.remote(version) if transport == "nccl" else None
+        loop.run_until_complete(be.load_weights(package))
+        if sent is not None:
+            assert ray.get(sent, timeout=120)["nbytes"] > 0
+        paths.append(be.last_load.get("path"))
+        after = _greedy(be, prompts)
+        assert after != before
+        before = after
+        ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        ref.load_state_dict(sd)
+        ref = ref.to(torch.bfloat16).cuda().eval()  # vLLM got bf16 weights
+        for p, got in zip(prompts, after, strict=True):
+            ids = ref.generate(torch.tensor([p], device="cuda"), max_new_tokens=8, do_sample=False,
+                               eos_token_id=None)[0, len(p):].tolist()
+            assert got[:4] == ids[:4], (version, paths, p, got, ids)  # bf16 near-ties may split later tokens
+    if transport != "vllm_ipc":
+        assert paths == ["load_weights+plan_verified", "copy_plan"], paths
     loop.run_until_complete(be.shutdown())
 
 

@@ -1,0 +1,82 @@
+"""The direct copy plan (``engine.copy_plan``) against a stand-in of vLLM's fused layout:
+it writes what the loader writes, refuses what it does not know, and its check catches a
+plan that would write something else."""
+
+from __future__ import annotations
+
+import torch
+
+from shunter.engine import copy_plan
+
+H, Q, KV, I = 8, 8, 4, 12  # hidden, q rows, k/v rows, intermediate
+
+
+def hf_items(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    out = [("model.embed_tokens.weight", r(20, H))]
+    for n in range(2):
+        p = f"model.layers.{n}."
+        out += [(p + "self_attn.q_proj.weight", r(Q, H)), (p + "self_attn.q_proj.bias", r(Q)),
+                (p + "self_attn.k_proj.weight", r(KV, H)), (p + "self_attn.k_proj.bias", r(KV)),
+                (p + "self_attn.v_proj.weight", r(KV, H)), (p + "self_attn.v_proj.bias", r(KV)),
+                (p + "self_attn.o_proj.weight", r(H, Q)), (p + "mlp.gate_proj.weight", r(I, H)),
+                (p + "mlp.up_proj.weight", r(I, H)), (p + "mlp.down_proj.weight", r(H, I)),
+                (p + "input_layernorm.weight", r(H)), (p + "post_attention_layernorm.weight", r(H))]
+    return out + [("model.norm.weight", r(H))]
+
+
+def vllm_params() -> dict[str, torch.Tensor]:
+    out = {"model.embed_tokens.weight": torch.zeros(20, H), "model.norm.weight": torch.zeros(H)}
+    for n in range(2):
+        p = f"model.layers.{n}."
+        out.update({p + "self_attn.qkv_proj.weight": torch.zeros(Q + 2 * KV, H),
+                    p + "self_attn.qkv_proj.bias": torch.zeros(Q + 2 * KV),
+                    p + "self_attn.o_proj.weight": torch.zeros(H, Q),
+                    p + "mlp.gate_up_proj.weight": torch.zeros(2 * I, H), p + "mlp.down_proj.weight": torch.zeros(H, I),
+                    p + "input_layernorm.weight": torch.zeros(H), p + "post_attention_layernorm.weight": torch.zeros(H)})
+    return out
+
+
+def loader(params, items) -> None:
+    """What vLLM's loaders do on one GPU: shards into their rows of the fused parameter."""
+    offsets = {"q_proj": (0, Q), "k_proj": (Q, KV), "v_proj": (Q + KV, KV), "gate_proj": (0, I), "up_proj": (I, I)}
+    for name, t in items:
+        for part, (a, n) in offsets.items():
+            if f".{part}." in name:
+                fused = name.replace(part, "qkv_proj" if part in ("q_proj", "k_proj", "v_proj") else "gate_up_proj")
+                params[fused].data[a:a + n].copy_(t)
+                break
+        else:
+            params[name].data.copy_(t)
+
+
+def test_the_plan_writes_what_the_loader_writes_and_verifies():
+    items = hf_items()
+    plan = copy_plan.build(vllm_params(), [(n, tuple(t.shape)) for n, t in items])
+    assert plan is not None and len(plan) == len(items)
+    by_loader, by_plan = vllm_params(), vllm_params()
+    loader(by_loader, items)
+    copy_plan.apply(by_plan, plan, [t for _, t in items])
+    assert all(torch.equal(by_loader[k], by_plan[k]) for k in by_loader)
+    assert copy_plan.verify(by_loader, plan, [t for _, t in items])
+    assert not copy_plan.verify(by_loader, plan, [t for _, t in hf_items(seed=1)])  # other values: refused
+
+
+def test_a_plan_that_would_swap_k_and_v_fails_the_check():
+    items = hf_items()
+    params = vllm_params()
+    loader(params, items)
+    swapped = [(n.replace("k_proj", "TMP").replace("v_proj", "k_proj").replace("TMP", "v_proj"), t) for n, t in items]
+    plan = copy_plan.build(params, [(n, tuple(t.shape)) for n, t in swapped])
+    assert plan is not None  # same shapes: only the values tell
+    assert not copy_plan.verify(params, plan, [t for _, t in swapped])
+
+
+def test_layouts_it_does_not_know_get_no_plan():
+    items = [(n, tuple(t.shape)) for n, t in hf_items()]
+    assert copy_plan.build(vllm_params(), items + [("model.extra.weight", (3,))]) is None  # unknown source
+    assert copy_plan.build(vllm_params(), [x for x in items if "v_proj.weight" not in x[0]]) is None  # shard missing
+    assert copy_plan.build(vllm_params(), [x for x in items if x[0] != "model.norm.weight"]) is None  # param untouched
+    bad = [(n, (s[0] + 1, *s[1:]) if n.endswith("o_proj.weight") else s) for n, s in items]
+    assert copy_plan.build(vllm_params(), bad) is None  # shape does not fit

@@ -80,3 +80,40 @@ def test_layouts_it_does_not_know_get_no_plan():
     assert copy_plan.build(vllm_params(), [x for x in items if x[0] != "model.norm.weight"]) is None  # param untouched
     bad = [(n, (s[0] + 1, *s[1:]) if n.endswith("o_proj.weight") else s) for n, s in items]
     assert copy_plan.build(vllm_params(), bad) is None  # shape does not fit
+
+
+def test_the_worker_extension_loads_once_by_the_loader_then_by_the_verified_plan():
+    """``WeightSyncExtension._shunter_gpu_load`` with a stand-in worker: the first load of a
+    layout goes through the model's loader and verifies a plan; the next ones use the plan."""
+    from shunter.actors.vllm_ext import WeightSyncExtension
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for name, t in vllm_params().items():
+                self.register_parameter(name.replace(".", "__"), torch.nn.Parameter(t))
+
+        def named_parameters(self, *a, **k):
+            return ((n.replace("__", "."), p) for n, p in super().named_parameters())
+
+    class Worker(WeightSyncExtension):
+        def __init__(self):
+            self.model = Model()
+            self.loader_calls = 0
+            self.model_runner = type("R", (), {"get_model": lambda _: self.model})()
+
+        def _shunter_legacy_load(self, items):
+            self.loader_calls += 1
+            loader(dict(self.model.named_parameters()), items)
+            return "load_weights"
+
+    w = Worker()
+    paths = []
+    for seed in (1, 2, 3):
+        items = hf_items(seed)
+        paths.append(w._shunter_gpu_load(items))
+        want = vllm_params()
+        loader(want, items)
+        got = dict(w.model.named_parameters())
+        assert all(torch.equal(got[k], want[k]) for k in want), (seed, paths)
+    assert paths == ["load_weights+plan_verified", "copy_plan", "copy_plan"] and w.loader_calls == 1

@@ -173,17 +173,18 @@ class Engine:
         return self._placer.options(slot, num_gpus=num_gpus, num_cpus=num_cpus)
 
     async def _placed(self, actors: dict) -> list[ComponentPlaced]:
-        """Where each actor landed (bundle, node, GPU ids), for the event log."""
-        out = []
-        for comp, h in actors.items():
+        """Where each actor landed (bundle, node, GPU ids), for the event log (asked of all at once)."""
+
+        async def where(h) -> dict:
             try:
-                w = await asyncio.wait_for(h.where.remote(), 30)
+                return await asyncio.wait_for(h.where.remote(), 30)
             except Exception:  # noqa: BLE001 - informational only
-                w = {}
-            out.append(ComponentPlaced(component=comp, bundle=self._slots.get(comp, -1), node=w.get("node", ""),
-                                       gpu_ids=w.get("gpu_ids", []), run_id=self.run_id, source="engine",
-                                       wall_time=time.time()))
-        return out
+                return {}
+
+        found = await asyncio.gather(*(where(h) for h in actors.values()))
+        return [ComponentPlaced(component=comp, bundle=self._slots.get(comp, -1), node=w.get("node", ""),
+                                gpu_ids=w.get("gpu_ids", []), run_id=self.run_id, source="engine", wall_time=time.time())
+                for comp, w in zip(actors, found, strict=True)]
 
     def _replica_up(self, rid: str, kind: str, rank: int, setup_s: float) -> ReplicaUp:
         return ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=ROLLOUT if kind == STANDALONE else TRAINER,

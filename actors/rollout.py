@@ -88,13 +88,13 @@ class RolloutWorker:
             await self._on_engine_loop(self.core.shutdown())
             await self._on_engine_loop(self.core.backend.shutdown())
 
-
     @ray.method(concurrency_group="control")
     async def where(self) -> dict:
         """Node and GPUs of this actor (``ComponentPlaced``)."""
         from shunter.actors.placement import where
 
         return where()
+
 
 class _Tok:
     """Adapts an HF tokenizer to the engine's Tokenizer protocol (no special tokens added)."""

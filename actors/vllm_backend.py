@@ -312,8 +312,6 @@ class VLLMBackend:
         self._abort_requested.update(ids)
         await engine.abort(ids)
 
-    # ---------------------------------------------------------------- weights
-
     # ---------------------------------------------------------- weight groups
 
     async def join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> float:
@@ -343,6 +341,8 @@ class VLLMBackend:
             _EXT_RPC_RECV, args=(bytes(blob), self._group_timeout_s, fresh, load))
         self._received = version
         return results[0] if results else {}
+
+    # ---------------------------------------------------------------- weights
 
     async def load_weights(self, blob: bytes) -> float:
         """Install a safetensors-serialised HF state dict; returns seconds taken.

@@ -73,7 +73,8 @@ def _dst(params: dict[str, torch.Tensor], step: Step) -> torch.Tensor:
 @torch.no_grad()
 def apply(params: dict[str, torch.Tensor], plan: list[Step], tensors: list[torch.Tensor]) -> None:
     for step in plan:
-        _dst(params, step).copy_(tensors[step[3]].reshape(_dst(params, step).shape))
+        dst = _dst(params, step)
+        dst.copy_(tensors[step[3]].reshape(dst.shape))
 
 
 @torch.no_grad()

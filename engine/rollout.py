@@ -252,11 +252,11 @@ class RolloutCore:
             await self.backend.receive_weights(blob)
 
     async def load_weights(self, version: int, blob: bytes) -> list[Event]:
-        if version <= self.version or self.mode != ROLLOUT:
-            await self._consume(blob)
         if version <= self.version:
+            await self._consume(blob)
             return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=self.version, duration_s=0.0))]
         if self.mode != ROLLOUT:  # asleep: load on wake
+            await self._consume(blob)
             self._pending_weights = (version, blob)
             return []
         t0 = _now()

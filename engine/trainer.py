@@ -99,7 +99,7 @@ class Trainer:
         self.opt = None
         self.amp = False  # bf16 autocast (fp32 master weights and optimizer state)
         self.transport = weight_transport.SAFETENSORS
-        self._ipc: weight_transport.FlatPublisher | None = None
+        self._publisher: weight_transport.FlatPublisher | None = None
         self.sender = None  # engine.weight_group.WeightSender for the nccl / gloo transports
         self.weight_host = "127.0.0.1"  # the address replicas reach this trainer's weight groups at
         self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
@@ -118,14 +118,14 @@ class Trainer:
         if self.transport in weight_transport.IPC_TRANSPORTS:
             if not cuda:
                 raise ValueError(f"trainer.weight_transport = {self.transport!r} needs a cuda device, the trainer is on {self.device}")
-            self._ipc = weight_transport.FlatPublisher()
+            self._publisher = weight_transport.FlatPublisher()
         elif self.transport in weight_transport.COLLECTIVE_TRANSPORTS:
             if self.transport == weight_transport.NCCL and not cuda:
                 raise ValueError(f"trainer.weight_transport = 'nccl' needs a cuda device, the trainer is on {self.device}")
             from shunter.engine.weight_group import WeightSender
 
-            self._ipc = weight_transport.FlatPublisher()
-            self.sender = WeightSender(self.transport, self._ipc, host=self.weight_host,
+            self._publisher = weight_transport.FlatPublisher()
+            self.sender = WeightSender(self.transport, self._publisher, host=self.weight_host,
                                        bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
                                        timeout_s=self.cfg.weight_group_timeout_s,
                                        device=torch.device(self.device) if cuda else None)
@@ -310,11 +310,11 @@ class Trainer:
         items = weight_transport.unique_tensors(self.model.state_dict())
         dtype = self.publish_dtype
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
-        if self._ipc is not None:
+        if self._publisher is not None:
             wire = self.transport
             if wire in weight_transport.COLLECTIVE_TRANSPORTS:  # hybrid replicas on this GPU map the handle
                 wire = weight_transport.CUDA_IPC if self.device.startswith("cuda") else weight_transport.FLAT
-            blob = self._ipc.publish(items, dtype, wire=wire, version=self.version + 1)
+            blob = self._publisher.publish(items, dtype, wire=wire, version=self.version + 1)
         else:
             blob = weight_transport.to_safetensors(items, dtype)
         self.version += 1

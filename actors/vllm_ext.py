@@ -76,6 +76,12 @@ def _unquantized(model: Any) -> bool:
                for m in model.modules() if getattr(m, "quant_method", None) is not None)
 
 
+def _path_fields(path: str) -> dict:
+    """How a load went in: the path's name, and whether the verified copy plan did it (a
+    number, so it reaches ``WeightsLoaded.detail`` as ``backend_planned``)."""
+    return {"path": path, "planned": float(path == "copy_plan")}
+
+
 class WeightSyncExtension:
     """Mixed into the vLLM worker class (see module docstring)."""
 
@@ -111,7 +117,7 @@ class WeightSyncExtension:
             "n_tensors": n,
             "decode_s": t_decode,
             "load_s": t_load,
-            "path": path,
+            **_path_fields(path),
             "refreshed_shared": n_refreshed,
         }
 
@@ -133,7 +139,7 @@ class WeightSyncExtension:
         t_load = time.perf_counter() - t1
         n = len(weights)
         del items, weights  # drop the mapping; the trainer owns the memory
-        return {"n_tensors": n, "nbytes": nbytes, "open_s": t_open, "load_s": t_load, "path": path}
+        return {"n_tensors": n, "nbytes": nbytes, "open_s": t_open, "load_s": t_load, **_path_fields(path)}
 
     def shunter_join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> dict:
         """Join the trainer's weight group as rank 1 (``engine.weight_group``)."""
@@ -175,7 +181,7 @@ class WeightSyncExtension:
         if load:
             t1 = time.perf_counter()
             weights = _normalise_tied(dict(wt.flat_views(buf, layout["entries"])), _tied(model))
-            out["path"] = self._shunter_reload(list(weights.items()))
+            out.update(_path_fields(self._shunter_reload(list(weights.items()))))
             self._shunter_refresh_shared_embeddings(model)
             if device.type == "cuda":
                 torch.cuda.synchronize()

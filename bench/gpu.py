@@ -176,7 +176,8 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
         if cmd is not None:
             row["back_and_decide_s"] = cmd.wall_time - ready.wall_time
             row["to_replica_and_load_s"] = last.wall_time - cmd.wall_time
-        for k in ("abort_s", "load_s", "backend_open_s", "backend_load_s", "backend_decode_s", "backend_recv_s"):
+        for k in ("abort_s", "load_s", "backend_open_s", "backend_load_s", "backend_decode_s", "backend_recv_s",
+                  "backend_planned"):
             if k in last.detail:
                 row[f"replica_{k}"] = last.detail[k]
         sent = [x for x in msgs[i:] if isinstance(x, WeightsSent) and x.version == ready.version]
@@ -191,7 +192,9 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
         floor_s = nbytes / (floor_gbps * 1e9 / 2)  # read + write
     keys = [k for k in steady[0] if k.endswith("_s") and all(k in r for r in steady)]
     med = {k: statistics.median(r[k] for r in steady) for k in keys}
-    return {"transport": rows[0]["transport"], "nbytes": nbytes, "copy_gbps": floor_gbps, "floor_s": floor_s,
+    planned = [r["replica_backend_planned"] for r in steady if "replica_backend_planned" in r]
+    return {**({"planned_share": sum(planned) / len(planned)} if planned else {}),  # loads by the copy plan
+            "transport": rows[0]["transport"], "nbytes": nbytes, "copy_gbps": floor_gbps, "floor_s": floor_s,
             **{f"median_{k}": v for k, v in med.items()}, "ratio_to_floor": med["end_to_end_s"] / floor_s,
             "first": rows[0], "n": len(rows)}
 

@@ -276,6 +276,8 @@ def gpu_section(r: dict, path: Path) -> list[str]:
          f"{sy.get('median_to_replica_and_load_s', 0) * 1e3:.0f} ms (map handles "
          f"{sy.get('median_replica_backend_open_s', 0) * 1e3:.0f}, copy into vLLM's parameters "
          f"{sy.get('median_replica_backend_load_s', 0) * 1e3:.0f}, the rest: cut requests, prefix-cache reset, RPC)"),
+        *([("loads made by the verified copy plan (the rest: the model's loader)", f"{sy['planned_share']:.0%}")]
+          if "planned_share" in sy else []),
         ("copy floor (same run)", f"{sy.get('floor_s', 0) * 1e3:.2f} ms at {r.get('copy_gbps', 0):,.0f} GB/s "
                                   f"device-to-device; end to end = {sy.get('ratio_to_floor', 0):.0f}x the floor"),
         ("rollout efficiency (engine / raw vLLM)",
@@ -310,6 +312,10 @@ def gpu_section(r: dict, path: Path) -> list[str]:
     out = _gpu_table(f"one GPU: {m.get('gpu')} ({m.get('gpu_memory_gib')} GiB)", r, path, rows)
     if po.get("note"):
         out += ["", f"Note: {po['note']}."]
+    if sy.get("copy_path_note"):
+        out += ["", f"Copy path: {sy['copy_path_note']}."]
+    if ro.get("method"):
+        out += ["", f"Rollout method: {ro['method']}."]
     if ro.get("window_note"):
         out += ["", f"Rollout window: {ro['window_note']}."]
     for when, sess in r.get("sessions", {}).items():

@@ -1,6 +1,8 @@
 """A direct copy plan from HF-named tensors into a vLLM model's parameters, fused ones
 included (``q_proj`` / ``k_proj`` / ``v_proj`` -> ``qkv_proj``, ``gate_proj`` / ``up_proj`` ->
-``gate_up_proj``, rows in that order, as vLLM's loaders write them on one GPU).
+``gate_up_proj``, rows in that order, as vLLM's loaders write them on one GPU), and vocabularies
+that vLLM pads (its embedding and output head have rows up to a multiple of 64; the HF tensor
+fills the first ones, the padding rows stay as the loader left them).
 
 Invariant: a plan is only *used* after it reproduced exactly, on one load, the parameter
 values vLLM's own loader wrote (:func:`verify`); a layout it does not know, a shape that does
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+VOCAB = ("embed_tokens.weight", "lm_head.weight")  # parameters whose rows vLLM pads
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
@@ -37,7 +40,10 @@ def build(params: dict[str, torch.Tensor], items: list[tuple[str, tuple[int, ...
     for i, (name, shape) in enumerate(items):
         shape = tuple(shape)
         if name in params:
-            if tuple(params[name].shape) != shape:
+            have = tuple(params[name].shape)
+            padded = name.endswith(VOCAB) and len(have) == len(shape) > 0 and have[1:] == shape[1:] \
+                and have[0] >= shape[0]
+            if have != shape and not padded:
                 return None
             direct.append((name, 0, shape[0] if shape else 0, i))
             continue

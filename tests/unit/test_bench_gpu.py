@@ -30,7 +30,7 @@ def test_sync_figures_pair_each_publish_with_its_last_load_and_the_floor(tmp_pat
                  LoadWeights(version=v, replica_ids=["a", "b"], wall_time=t + 0.03, **ENV),
                  WeightsLoaded(replica_id="a", version=v, duration_s=0.04, wall_time=t + 0.05, **ENV),
                  WeightsLoaded(replica_id="b", version=v, duration_s=0.05, wall_time=t + 0.1,
-                               detail={"abort_s": 0.03, "load_s": 0.02}, **ENV)]
+                               detail={"abort_s": 0.03, "load_s": 0.02, "backend_planned": float(v > 1)}, **ENV)]
     log.write_bytes(b"".join(c.frame(m) for m in msgs))
     f = gpu.sync_figures(log, floor_gbps=4000.0)
     assert f["n"] == 3 and f["transport"] == "cuda_ipc"
@@ -38,6 +38,7 @@ def test_sync_figures_pair_each_publish_with_its_last_load_and_the_floor(tmp_pat
     assert abs(f["floor_s"] - 10**9 / 2e12) < 1e-12 and f["ratio_to_floor"] > 100
     assert abs(f["median_back_and_decide_s"] - 0.02) < 1e-6 and abs(f["median_to_replica_and_load_s"] - 0.07) < 1e-6
     assert f["median_replica_abort_s"] == 0.03
+    assert f["planned_share"] == 1.0 and f["first"]["replica_backend_planned"] == 0.0  # the loader first, then the plan
 
 
 def test_switch_figures_and_the_report_section():

@@ -9,12 +9,13 @@ import torch
 from shunter.engine import copy_plan
 
 H, Q, KV, I = 8, 8, 4, 12  # hidden, q rows, k/v rows, intermediate
+V, VPAD = 20, 64  # vocabulary; vLLM pads its embedding's rows up to a multiple of 64
 
 
 def hf_items(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    out = [("model.embed_tokens.weight", r(20, H))]
+    out = [("model.embed_tokens.weight", r(V, H))]
     for n in range(2):
         p = f"model.layers.{n}."
         out += [(p + "self_attn.q_proj.weight", r(Q, H)), (p + "self_attn.q_proj.bias", r(Q)),
@@ -27,7 +28,7 @@ def hf_items(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
 
 
 def vllm_params() -> dict[str, torch.Tensor]:
-    out = {"model.embed_tokens.weight": torch.zeros(20, H), "model.norm.weight": torch.zeros(H)}
+    out = {"model.embed_tokens.weight": torch.zeros(VPAD, H), "model.norm.weight": torch.zeros(H)}
     for n in range(2):
         p = f"model.layers.{n}."
         out.update({p + "self_attn.qkv_proj.weight": torch.zeros(Q + 2 * KV, H),
@@ -48,7 +49,7 @@ def loader(params, items) -> None:
                 params[fused].data[a:a + n].copy_(t)
                 break
         else:
-            params[name].data.copy_(t)
+            params[name].data[:len(t) if t.dim() else None].copy_(t)  # a padded vocabulary: its first rows
 
 
 def test_the_plan_writes_what_the_loader_writes_and_verifies():
@@ -80,6 +81,23 @@ def test_layouts_it_does_not_know_get_no_plan():
     assert copy_plan.build(vllm_params(), [x for x in items if x[0] != "model.norm.weight"]) is None  # param untouched
     bad = [(n, (s[0] + 1, *s[1:]) if n.endswith("o_proj.weight") else s) for n, s in items]
     assert copy_plan.build(vllm_params(), bad) is None  # shape does not fit
+    big = [(n, (VPAD + 1, H) if n.endswith("embed_tokens.weight") else s) for n, s in items]
+    assert copy_plan.build(vllm_params(), big) is None  # more rows than the padded vocabulary
+
+
+def test_a_padded_vocabulary_gets_its_first_rows_and_only_there():
+    """vLLM pads the embedding (and an untied output head) to a multiple of 64 rows: the HF
+    tensor goes to the first rows, the padding keeps what the loader left; other parameters
+    with spare rows are not taken for padded ones."""
+    items = hf_items()
+    params = vllm_params()
+    params["model.embed_tokens.weight"].fill_(7.0)
+    plan = copy_plan.build(params, [(n, tuple(t.shape)) for n, t in items])
+    copy_plan.apply(params, plan, [t for _, t in items])
+    emb = params["model.embed_tokens.weight"]
+    assert torch.equal(emb[:V], items[0][1]) and bool((emb[V:] == 7.0).all())
+    wide = {**vllm_params(), "model.layers.0.self_attn.o_proj.weight": torch.zeros(H + 1, Q)}
+    assert copy_plan.build(wide, [(n, tuple(t.shape)) for n, t in items]) is None
 
 
 def test_the_worker_extension_loads_once_by_the_loader_then_by_the_verified_plan():

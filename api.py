@@ -10,6 +10,12 @@ leaving the ``async with`` block always stops the run and kills them, on success
 error and on cancellation. Setup failures raise :class:`EngineSetupError` naming the
 component and its cause.
 
+Errors reach the caller as typed exceptions whose text starts with the cause:
+``EngineSetupError`` (a component did not start), ``UserCodeError`` (the user's own loss
+failed; the run goes on), ``IntentRefused`` (the coordinator would not do what was asked, and
+why), ``NoBatchError`` (no mini-batch in time, and why), ``RunEndedError`` (the run is over;
+``engine.ended`` says how). ``engine.ended`` is set whenever the run's end is observed.
+
 Recovery: with ``run.checkpoint_every > 0``, a run whose trainer or coordinator dies is
 started again from its last checkpoint (up to ``run.max_restarts`` times): the actors of
 the attempt are replaced, the registry (which outlives attempts and keeps its table on
@@ -32,17 +38,22 @@ import msgspec
 
 from shunter.engine.checkpoint import CheckpointStore, Manifest, resolve
 from shunter.engine.config import EngineConfig, load_config
+from shunter.engine.errors import UserCodeError, describe
 from shunter.events import (
+    Batch,
     Codec,
-    Command,
+    CommandFailed,
+    ComponentFailed,
     ComponentPlaced,
     ComponentReady,
     Event,
+    Intent,
+    IntentRejected,
+    Message,
     ReplicaUp,
     RunEnded,
-    Sample,
     StepEnd,
-    TrainStep,
+    TrainBatch,
     WeightsReady,
 )
 from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
@@ -50,8 +61,32 @@ from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
 NAMESPACE = "shunter"
 
 
-class EngineSetupError(RuntimeError):
+class EngineError(RuntimeError):
+    """Base of the errors the ``Engine`` raises in the caller."""
+
+
+class EngineSetupError(EngineError):
     """A component failed to start; the message names it and the cause."""
+
+
+class RunEndedError(EngineError):
+    """The run is over (``.ended``: its ``RunEnded``); nothing more can be asked of it."""
+
+    def __init__(self, ended: RunEnded) -> None:
+        super().__init__(f"the run ended ({ended.reason}" + (f": {ended.error})" if ended.error else ")"))
+        self.ended = ended
+
+
+class IntentRefused(EngineError):
+    """The coordinator refused an intent (``.rejected``: the ``IntentRejected``, with its reason)."""
+
+    def __init__(self, rejected: IntentRejected) -> None:
+        super().__init__(f"{rejected.intent_kind} refused ({rejected.reason}): {rejected.detail}")
+        self.rejected = rejected
+
+
+class NoBatchError(EngineError, TimeoutError):
+    """No mini-batch became ready in time; the message says why."""
 
 
 class Engine:
@@ -81,6 +116,13 @@ class Engine:
         self._model_dir = ""
         self._placer = None  # actors.placement.Placer when the config asks for GPUs
         self._slots: dict[str, int] = {}  # component -> its placement-group bundle
+        self._starting: dict[str, asyncio.Task] = {}  # replicas added mid-run, until they serve
+
+    def _seen(self, msg: Message) -> Message:
+        """Every answer from the coordinator passes here: a ``RunEnded`` sets ``ended``."""
+        if isinstance(msg, RunEnded):
+            self.ended = msg
+        return msg
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -141,7 +183,8 @@ class Engine:
             **self._resources("trainer", self._placer.trainer_slot() if self._placer else None,
                               cfg.trainer.num_gpus, cfg.trainer.num_cpus)).remote(
             self.run_id, msgspec.msgpack.encode(cfg.trainer), self._model_dir, seed=cfg.run.seed,
-            temperature=cfg.rollout.temperature, init_from=str(ckpt) if ckpt else "")
+            temperature=cfg.rollout.temperature, init_from=str(ckpt) if ckpt else "",
+            import_paths=cfg.run.import_paths)
         self._actors.append(tr)
         setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
         times = {}
@@ -243,23 +286,44 @@ class Engine:
             engine_args=cfg.rollout.engine_args, cpu_bind=binds[i % len(binds)] if binds else "nobind",
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, enable_sleep_mode=cfg.rollout.enable_sleep_mode,
             stream_interval=cfg.rollout.stream_interval,
-            weight_transfer="ipc" if cfg.trainer.weight_transport == "vllm_ipc" else "")
+            weight_transfer="ipc" if cfg.trainer.weight_transport == "vllm_ipc" else "",
+            import_paths=cfg.run.import_paths)
         self._actors.append(h)
         return rid, h, rank, self._codec.decode_batch(evs)
 
     async def add_replica(self, kind: str = STANDALONE) -> str:
         """Start one more replica while the run goes on (elastic capacity, or a replacement
-        for one that died — it takes the smallest free rank). A standalone replica loads the
-        current weights before it takes requests. Returns its id."""
+        for one that died — it takes the smallest free rank). Returns its id as soon as the
+        registry gave it a rank and its actor exists (milliseconds); the engine starts in the
+        background — ``await engine.replica_ready(rid)`` waits for it, and ``ReplicaUp`` in
+        ``events()`` says it serves (a standalone replica loads the current weights first). A
+        replica that fails to start is reported as ``ComponentFailed`` and by ``replica_ready``."""
+        if kind not in (STANDALONE, HYBRID):
+            raise ValueError(f"kind must be {STANDALONE!r} or {HYBRID!r}, got {kind!r}")
         rid, h, rank, opening = await self._new_replica(kind)
+        self._starting[rid] = asyncio.get_running_loop().create_task(self._bring_up(rid, h, kind, rank, opening))
+        return rid
+
+    async def replica_ready(self, replica_id: str) -> ReplicaUp:
+        """Wait until a replica added with :meth:`add_replica` is started and announced."""
+        task = self._starting.get(replica_id)
+        if task is None:
+            raise KeyError(f"{replica_id!r} was not added with add_replica()")
+        return await asyncio.shield(task)
+
+    async def _bring_up(self, rid: str, h, kind: str, rank: int, opening: list) -> ReplicaUp:
         try:
             setup_s = await asyncio.wait_for(h.setup.remote(), self.cfg.run.timeout_s)
-        except Exception as e:  # noqa: BLE001 - name the replica and the cause
-            raise EngineSetupError(f"{rid} failed to start: {type(e).__name__}: {e}") from e
-        opening.append(self._replica_up(rid, kind, rank, setup_s))
+        except Exception as e:  # noqa: BLE001 - name the replica and the cause, in the run's events too
+            err = EngineSetupError(f"{rid} failed to start: {describe(getattr(e, 'cause', None) or e)}")
+            failed = ComponentFailed(component=rid, error=str(err), run_id=self.run_id, source="engine",
+                                     wall_time=time.time())
+            await self.coordinator.ingest.remote(self._codec.encode_batch([failed]), "engine")
+            raise err from e
+        up = self._replica_up(rid, kind, rank, setup_s)
         opening += await self._placed({rid: h})
-        await self.coordinator.add_replica.remote(rid, h, self._codec.encode_batch(opening))
-        return rid
+        await self.coordinator.add_replica.remote(rid, h, self._codec.encode_batch([*opening, up]))
+        return up
 
     def _ensure_model(self) -> str:
         m = self.cfg.model
@@ -290,6 +354,9 @@ class Engine:
     async def close(self) -> None:
         import ray
 
+        for task in self._starting.values():
+            task.cancel()
+        await asyncio.gather(*self._starting.values(), return_exceptions=True)
         if self.coordinator is not None and self.ended is None:
             try:
                 data = await asyncio.wait_for(self.coordinator.stop.remote("closed"), 60)
@@ -333,7 +400,7 @@ class Engine:
             restarted = False
             for b in items:
                 msg = self._codec.decode(b)
-                if isinstance(msg, RunEnded):
+                if isinstance(msg, RunEnded) and msg.run_id in ("", self.run_id):
                     if await self._recover(msg):
                         restarted = True
                         break
@@ -349,9 +416,13 @@ class Engine:
         """True if the run that ended this way was restarted from its last checkpoint."""
         return bool(ended.failed_component) and await self._restart(f"{ended.failed_component} failed: {ended.error}")
 
-    async def submit(self, command: Command) -> None:
-        if not await self.coordinator.submit.remote(self._codec.encode(command)):
-            raise ValueError(f"the coordinator rejected {command!r}")
+    async def submit(self, intent: Intent) -> None:
+        """Put an intent on the bus (``SwitchToRollout``, ``Rebalance``, ``Stop`` …); its outcome
+        arrives in ``events()``."""
+        if not isinstance(intent, Intent):
+            raise TypeError(f"submit() takes an intent (SwitchToRollout, Stop, ...), got {type(intent).__name__}")
+        if not await self.coordinator.submit.remote(self._codec.encode(intent)):
+            raise ValueError(f"the coordinator rejected {intent!r}")
 
     async def wait(self) -> RunEnded:
         """The run's end, restarting it from its last checkpoint when a component died."""
@@ -369,31 +440,65 @@ class Engine:
                 return ended
 
     async def stop(self, reason: str = "stopped") -> RunEnded:
+        """End the run (the finale: final publish, load, validation, checkpoint) and return
+        its ``RunEnded``."""
         self.ended = self._codec.decode(await self.coordinator.stop.remote(reason))
         return self.ended
 
     # -- user-driven training (run.trainer_driver = "user") ------------------------------
-    async def next_batch(self, timeout_s: float = 600.0) -> list[Sample]:
-        """The next ready mini-batch (whole groups); rollout keeps running meanwhile."""
-        data = await self.coordinator.next_batch.remote(timeout_s)
-        if data is None:
-            raise TimeoutError(f"no mini-batch ready within {timeout_s}s (or the run ended)")
-        return self._codec.decode(data).samples
+    async def next_batch(self, timeout_s: float = 600.0) -> Batch:
+        """The next ready mini-batch (whole groups); rollout keeps running meanwhile.
 
-    async def train(self, samples: list[Sample], *, loss_fn: str = "") -> StepEnd:
-        """One optimizer step on ``samples`` on the trainer actor (built-in loss, or
-        ``loss_fn = "module:function"``)."""
-        out = self._codec.decode(await self.coordinator.train.remote(
-            self._codec.encode(TrainStep(samples=samples, loss_fn=loss_fn))))
-        if not isinstance(out, StepEnd):
-            raise RuntimeError(f"train step failed: {out!r}")
-        return out
+        Raises ``NoBatchError`` after ``timeout_s`` saying why none is ready (groups still
+        generating, the staleness gate waiting for ``publish_weights()``, no replica serving),
+        or ``RunEndedError`` once the run is over."""
+        data, why = await self.coordinator.next_batch.remote(timeout_s)
+        if data is not None:
+            return self._codec.decode(data)
+        if self.ended is None and why.startswith("the run ended"):
+            self.ended = self._codec.decode(await self.coordinator.wait_ended.remote())
+        if self.ended is not None:
+            raise RunEndedError(self.ended)
+        raise NoBatchError(f"no mini-batch within {timeout_s:g}s: {why}")
 
-    async def publish_weights(self) -> WeightsReady:
-        out = self._codec.decode(await self.coordinator.publish.remote())
-        if not isinstance(out, WeightsReady):
-            raise RuntimeError(f"publishing weights failed: {out!r}")
-        return out
+    async def train(self, batch: Batch, *, loss_fn: str = "") -> StepEnd:
+        """One optimizer step on ``batch`` (from :meth:`next_batch`; its ``samples`` may be
+        replaced) on the trainer actor — the built-in loss, or ``loss_fn = "module:function"``
+        taking a ``shunter.engine.loss.LossInput``.
+
+        Raises ``UserCodeError`` when the loss fails (the run goes on and the batch may be
+        trained again), ``IntentRefused`` for a batch already trained or never handed out,
+        ``RunEndedError`` once the run is over."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"train() takes the Batch next_batch() returned, got {type(batch).__name__}")
+        intent = TrainBatch(batch_id=batch.batch_id, samples=batch.samples, loss_fn=loss_fn)
+        out = self._seen(self._codec.decode(await self.coordinator.train.remote(self._codec.encode(intent))))
+        match out:
+            case StepEnd():
+                return out
+            case CommandFailed() if out.user_code:
+                raise UserCodeError.from_report(out.user_code, out.error)
+            case IntentRejected():
+                raise IntentRefused(out)
+            case RunEnded():
+                raise RunEndedError(out)
+        raise EngineError(f"train step failed: {getattr(out, 'error', out)}")
+
+    async def publish_weights(self) -> WeightsReady | None:
+        """Publish the trainer's weights as the next version and return its ``WeightsReady``.
+        With no optimizer step since the last publish nothing is published: the last
+        ``WeightsReady`` is returned (None before the first publish)."""
+        out = self._seen(self._codec.decode(await self.coordinator.publish.remote()))
+        match out:
+            case WeightsReady():
+                return out
+            case IntentRejected() if out.reason == "nothing_new":
+                return None
+            case IntentRejected():
+                raise IntentRefused(out)
+            case RunEnded():
+                raise RunEndedError(out)
+        raise EngineError(f"publishing weights failed: {getattr(out, 'error', out)}")
 
     async def counters(self) -> dict[str, int]:
         return await self.coordinator.counters.remote()

@@ -1,15 +1,19 @@
 """``CoordinatorActor``: the Ray shell around ``Coordinator``.
 
 Invariant: the only way in is bytes decoded by type (``ingest`` for events, ``submit`` for
-commands); bytes that do not decode become an ``EventRejected`` event and are dropped,
-and the loop goes on. Everything the loop handles is written to the run's event log,
-logs and metrics, and kept in a feed the ``Engine`` facade reads.
+intents); bytes that do not decode, and orders (only the coordinator gives those), become an
+``EventRejected`` event and are dropped, and the loop goes on. Everything the loop handles is
+written to the run's event log, logs and metrics, and kept in a feed the ``Engine`` facade
+reads; if the loop ends — however it ends — ``fetch`` hands out its ``RunEnded``, so a reader
+never polls a dead run.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -18,15 +22,18 @@ from shunter.actors.wire import codec
 from shunter.engine import config as config_mod
 from shunter.engine import snapshot
 from shunter.engine.checkpoint import CheckpointStore
-from shunter.engine.coordinator import Coordinator
+from shunter.engine.errors import describe
+from shunter.engine.loop import Coordinator
 from shunter.engine.records import EventLog, Feed, LogSink, MetricsSink, make_logger
 from shunter.engine.tasks import load_task
 from shunter.events import (
-    Command,
+    BatchReady,
     CommandFailed,
     ComponentPlaced,
     Event,
     EventRejected,
+    Intent,
+    IntentRejected,
     Message,
     PromptSpec,
     PublishWeights,
@@ -36,17 +43,19 @@ from shunter.events import (
     Stamper,
     StepEnd,
     Stop,
-    TrainStep,
+    TrainBatch,
     WeightsReady,
+    tag_of,
 )
 from shunter.policies import make_policy
+from shunter.policies.registry import use_import_paths
 
 
 class Waiters:
     """Futures resolved by the first handled message matching a predicate."""
 
     def __init__(self) -> None:
-        self._w: list[tuple[object, asyncio.Future]] = []
+        self._w: list[tuple[Callable[[Message], bool], asyncio.Future]] = []
 
     def __call__(self, msg: Message) -> None:
         keep = []
@@ -57,7 +66,7 @@ class Waiters:
                 keep.append((pred, fut))
         self._w = keep
 
-    def wait_for(self, pred) -> asyncio.Future:
+    def wait_for(self, pred: Callable[[Message], bool]) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self._w.append((pred, fut))
         return fut
@@ -67,6 +76,7 @@ class CoordinatorActor:
     def __init__(self, cfg: bytes, run_id: str, trainer, replicas: dict, out_dir: str, registry=None, *,
                  resume: str = "", attempt: int = 0, reason: str = "") -> None:
         self.cfg = msgspec.msgpack.decode(cfg, type=config_mod.EngineConfig)
+        use_import_paths(self.cfg.run.import_paths)
         self.run_id = run_id
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -77,8 +87,10 @@ class CoordinatorActor:
                                     group_timeout_s=self.cfg.trainer.weight_group_timeout_s)
         self.feed = Feed()
         self.waiters = Waiters()
+        self.last_ready: WeightsReady | None = None
         self.log = EventLog(self.out / "events.bin")
-        self.metrics = MetricsSink(self.out / "metrics.jsonl", self.out / "tensorboard")
+        self.metrics = MetricsSink(self.out / "metrics.jsonl", self.out / "tensorboard",
+                                   extra=lambda: self.core.guard.metrics())
         self.user = Stamper(run_id, "user")
         task = load_task(self.cfg.task.name)
         prompts = (PromptSpec(prompt_id=i, text=p.text, answer=p.answer)
@@ -89,7 +101,7 @@ class CoordinatorActor:
             self.cfg, make_policy(self.cfg.run.policy, self.cfg.run.policy_options), self.executor, prompts,
             run_id=run_id, validation_prompts=val,
             sinks=[self.log, LogSink(make_logger(self.out / "run.log")), self.metrics, self.feed, self.waiters,
-                   self._release_dead],
+                   self._release_dead, self._remember],
             checkpoints=(CheckpointStore(self.out / "checkpoints", keep=self.cfg.run.checkpoint_keep)
                          if self.cfg.run.checkpoint_every > 0 else None),
         )
@@ -98,6 +110,10 @@ class CoordinatorActor:
             self.core.restore(snap, checkpoint=resume, attempt=attempt, reason=reason)
         self.registry = registry
         self._task: asyncio.Task | None = None
+
+    def _remember(self, msg: Message) -> None:
+        if isinstance(msg, WeightsReady):
+            self.last_ready = msg
 
     def _release_dead(self, msg: Message) -> None:
         """A replica that is down gives its rank back to the registry (RankReleased)."""
@@ -109,7 +125,7 @@ class CoordinatorActor:
             self.ingest(await self.registry.release.remote(replica_id, reason), "registry")
         except Exception as e:  # noqa: BLE001 - report, never crash the loop
             self.core.post(self.core.stamp(CommandFailed(command_kind="registry.release", target="registry",
-                                                         error=f"{type(e).__name__}: {e}")))
+                                                         error=describe(e))))
 
     async def start(self, initial: bytes) -> None:
         """Post the replicas' opening events (ReplicaUp, RankAssigned ...) and start the loop."""
@@ -117,7 +133,7 @@ class CoordinatorActor:
         self._task = asyncio.get_running_loop().create_task(self.core.run())
 
     def add_replica(self, replica_id: str, handle, opening: bytes) -> int:
-        """A replica started during the run: route commands to it, then announce it."""
+        """A replica started during the run: route orders to it, then announce it."""
         self.executor.add_replica(replica_id, handle)
         return self.ingest(opening, "engine")
 
@@ -125,7 +141,7 @@ class CoordinatorActor:
         try:
             msgs = codec().decode_batch(data)
         except msgspec.MsgspecError as e:
-            self.core.post(self.core.stamp(EventRejected(origin=origin, error=str(e), nbytes=len(data))))
+            self.core.post(self.core.stamp(EventRejected(origin=origin, error=describe(e), nbytes=len(data))))
             return 0
         for m in msgs:
             if isinstance(m, ReplicaUp):
@@ -136,24 +152,37 @@ class CoordinatorActor:
         return len(msgs)
 
     def submit(self, data: bytes) -> bool:
+        """An intent from the user (``Engine.submit``); anything else is rejected."""
         try:
             msg = codec().decode(data)
-            if not isinstance(msg, Command):
-                raise TypeError(f"submit() takes commands, got event {type(msg).__name__}")
+            if not isinstance(msg, Intent):
+                raise TypeError(f"submit() takes intents, got {msg.role} {type(msg).__name__}")
         except (msgspec.MsgspecError, TypeError) as e:
-            self.core.post(self.core.stamp(EventRejected(origin="user", error=str(e), nbytes=len(data))))
+            self.core.post(self.core.stamp(EventRejected(origin="user", error=describe(e), nbytes=len(data))))
             return False
         self.core.post(self.user(msg))
         return True
 
     async def fetch(self, cursor: int, max_n: int = 4096, wait_s: float = 1.0) -> tuple[list[bytes], int, int]:
-        return await self.feed.read(cursor, max_n, wait_s)
+        items, cursor, missed = await self.feed.read(cursor, max_n, wait_s)
+        if not items and self._task is not None and self._task.done() and not self.feed.ended:
+            items = [codec().encode(self._result())]  # the loop ended without its RunEnded reaching the feed
+        return items, cursor, missed
+
+    def _result(self) -> RunEnded:
+        assert self._task is not None and self._task.done()
+        if self._task.cancelled():
+            return RunEnded(reason="error", error="the coordinator's loop was cancelled", run_id=self.run_id)
+        exc = self._task.exception()
+        if exc is not None:
+            return RunEnded(reason="error", error=f"the coordinator's loop died: {describe(exc)}", run_id=self.run_id)
+        return self._task.result()
 
     async def wait_ended(self) -> bytes:
         if self._task is None:
             raise RuntimeError("the run was not started")
-        ended = await asyncio.shield(self._task)
-        return codec().encode(ended)
+        await asyncio.wait([self._task])
+        return codec().encode(self._result())
 
     async def stop(self, reason: str = "stopped") -> bytes:
         if self.core.ended is None:
@@ -161,29 +190,46 @@ class CoordinatorActor:
         return await self.wait_ended()
 
     # -- user-driven training ----------------------------------------------------------
-    async def next_batch(self, timeout_s: float) -> bytes | None:
-        """The next ready mini-batch as an encoded ``TrainStep`` (samples filled), or None."""
+    async def next_batch(self, timeout_s: float) -> tuple[bytes | None, str]:
+        """The next ready mini-batch (an encoded ``Batch``), or None and why there is none."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.core.ended is None:
-            batch = self.core.next_batch()
+        while True:
+            batch = self.core.take_batch()
             if batch is not None:
-                return codec().encode(TrainStep(batch_id=batch.batch_id, samples=batch.samples))
-            if loop.time() >= deadline:
-                return None
-            await asyncio.sleep(0.02)
-        return None
+                return codec().encode(batch), ""
+            left = deadline - loop.time()
+            if self.core.ended is not None or left <= 0:
+                return None, self.core.why_no_batch()
+            fut = self.waiters.wait_for(lambda m: isinstance(m, BatchReady | RunEnded))
+            try:
+                await asyncio.wait_for(fut, left)
+            except TimeoutError:
+                pass
 
-    async def train(self, step: bytes) -> bytes:
-        cmd = codec().decode(step)
-        done = self.waiters.wait_for(lambda m: isinstance(m, StepEnd | RunEnded) or _failed(m, "trainer"))
-        self.core.post(self.user(cmd))
+    async def train(self, data: bytes) -> bytes:
+        """Train a batch the user took; the answer is ``StepEnd``, or why not (``IntentRejected``,
+        ``CommandFailed`` from the user's loss, ``RunEnded``)."""
+        intent = self.user(codec().decode(data))
+        if not isinstance(intent, TrainBatch):
+            raise TypeError(f"train() takes trainer.train_batch, got {tag_of(intent)}")
+        k = intent.batch_id
+        done = self.waiters.wait_for(lambda m: (isinstance(m, StepEnd) and m.batch_id == k) or _answers(m, intent)
+                                     or (isinstance(m, CommandFailed) and m.target == "trainer" and m.batch_id == k))
+        self.core.post(intent)
         return codec().encode(await done)
 
     async def publish(self) -> bytes:
-        done = self.waiters.wait_for(lambda m: isinstance(m, WeightsReady | RunEnded) or _failed(m, "trainer"))
-        self.core.post(self.user(PublishWeights()))
-        return codec().encode(await done)
+        """Publish; the answer is ``WeightsReady`` — the last one if nothing new was trained —
+        or why not (``IntentRejected``, a failure, ``RunEnded``)."""
+        intent = self.user(PublishWeights())
+        done = self.waiters.wait_for(lambda m: isinstance(m, WeightsReady) or _answers(m, intent)
+                                     or (isinstance(m, CommandFailed) and m.target == "trainer"))
+        self.core.post(intent)
+        answer = await done
+        if isinstance(answer, IntentRejected) and answer.reason == "nothing_new" and self.last_ready is not None:
+            answer = self.last_ready
+        return codec().encode(answer)
 
     def counters(self) -> dict[str, int]:
         return self.core.buffer.counters()
@@ -194,11 +240,14 @@ class CoordinatorActor:
         self.metrics.close()
 
 
-def _failed(m: Message, target: str) -> bool:
-    return isinstance(m, CommandFailed) and m.target == target
+def _answers(m: Message, intent: Intent) -> bool:
+    """``m`` is the refusal of ``intent``, or the end of the run."""
+    if isinstance(m, RunEnded):
+        return True
+    return isinstance(m, IntentRejected) and m.intent_source == intent.source and m.intent_seq == intent.seq
 
 
-def remote_class():
+def remote_class() -> Any:
     import ray
 
     return ray.remote(num_cpus=0)(CoordinatorActor)

@@ -9,8 +9,8 @@ on the receiving replica.
 
 With a collective weight transport (``weight_group`` = ``nccl`` / ``gloo``) a weight load to
 a replica on another device is a command pair: before the first one the replica joins a
-group with the trainer (``JoinWeightGroup`` to each side); then every ``LoadWeights`` /
-``SwitchToRollout`` that carries weights goes out beside a ``SendWeights`` to the trainer,
+group with the trainer (``JoinWeightGroup`` to each side); then every ``InstallWeights`` /
+``EnterRollout`` that carries weights goes out beside a ``SendWeights`` to the trainer,
 which broadcasts while the replica receives. Both halves are bounded; a failed half drops
 the group, and the next load joins a new one. A replica that joins late or restarts gets
 the current weights this way before it takes requests (the coordinator loads them first).
@@ -26,19 +26,21 @@ from ray.exceptions import RayActorError
 
 from shunter.actors.wire import codec
 from shunter.engine.executor import TRAINER, TaskExecutor
+from shunter.engine.errors import bounded, describe
 from shunter.events import (
     CommandFailed,
     ComponentFailed,
+    EnterRollout,
     EventRejected,
     Generate,
+    InstallWeights,
     JoinWeightGroup,
     LeaveWeightGroup,
-    LoadWeights,
+    Order,
     ReplicaDown,
+    RunValidation,
     SendWeights,
     Stamper,
-    SwitchToRollout,
-    Validate,
     WeightGroupOpened,
     WeightsReady,
     tag_of,
@@ -121,7 +123,7 @@ class RayExecutor(TaskExecutor):
         except Exception as e:  # noqa: BLE001 - every failure becomes an event; the next load joins anew
             self._joins.pop(replica_id, None)
             self._emit([CommandFailed(command_kind=tag_of(cmd), target=TRAINER,
-                                      error=f"to {replica_id}: {type(e).__name__}: {e}")])
+                                      error=f"to {replica_id}: {describe(e)}")])
 
     def _leave(self, replica_id: str) -> None:
         if self._joins.pop(replica_id, None) is not None:
@@ -140,7 +142,7 @@ class RayExecutor(TaskExecutor):
             self._leave(replica_id)
             self._emit([ReplicaDown(replica_id=replica_id, reason=reason)])
 
-    async def _call(self, target: str, cmd) -> None:
+    async def _call(self, target: str, cmd: Order) -> None:
         data = codec().encode(cmd)
         refs: list = []
         try:
@@ -158,14 +160,14 @@ class RayExecutor(TaskExecutor):
                         return
                 else:
                     payload, send = None, None
-                    if isinstance(cmd, LoadWeights | SwitchToRollout) and cmd.handle:
+                    if isinstance(cmd, InstallWeights | EnterRollout) and cmd.handle:
                         payload = self._refs.get(cmd.handle)
                         if payload is None:
                             raise LookupError(f"no weights under handle {cmd.handle!r}")
                         if self._grouped(target):
                             await self._join(target)
                             send = asyncio.ensure_future(self._send(target, cmd.handle))
-                    timeout = None if isinstance(cmd, Validate) else self.timeout_s
+                    timeout = None if isinstance(cmd, RunValidation) else self.timeout_s
                     try:
                         out = await asyncio.wait_for(h.control.remote(data, payload), timeout)
                     finally:
@@ -173,9 +175,9 @@ class RayExecutor(TaskExecutor):
                             await send
         except RayActorError as e:
             if target == TRAINER:  # the run ends; the Engine restarts it from the last checkpoint
-                self._trainer_down(f"actor died during {tag_of(cmd)}: {e}")
+                self._trainer_down(bounded(f"actor died during {tag_of(cmd)}: {e}"))
             else:  # the coordinator resumes the replica's samples elsewhere; nothing is dropped
-                self._replica_down(target, f"actor died during {tag_of(cmd)}: {e}")
+                self._replica_down(target, bounded(f"actor died during {tag_of(cmd)}: {e}"))
             return
         except TimeoutError:
             if target == TRAINER:  # hung: kill it so it cannot answer late, and report it down
@@ -186,7 +188,7 @@ class RayExecutor(TaskExecutor):
                                           error=f"no answer within {self.timeout_s:g}s (run.timeout_s)")])
             return
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
-            self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=f"{type(e).__name__}: {e}",
+            self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=describe(e),
                                       group_id=cmd.group_id if isinstance(cmd, Generate) else -1)])
             return
         try:

@@ -16,7 +16,7 @@ import time
 
 import ray
 
-from shunter.actors.wire import decode_command, encode_events
+from shunter.actors.wire import decode_order, encode_events
 from shunter.events import Generate, Stamper
 
 
@@ -25,7 +25,10 @@ class RolloutWorker:
                  mode: str, seed: int, max_model_len: int, max_tokens: int,
                  engine_args: dict | None = None, cpu_bind: str = "", version: int = 0,
                  gpu_memory_utilization: float = 0.4, enable_sleep_mode: bool = True, stream_interval: int = 16,
-                 weight_transfer: str = "") -> None:
+                 weight_transfer: str = "", import_paths: list[str] | None = None) -> None:
+        from shunter.policies.registry import use_import_paths
+
+        use_import_paths(import_paths or [])  # the user's task / reward resolve like the config's other import strings
         self.run_id, self.replica_id, self.model_dir = run_id, replica_id, model_dir
         self.reward_spec, self.task = reward, task
         self.mode, self.seed = mode, seed
@@ -67,14 +70,14 @@ class RolloutWorker:
 
     @ray.method(concurrency_group="generate")
     async def generate(self, data: bytes) -> bytes:
-        cmd = decode_command(data)
+        cmd = decode_order(data)
         if not isinstance(cmd, Generate):
             raise TypeError(f"generate() takes rollout.generate, got {type(cmd).__name__}")
         return encode_events(await self._on_engine_loop(self.core.generate(cmd)))
 
     @ray.method(concurrency_group="control")
     async def control(self, data: bytes, payload: bytes | None = None) -> bytes:
-        cmd = decode_command(data)
+        cmd = decode_order(data)
         return encode_events(await self._on_engine_loop(self.core.handle(cmd, payload, max_tokens=self.max_tokens)))
 
     async def _on_engine_loop(self, coro):

@@ -12,14 +12,17 @@ import time
 import msgspec
 import ray
 
-from shunter.actors.wire import decode_command, encode_events
+from shunter.actors.wire import decode_order, encode_events
 from shunter.engine.config import TrainerConfig
 from shunter.events import Stamper
 
 
 class TrainerWorker:
     def __init__(self, run_id: str, cfg: bytes, model_dir: str, *, seed: int = 0, temperature: float = 1.0,
-                 init_from: str = "") -> None:
+                 init_from: str = "", import_paths: list[str] | None = None) -> None:
+        from shunter.policies.registry import use_import_paths
+
+        use_import_paths(import_paths or [])  # the user's loss resolves like the config's other import strings
         self.cfg = msgspec.msgpack.decode(cfg, type=TrainerConfig)
         self.run_id, self.model_dir, self.seed, self.temperature = run_id, model_dir, seed, temperature
         self.init_from = init_from
@@ -44,7 +47,7 @@ class TrainerWorker:
         return time.perf_counter() - t0
 
     async def control(self, data: bytes) -> tuple[bytes, list]:
-        events, blob = await self.host.handle(decode_command(data))
+        events, blob = await self.host.handle(decode_order(data))
         return encode_events(events), ([ray.put(blob)] if blob is not None else [])
 
     async def where(self) -> dict:

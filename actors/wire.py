@@ -1,14 +1,15 @@
 """Bytes in, bytes out: the codec at an actor's boundary.
 
-Invariant: one ``Codec`` per process (encoders cannot be pickled); commands that fail to
-decode raise ``BadMessage`` naming the sender-side cause, never a crash deeper in.
+Invariant: one ``Codec`` per process (encoders cannot be pickled); a component takes orders
+only — bytes that fail to decode, or decode to anything but an order, raise ``BadMessage``
+naming the cause, never a crash deeper in.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from shunter.events import Codec, Command, Message
+from shunter.events import Codec, Message, Order
 
 _codec: Codec | None = None
 
@@ -24,13 +25,13 @@ def codec() -> Codec:
     return _codec
 
 
-def decode_command(data: bytes) -> Command:
+def decode_order(data: bytes) -> Order:
     try:
         msg = codec().decode(data)
     except msgspec.MsgspecError as e:
-        raise BadMessage(f"command bytes do not decode: {e}") from None
-    if not isinstance(msg, Command):
-        raise BadMessage(f"expected a command, got event {type(msg).__name__}")
+        raise BadMessage(f"order bytes do not decode: {e}") from None
+    if not isinstance(msg, Order):
+        raise BadMessage(f"expected an order, got {msg.role} {type(msg).__name__}")
     return msg
 
 

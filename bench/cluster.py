@@ -24,7 +24,7 @@ from shunter.bench.sim import (
     sim_reward,
 )
 from shunter.engine.config import EngineConfig
-from shunter.engine.coordinator import Coordinator
+from shunter.engine.loop import Coordinator
 from shunter.engine.local import LocalExecutor
 from shunter.engine.ranks import RankTable
 from shunter.engine.rollout import RolloutCore

@@ -241,7 +241,7 @@ class SimTrainer:
         self.version = 0
         self.published_nbytes = int(cost.weight_bytes)
 
-    async def train_step(self, samples: list[Sample], loss_fn=None) -> dict[str, float]:
+    async def train_step(self, samples: list[Sample], loss_fn: str = "") -> dict[str, float]:
         tokens = sum(len(s.prompt_token_ids) + len(s.token_ids) for s in samples)
         await asyncio.sleep(self.cost.train_s(tokens))
         self.step += 1
@@ -262,6 +262,22 @@ class SimTrainer:
     async def offload(self, parts: list[str]) -> int:
         await asyncio.sleep(self.cost.offload_s)
         return 0
+
+    def save(self, path: str) -> int:
+        """The trainer's checkpoint part: its step and version (a simulated run has no weights)."""
+        import json
+        from pathlib import Path
+
+        data = json.dumps({"step": self.step, "version": self.version}).encode()
+        (Path(path) / "trainer.json").write_bytes(data)
+        return len(data)
+
+    def load(self, path: str) -> None:
+        import json
+        from pathlib import Path
+
+        st = json.loads((Path(path) / "trainer.json").read_text())
+        self.step, self.version = int(st["step"]), int(st["version"])
 
     async def onload(self, parts: list[str]) -> int:
         await asyncio.sleep(self.cost.offload_s)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shunter.events import PromptSpec, Sample
+from shunter.events import Batch, PromptSpec, Sample
 
 
 @dataclass
@@ -41,15 +41,6 @@ class Group:
     @property
     def min_version(self) -> int:
         return min((s.min_version for s in self.samples.values()), default=self.dispatch_version)
-
-
-@dataclass
-class Batch:
-    batch_id: int
-    samples: list[Sample]
-    group_ids: list[int]
-    min_version: int
-    max_staleness: int
 
 
 class GroupState(msgspec.Struct, frozen=True, kw_only=True):
@@ -129,6 +120,10 @@ class SampleBuffer:
     def group(self, group_id: int) -> Group | None:
         return self._groups.get(group_id)
 
+    def groups(self) -> list[Group]:
+        """Groups in flight or ready, in dispatch order."""
+        return list(self._groups.values())
+
     # -- batch side ------------------------------------------------------------------
     def staleness(self, g: Group, version: int) -> int:
         return version - g.min_version
@@ -190,7 +185,8 @@ class SampleBuffer:
         self.trained += len(groups)
         samples = [s for g in groups for s in sorted(g.samples.values(), key=lambda s: s.sample_id)]
         min_v = min(g.min_version for g in groups)
-        batch = Batch(self._next_batch, samples, cands, min_v, version - min_v)
+        batch = Batch(batch_id=self._next_batch, samples=samples, group_ids=cands, min_version=min_v,
+                      max_staleness=version - min_v)
         self._next_batch += 1
         return batch, dropped
 
@@ -247,5 +243,11 @@ class SampleBuffer:
         }
 
     def check(self) -> None:
+        """Raise ``AccountingError`` unless every dispatched group is in exactly one state."""
         total = self.in_flight + self.ready + self.trained + sum(self.dropped.values())
-        assert total == self.dispatched, f"groups unaccounted for: {self.counters()}"
+        if total != self.dispatched:
+            raise AccountingError(f"groups unaccounted for: {self.counters()}")
+
+
+class AccountingError(RuntimeError):
+    """The buffer's books do not balance (a bug: a group was lost or counted twice)."""

@@ -55,6 +55,9 @@ class RunConfig(_Section):
     checkpoint_every: Annotated[NonNegInt, _d("Save a checkpoint (model, optimizer, step, version, buffer, prompts in flight, policy state) into <output_dir>/<run_id>/checkpoints at the first publish at least this many optimizer steps after the last one, and at the end; 0 disables.")] = 0
     checkpoint_keep: Annotated[PosInt, _d("Complete checkpoints kept (older ones are removed once a newer one is committed).")] = 2
     max_restarts: Annotated[NonNegInt, _d("When the trainer or the coordinator dies, restart the run from its last checkpoint up to this many times (needs checkpoint_every > 0).")] = 2
+    policy_max_failures: Annotated[PosInt, _d("End the run when the policy's decide() raises or returns something other than a list of intents this many times in a row (each failure is reported as policy.failed).")] = 10
+    policy_budget_ms: Annotated[PosFloat, _d("Warn (policy.slow) when one decide() call takes longer than this; it runs on the coordinator's loop, so every millisecond delays every replica's next request.")] = 10.0
+    import_paths: Annotated[list[str], _d("Folders searched first for 'module:name' import strings (policy, task, reward, loss), in every process of the run. load_config() adds the config file's folder and the working directory at load time.")] = []
 
 
 class ModelConfig(_Section):
@@ -151,7 +154,11 @@ def from_dict(data: dict, *, origin: str = "config") -> EngineConfig:
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> EngineConfig:
-    """Load a TOML file; ``overrides`` (nested dict) is merged over it before checking."""
+    """Load a TOML file; ``overrides`` (nested dict) is merged over it before checking.
+
+    Import strings in the config (``run.policy``, ``task.name``, ``task.reward``,
+    ``trainer.loss_fn``) are resolved from the config file's folder and the working directory
+    first (both absolute, appended to ``run.import_paths``), then from installed packages."""
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text())
@@ -159,7 +166,14 @@ def load_config(path: str | Path, overrides: dict | None = None) -> EngineConfig
         raise ConfigError(f"config file {p} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
-    return from_dict(merge(data, overrides or {}), origin=str(p))
+    data = merge(data, overrides or {})
+    run = data.setdefault("run", {}) if isinstance(data.get("run", {}), dict) else {}
+    paths = list(run.get("import_paths", []))
+    for folder in (p.resolve().parent, Path.cwd().resolve()):
+        if str(folder) not in paths:
+            paths.append(str(folder))
+    run["import_paths"] = paths
+    return from_dict(data, origin=str(p))
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -213,12 +227,14 @@ def check(cfg: EngineConfig) -> None:
 
     plan(cfg)
     from shunter.policies import policy_class  # policies know what replicas they need
+    from shunter.policies.registry import import_paths
 
-    try:
-        cls = policy_class(cfg.run.policy)
-        cls.check_setup(standalone=r.standalone_replicas, hybrid=r.hybrid_replicas)
-    except ValueError as e:
-        raise ConfigError(f"run.policy = {cfg.run.policy!r}: {e}") from None
+    with import_paths(cfg.run.import_paths):
+        try:
+            cls = policy_class(cfg.run.policy)
+            cls.check_setup(standalone=r.standalone_replicas, hybrid=r.hybrid_replicas)
+        except ValueError as e:
+            raise ConfigError(f"run.policy = {cfg.run.policy!r}: {e}") from None
 
 
 def schema() -> dict:

@@ -1,9 +1,10 @@
 """The boundary between the pure coordinator and the components it commands.
 
-Invariant: ``send`` never blocks and never raises — the executor carries the command out
+Invariant: ``send`` never blocks and never raises — the executor carries the order out
 in the background and reports every outcome, failures included, back through the
 ``post`` callback it was given, as events (``CommandFailed`` names the target and the
-cause). The coordinator therefore never waits on a component inside its loop.
+cause). The coordinator therefore never waits on a component inside its loop. Executors
+carry orders only; intents never reach a component.
 
 Targets: ``"trainer"`` or a replica id.
 """
@@ -14,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from shunter.events import Command, Message
+from shunter.events import Message, Order
 
 TRAINER = "trainer"
 Post = Callable[[list[Message]], None]
@@ -24,7 +25,7 @@ class Executor(Protocol):
     def bind(self, post: Post) -> None:
         """Called once by the coordinator before the first ``send``."""
 
-    def send(self, target: str, command: Command) -> None: ...
+    def send(self, target: str, command: Order) -> None: ...
 
     def pending(self) -> int:
         """Commands sent whose outcome has not been posted yet."""
@@ -43,13 +44,13 @@ class TaskExecutor:
     def bind(self, post: Post) -> None:
         self._post = post
 
-    def send(self, target: str, command: Command) -> None:
+    def send(self, target: str, command: Order) -> None:
         task = asyncio.get_running_loop().create_task(self._call(target, command))
         task.target = target  # type: ignore[attr-defined] - for kill()
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _call(self, target: str, command: Command) -> None:
+    async def _call(self, target: str, command: Order) -> None:
         raise NotImplementedError
 
     def _deliver(self, events: list[Message]) -> None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
+from shunter.engine.errors import describe
 from shunter.events import (
     CommandFailed,
+    EnterRollout,
     Generate,
-    LoadWeights,
+    InstallWeights,
+    Order,
     ReplicaDown,
     Stamper,
-    SwitchToRollout,
     WeightsReady,
     tag_of,
 )
@@ -44,7 +46,7 @@ class LocalExecutor(TaskExecutor):
         self._dead.add(replica_id)
         self._deliver([self.stamp(ReplicaDown(replica_id=replica_id, reason=reason))])
 
-    async def _call(self, target: str, cmd) -> None:
+    async def _call(self, target: str, cmd: Order) -> None:
         if target in self._dead:  # like a call to a dead actor: no answer; its ReplicaDown is already out
             return
         try:
@@ -56,10 +58,10 @@ class LocalExecutor(TaskExecutor):
                         for old in list(self.blobs)[:-2]:  # keep the last two versions
                             del self.blobs[old]
             else:
-                payload = self.blobs.get(cmd.handle) if isinstance(cmd, LoadWeights | SwitchToRollout) else None
+                payload = self.blobs.get(cmd.handle) if isinstance(cmd, InstallWeights | EnterRollout) else None
                 events = await self.replicas[target].handle(cmd, payload, max_tokens=self.max_tokens)
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
-            events = [self.stamp(CommandFailed(command_kind=tag_of(cmd), target=target, error=f"{type(e).__name__}: {e}",
+            events = [self.stamp(CommandFailed(command_kind=tag_of(cmd), target=target, error=describe(e),
                                                group_id=cmd.group_id if isinstance(cmd, Generate) else -1))]
         self._deliver(events)
 

@@ -12,10 +12,13 @@ import asyncio
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
+from shunter.engine.errors import bounded
 from shunter.events import (
     CheckpointSaved,
     Codec,
@@ -74,25 +77,54 @@ def make_logger(path: Path) -> structlog.BoundLogger:
 
 
 class LogSink:
-    """One structlog line per message, named by its tag (per-sample messages summarised)."""
+    """One structlog line per message, named by its tag (per-sample messages summarised).
 
-    def __init__(self, logger) -> None:
+    Every string field is bounded (``engine.errors.bounded``); an error repeated word for word
+    is logged the 1st, 10th, 100th … time with ``repeats`` instead of every time."""
+
+    def __init__(self, logger: Any) -> None:
         self.log = logger
+        self._repeats: dict[tuple[str, str], int] = {}
 
     def __call__(self, msg: Message) -> None:
         if isinstance(msg, QUIET):
             return
-        fields = {k: getattr(msg, k) for k in msg.__struct_fields__ if k not in ("run_id", "wall_time", "samples", "prompts")}
+        tag = tag_of(msg)
+        fields: dict[str, Any] = {}
+        for k in msg.__struct_fields__:
+            if k in ("run_id", "wall_time", "samples", "prompts", "resume"):
+                continue
+            v = getattr(msg, k)
+            fields[k] = bounded(v) if isinstance(v, str) else v
         if "partial" in fields:
             fields["partial"] = fields["partial"] is not None
-        level = "error" if tag_of(msg).endswith(("failed", "rejected")) else "info"
-        getattr(self.log, level)(tag_of(msg), **fields)
+        if isinstance(err := fields.get("error"), str) and err:
+            key = (tag, err)
+            n = self._repeats[key] = self._repeats.get(key, 0) + 1
+            if len(self._repeats) > 10_000:
+                self._repeats = {key: n}
+            if not _milestone(n):
+                return
+            if n > 1:
+                fields["repeats"] = n
+        level = ("warning" if tag.endswith("slow") else
+                 "error" if tag.endswith(("failed", "rejected")) or fields.get("reason") == "error" else "info")
+        getattr(self.log, level)(tag, **fields)
+
+
+def _milestone(n: int) -> bool:
+    while n >= 10 and n % 10 == 0:
+        n //= 10
+    return n == 1
 
 
 class MetricsSink:
-    """Per-step metrics as JSON lines (and TensorBoard when the package is installed)."""
+    """Per-step metrics as JSON lines (and TensorBoard when the package is installed);
+    ``extra`` adds figures of the step's moment (``coordinator/decide_ms_p50`` …)."""
 
-    def __init__(self, path: Path, tensorboard_dir: Path | None = None) -> None:
+    def __init__(self, path: Path, tensorboard_dir: Path | None = None,
+                 extra: Callable[[], dict[str, float]] | None = None) -> None:
+        self.extra = extra
         self._f = open(path, "a")  # noqa: SIM115 - closed in close()
         self._t0 = time.time()
         self._tokens = 0
@@ -111,7 +143,8 @@ class MetricsSink:
         elif isinstance(msg, StepEnd):
             wall = msg.wall_time - self._t0
             row = {"step": msg.step, "wall_s": wall, **msg.metrics,
-                   "rollout/tokens_per_s": self._tokens / wall if wall > 0 else 0.0}
+                   "rollout/tokens_per_s": self._tokens / wall if wall > 0 else 0.0,
+                   **(self.extra() if self.extra is not None else {})}
             self._write(msg.step, row)
         elif isinstance(msg, ValidateEnd):
             self._write(None, {"version": msg.version, **{f"validate/{k}": v for k, v in msg.metrics.items()}})
@@ -141,10 +174,13 @@ class Feed:
         self._buf: deque[bytes] = deque(maxlen=maxlen)
         self._end = 0
         self._changed = asyncio.Event()
+        self.ended = False
+        """A ``RunEnded`` went into the feed."""
 
     def __call__(self, msg: Message) -> None:
         self._buf.append(self._codec.encode(msg))
         self._end += 1
+        self.ended = self.ended or isinstance(msg, RunEnded)
         self._changed.set()
 
     async def read(self, cursor: int, max_n: int = 4096, wait_s: float = 1.0) -> tuple[list[bytes], int, int]:

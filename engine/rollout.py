@@ -22,33 +22,36 @@ from collections.abc import Callable
 import msgspec
 
 from shunter.engine.backend import Backend, GenParams, Tokenizer
+from shunter.engine.errors import describe
 from shunter.events import (
     CommandFailed,
+    EnterRollout,
+    EnterTrainer,
     Event,
     Generate,
+    InstallWeights,
     JoinWeightGroup,
-    LoadWeights,
     ModeChanged,
+    Order,
     PromptSpec,
-    Rebalance,
+    RunValidation,
     Sample,
     SampleAborted,
     SampleBegin,
     SampleEnd,
     SampleResumed,
     SamplingSpec,
+    ShedGroups,
     Stamper,
-    SwitchToRollout,
-    SwitchToTrainer,
-    Validate,
     ValidateBegin,
     ValidateEnd,
     WeightGroupJoined,
     WeightsLoaded,
+    sample_id,
     tag_of,
 )
 from shunter.events.data import parse_length_dist
-from shunter.events.view import ROLLOUT, TRAINER
+from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, ServingMode
 
 Reward = Callable[[str, str, str], float]
 
@@ -68,7 +71,7 @@ class RolloutCore:
         reward: Reward,
         stamp: Stamper,
         *,
-        mode: str = ROLLOUT,
+        mode: ServingMode = ROLLOUT,
         reward_name: str = "reward",
         seed: int = 0,
         version: int = 0,
@@ -95,20 +98,20 @@ class RolloutCore:
         self._pending_weights: tuple[int, bytes] | None = None
         self._stable = asyncio.Lock()  # held by a validation: no weight swap under it
 
-    async def handle(self, cmd, payload: bytes | None = None, *, max_tokens: int = 16) -> list[Event]:
-        """Carry out one command addressed to this replica; returns the events it produced."""
+    async def handle(self, cmd: Order, payload: bytes | None = None, *, max_tokens: int = 16) -> list[Event]:
+        """Carry out one order addressed to this replica; returns the events it produced."""
         match cmd:
             case Generate():
                 return await self.generate(cmd)
-            case LoadWeights():
+            case InstallWeights():
                 return await self.load_weights(cmd.version, payload)
-            case SwitchToRollout():
+            case EnterRollout():
                 return await self.switch_to_rollout(cmd.version, payload)
-            case SwitchToTrainer():
+            case EnterTrainer():
                 return await self.switch_to_trainer(cmd.sleep_level)
-            case Validate():
+            case RunValidation():
                 return await self.validate(cmd, max_tokens)
-            case Rebalance():
+            case ShedGroups():
                 return await self.shed(cmd.count)
             case JoinWeightGroup():
                 dt = await self.backend.join_weight_group(cmd.backend, cmd.host, cmd.port, cmd.timeout_s)
@@ -129,8 +132,8 @@ class RolloutCore:
                        for s in cmd.resume]
         else:
             samples = [
-                Sample(sample_id=f"{cmd.group_id}.{k}", group_id=cmd.group_id, prompt_id=cmd.prompt.prompt_id,
-                       prompt_token_ids=prompt_ids, max_tokens=self._budget(cmd.sampling, f"{cmd.group_id}.{k}"))
+                Sample(sample_id=sample_id(cmd.group_id, k), group_id=cmd.group_id, prompt_id=cmd.prompt.prompt_id,
+                       prompt_token_ids=prompt_ids, max_tokens=self._budget(cmd.sampling, sample_id(cmd.group_id, k)))
                 for k in range(cmd.n)
             ]
         results = await asyncio.gather(*(self._run(s, cmd.prompt, cmd.sampling) for s in samples))
@@ -204,11 +207,12 @@ class RolloutCore:
                                               reason="failed", tokens=len(s.token_ids))),
                     self._stamp(CommandFailed(command_kind=tag_of(Generate), target=self.replica_id,
                                               group_id=s.group_id,
-                                              error=f"reward function {self.reward_name} raised {type(e).__name__}: {e}"))]
+                                              error=f"reward function {self.reward_name} raised {describe(e)}",
+                                              user_code=self.reward_name))]
         s = msgspec.structs.replace(s, reward=r, response_text=text)
         return [self._stamp(SampleEnd(replica_id=self.replica_id, sample=s))]
 
-    def _aborted(self, s: Sample, reason: str, *, partial: bool) -> SampleAborted:
+    def _aborted(self, s: Sample, reason: AbortReason, *, partial: bool) -> SampleAborted:
         return self._stamp(SampleAborted(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
                                          reason=reason, tokens=len(s.token_ids), partial=s if partial else None))
 
@@ -322,7 +326,7 @@ class RolloutCore:
                                                 "memory_taken_bytes": float(taken)}))]
 
     # -- validation ----------------------------------------------------------------------
-    async def validate(self, cmd: Validate, max_tokens: int) -> list[Event]:
+    async def validate(self, cmd: RunValidation, max_tokens: int) -> list[Event]:
         t0 = _now()
         begin = self._stamp(ValidateBegin(version=self.version, prompts=len(cmd.prompts), replica_ids=[self.replica_id]))
         params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
@@ -336,7 +340,7 @@ class RolloutCore:
             try:
                 return float(self.reward(p.text, text, p.answer))
             except Exception as e:  # noqa: BLE001 - counted and reported below
-                errors.append(f"{type(e).__name__}: {e}")
+                errors.append(describe(e, limit=500))
                 return 0.0
 
         async with self._stable:
@@ -348,7 +352,8 @@ class RolloutCore:
             metrics["reward_errors"] = float(len(errors))
         out = [begin, self._stamp(ValidateEnd(version=version, duration_s=_now() - t0, metrics=metrics))]
         if errors:
-            out.append(self._stamp(CommandFailed(command_kind=tag_of(Validate), target=self.replica_id,
+            out.append(self._stamp(CommandFailed(command_kind=tag_of(RunValidation), target=self.replica_id,
+                                                 user_code=self.reward_name,
                                                  error=f"reward function {self.reward_name} raised on {len(errors)} "
                                                        f"held-out prompts (scored 0), first: {errors[0]}")))
         return out

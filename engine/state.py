@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shunter.events import BufferView, EngineView, ReplicaView, TrainerView
-from shunter.events.view import ROLLOUT, TRAINER
+from shunter.events.vocab import ROLLOUT, TRAINER, Mode, ReplicaKind, TrainerActivity, TrainerDriver
 
 
 class Ema:
@@ -66,9 +66,9 @@ class WindowRate:
 @dataclass
 class ReplicaState:
     replica_id: str
-    kind: str
+    kind: ReplicaKind
     rank: int
-    mode: str
+    mode: Mode
     version: int = 0
     rate: WindowRate = field(default_factory=WindowRate)
     samples_done: int = 0
@@ -77,7 +77,7 @@ class ReplicaState:
 
 @dataclass
 class TrainerState:
-    state: str = "idle"
+    state: TrainerActivity = "idle"
     step: int = 0
     version: int = 0
     steps_since_publish: int = 0
@@ -95,7 +95,7 @@ class EngineState:
     n_samples_per_prompt: int
     max_staleness: int
     validate_every: int
-    trainer_driver: str
+    trainer_driver: TrainerDriver
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
     trainer: TrainerState = field(default_factory=TrainerState)
     switch_cost: dict[str, Ema] = field(default_factory=lambda: {ROLLOUT: Ema(), TRAINER: Ema()})
@@ -106,6 +106,17 @@ class EngineState:
     _pos: dict[str, int] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
     _tuple: tuple[ReplicaView, ...] | None = None
+    serving_dirty: bool = True
+    """Set whenever a replica enters or leaves the dispatcher or loads weights."""
+    _serving: int | None = None
+
+    def serving_version(self, dispatching: Callable[[str], bool]) -> int | None:
+        """Newest weight version among the replicas taking requests (None: none does)."""
+        if self.serving_dirty:
+            vs = [r.version for r in self.replicas.values() if dispatching(r.replica_id)]
+            self._serving = max(vs) if vs else None
+            self.serving_dirty = False
+        return self._serving
 
     def touch(self, replica_id: str) -> None:
         """The replica's view must be rebuilt (its state or in-flight count changed)."""

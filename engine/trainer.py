@@ -7,8 +7,9 @@ each ``train_step`` is exactly one optimizer step on the samples it is given. Wi
 ``objective = "decoupled"`` the proximal log-probs of a step are those of the weights of
 the last publish (the start of the sync cycle): the live weights at the cycle's first
 step, a host copy taken then for its later steps (``parameter_sync_step > 1``). The user's
-own loss plugs in as ``loss_fn(logp, old_logp, advantages, mask, ref_logp, cfg) ->
-(loss, metrics)`` with [B, T] tensors.
+own loss plugs in by ``"module:function"`` as ``loss_fn(LossInput) -> (loss, stats)``
+(``shunter.engine.loss``); when it fails, ``train_step`` raises ``UserCodeError`` before any
+optimizer step.
 
 Checkpoints: ``save(path)`` writes ``path/model`` (an HF model folder — weights, config and
 the tokenizer files of the original model — that replicas can serve directly) and
@@ -28,9 +29,8 @@ import torch
 
 from shunter.engine import rl, weight_transport
 from shunter.engine.config import TrainerConfig
+from shunter.engine.loss import LossFn, LossInput, call_loss, load_loss
 from shunter.events import Sample
-
-LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
 def state_dict_to_blob(state_dict: dict, dtype: torch.dtype | None = None) -> bytes:
@@ -167,14 +167,19 @@ class Trainer:
         attn = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), width - 1))
         old = torch.zeros((len(rows), width - 1))
+        versions = torch.full((len(rows), width - 1), -1, dtype=torch.long)
         for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
             ids[i, : len(row)] = torch.tensor(row)
             attn[i, : len(row)] = 1
             p, n = len(s.prompt_token_ids), len(s.token_ids)
             mask[i, p - 1 : p - 1 + n] = 1  # logits at t predict token t+1
             old[i, p - 1 : p - 1 + n] = torch.tensor(s.logprobs, dtype=torch.float32)
+            versions[i, p - 1 : p - 1 + n] = torch.tensor(s.versions, dtype=torch.long)
         dev = self.device
-        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask.to(dev), "old": old.to(dev)}
+        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask.to(dev), "old": old.to(dev),
+                "versions": versions.to(dev),
+                "rewards": torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev),
+                "group_ids": torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)}
 
     def _logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the response tokens, [B, T-1] fp32; 0 outside ``b["mask"]``.
@@ -194,15 +199,19 @@ class Trainer:
             lp = rl.head_logprobs(hidden[sel], head.weight, head.bias, targets[sel], 1.0 / self.temperature)
         return torch.zeros_like(b["mask"]).index_put((sel.nonzero(as_tuple=True)), lp)
 
-    def _loss(self, b: dict[str, torch.Tensor], adv: torch.Tensor, loss_fn: LossFn | None):
+    def _loss(self, b: dict[str, torch.Tensor], adv: torch.Tensor, user: tuple[LossFn, str] | None, share: float):
         adv_tok = adv[:, None].expand_as(b["mask"])
         logp = self._logp(self.model, b)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp = self._logp(self.ref, b)
-        if loss_fn is not None:
-            return loss_fn(logp, b["old"], adv_tok, b["mask"], ref_logp, self.cfg)
+        if user is not None:
+            fn, spec = user
+            inp = LossInput(logp=logp, old_logp=b["old"], advantages=adv_tok, mask=b["mask"], rewards=b["rewards"],
+                            group_ids=b["group_ids"], versions=b["versions"], ref_logp=ref_logp,
+                            trainer_version=self.version, token_share=share, cfg=self.cfg)
+            return call_loss(fn, spec, inp)
         c = self.cfg
         band = {"mis": c.mis, "mis_low": c.mis_low, "mis_high": c.mis_high}
         if c.objective == "decoupled":
@@ -241,13 +250,16 @@ class Trainer:
             for n, p in params.items():
                 p.data = live[n]
 
-    def train_step(self, samples: list[Sample], loss_fn: LossFn | None = None) -> dict[str, float]:
+    def train_step(self, samples: list[Sample], loss_fn: str = "") -> dict[str, float]:
         """One optimizer step. The batch is cut into micro-batches of
         ``trainer.micro_batch_size`` samples (gradients accumulate); each micro-batch's
         token-mean loss is weighted by its share of the tokens, so the step equals the
-        whole-batch token-mean step. Advantages are computed over the whole batch."""
+        whole-batch token-mean step. Advantages are computed over the whole batch.
+        ``loss_fn``: a user loss ``"module:function"`` (empty: the built-in objective); if it
+        fails, ``UserCodeError`` is raised and no optimizer step is taken."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
+        user = (self._user_loss(loss_fn), loss_fn) if loss_fn else None
         t0 = time.perf_counter()
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
@@ -256,13 +268,13 @@ class Trainer:
         chunks = [(self.collate(samples[i : i + size]), adv[i : i + size],
                    max(1, sum(len(s.token_ids) for s in samples[i : i + size])) / total)
                   for i in range(0, len(samples), size)]
-        if self.cfg.objective == "decoupled" and loss_fn is None:
+        if self.cfg.objective == "decoupled" and user is None:
             for (b, _, _), prox in zip(chunks, self._prox_logps([b for b, _, _ in chunks]), strict=True):
                 b["prox"] = prox
         self.opt.zero_grad(set_to_none=True)
         loss_sum, stats_sum = 0.0, {}
         for b, a, w in chunks:
-            loss, stats = self._loss(b, a, loss_fn)
+            loss, stats = self._loss(b, a, user, w)
             (loss * w).backward()
             loss_sum += float(loss.detach()) * w
             for k, v in stats.items():  # maxima and minima over micro-batches, token-weighted means else
@@ -297,6 +309,13 @@ class Trainer:
         for k in range(int(max(stale)) + 1):  # staleness histogram: samples per staleness
             out[f"batch/staleness_{k}"] = float(sum(x == k for x in stale))
         return out
+
+    def _user_loss(self, spec: str) -> LossFn:
+        """The user's loss by spec, imported once per spec (a failed import is retried next time)."""
+        cache = self.__dict__.setdefault("_losses", {})
+        if spec not in cache:
+            cache[spec] = load_loss(spec)
+        return cache[spec]
 
     # -- weights ---------------------------------------------------------------------------
     @property

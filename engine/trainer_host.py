@@ -4,11 +4,14 @@ Invariant: one command at a time (a lock), each answered by its events — excep
 weight-group commands (``JoinWeightGroup`` -> ``WeightGroupOpened``, ``SendWeights`` ->
 ``WeightsSent``, ``LeaveWeightGroup``), which touch only the published copies and run beside
 a training step, so a replica's weight load never waits for one; otherwise —
-``TrainStep`` -> ``StepBegin`` + ``StepEnd``; ``PublishWeights`` -> ``WeightsReady`` (the
-weight blob is returned beside the events, never inside one); ``Offload``/``Onload`` ->
-``Offloaded``/``Onloaded``; ``SaveCheckpoint`` -> ``TrainerStateSaved``. Heavy work runs in a thread so the host's loop stays live.
-The core is anything with ``train_step``, ``publish``, ``offload``, ``onload``, ``step``
-and ``version`` (and ``save(path) -> bytes written`` to take part in checkpoints) — the torch ``Trainer`` (plain methods, run in a thread), or a simulator
+``Train`` -> ``StepBegin`` + ``StepEnd``; ``Publish`` -> ``WeightsReady`` (the weight blob is
+returned beside the events, never inside one); ``OffloadState``/``OnloadState`` ->
+``Offloaded``/``Onloaded``; ``SaveCheckpoint`` -> ``TrainerStateSaved``. A ``Train`` whose
+user loss fails (``UserCodeError``) is answered by ``CommandFailed(user_code=...)`` and the
+trainer takes the next order as usual. Heavy work runs in a thread so the host's loop stays
+live. The core is anything with ``train_step(samples, loss_fn_spec)``, ``publish``,
+``offload``, ``onload``, ``step`` and ``version`` (and ``save(path) -> bytes written`` to take
+part in checkpoints) — the torch ``Trainer`` (plain methods, run in a thread), or a simulator
 (coroutine methods that spend virtual time).
 """
 
@@ -18,25 +21,29 @@ import asyncio
 import inspect
 from typing import Any
 
+from shunter.engine.errors import UserCodeError
 from shunter.events import (
+    CommandFailed,
     Event,
     JoinWeightGroup,
     LeaveWeightGroup,
-    Offload,
+    OffloadState,
     Offloaded,
-    Onload,
+    OnloadState,
     Onloaded,
-    PublishWeights,
+    Order,
+    Publish,
     SaveCheckpoint,
     SendWeights,
     Stamper,
     StepBegin,
     StepEnd,
+    Train,
     TrainerStateSaved,
-    TrainStep,
     WeightGroupOpened,
     WeightsReady,
     WeightsSent,
+    tag_of,
 )
 
 
@@ -44,15 +51,6 @@ def _now() -> float:
     """Durations are measured on the running loop's clock: monotonic in real runs,
     virtual in a simulation (``shunter.bench``)."""
     return asyncio.get_running_loop().time()
-
-
-def load_loss(spec: str):
-    from shunter.policies import import_object
-
-    fn = import_object(spec, "loss_fn")
-    if not callable(fn):
-        raise ValueError(f"loss_fn {spec!r} is not callable")
-    return fn
 
 
 class TrainerHost:
@@ -68,22 +66,25 @@ class TrainerHost:
             return await fn(*args)
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
 
-    async def handle(self, cmd) -> tuple[list[Event], bytes | None]:
+    async def handle(self, cmd: Order) -> tuple[list[Event], bytes | None]:
         if isinstance(cmd, JoinWeightGroup | SendWeights | LeaveWeightGroup):
             return await self._weight_group(cmd), None
         core = self.core
         async with self._lock:
             t0 = _now()
             match cmd:
-                case TrainStep():
-                    loss_fn = load_loss(cmd.loss_fn) if cmd.loss_fn else None
+                case Train():
                     begin = self.stamp(StepBegin(step=core.step + 1, batch_id=cmd.batch_id, samples=len(cmd.samples),
                                                  version=core.version,
                                                  group_ids=sorted({s.group_id for s in cmd.samples})))
-                    metrics = await self._run(core.train_step, cmd.samples, loss_fn)
+                    try:
+                        metrics = await self._run(core.train_step, cmd.samples, cmd.loss_fn)
+                    except UserCodeError as e:  # the user's loss: reported, the trainer stays usable
+                        return [self.stamp(CommandFailed(command_kind=tag_of(cmd), target="trainer", error=str(e),
+                                                         batch_id=cmd.batch_id, user_code=e.spec))], None
                     return [begin, self.stamp(StepEnd(step=core.step, batch_id=cmd.batch_id,
                                                       duration_s=_now() - t0, metrics=metrics))], None
-                case PublishWeights():
+                case Publish():
                     blob = await self._run(core.publish)
                     nbytes = getattr(core, "published_nbytes", None) or len(blob)  # a simulator models the size
                     transport = getattr(core, "transport", None) or self.transport
@@ -96,8 +97,8 @@ class TrainerHost:
                     n = await self._run(core.save, cmd.path)
                     return [self.stamp(TrainerStateSaved(step=core.step, version=core.version, path=cmd.path,
                                                          nbytes=n, duration_s=_now() - t0))], None
-                case Offload() | Onload():
-                    off = isinstance(cmd, Offload)
+                case OffloadState() | OnloadState():
+                    off = isinstance(cmd, OffloadState)
                     n = await self._run(core.offload if off else core.onload, cmd.parts)
                     cls = Offloaded if off else Onloaded
                     return [self.stamp(cls(parts=cmd.parts, nbytes=n, duration_s=_now() - t0))], None

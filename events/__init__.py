@@ -1,37 +1,35 @@
-"""Typed messages on shunter's bus: events (facts) and commands (intents), one codec.
+"""Typed messages on shunter's bus: events (facts), intents (asks) and orders, one codec.
 
-Invariant: this package imports msgspec only — never torch, vLLM or Ray — so policies
-and tools that read event logs stay light.
+Invariant: this package imports msgspec and the standard library only — never torch, vLLM
+or Ray (``tests/unit/test_layers.py``) — so policies and tools that read event logs stay light.
 """
 
-from shunter.events.base import Command, Event, Message, Stamper, tag_of
+from shunter.events.base import Command, Event, Intent, Message, Order, Stamper, tag_of
 from shunter.events.codec import (
     BY_TAG,
     COMMAND_TYPES,
     EVENT_TYPES,
+    INTENT_TYPES,
     MESSAGE_TYPES,
+    ORDER_TYPES,
     Codec,
     TornLog,
     read_log,
 )
-from shunter.events.commands import (
-    Generate,
-    JoinWeightGroup,
-    LeaveWeightGroup,
+from shunter.events.data import Batch, PromptSpec, Sample, SamplingSpec, group_of, sample_id
+from shunter.events.intents import (
     LoadWeights,
     Offload,
     Onload,
     PublishWeights,
     Rebalance,
-    SaveCheckpoint,
-    SendWeights,
     Stop,
     SwitchToRollout,
     SwitchToTrainer,
+    TrainBatch,
     TrainStep,
     Validate,
 )
-from shunter.events.data import PromptSpec, Sample, SamplingSpec
 from shunter.events.lifecycle import (
     CheckpointSaved,
     CommandFailed,
@@ -39,10 +37,28 @@ from shunter.events.lifecycle import (
     ComponentPlaced,
     ComponentReady,
     EventRejected,
+    IntentRejected,
     PolicyFailed,
+    PolicySlow,
     RunEnded,
     RunResumed,
     RunStarted,
+)
+from shunter.events.orders import (
+    EnterRollout,
+    EnterTrainer,
+    Generate,
+    InstallWeights,
+    JoinWeightGroup,
+    LeaveWeightGroup,
+    OffloadState,
+    OnloadState,
+    Publish,
+    RunValidation,
+    SaveCheckpoint,
+    SendWeights,
+    ShedGroups,
+    Train,
 )
 from shunter.events.replicas import RankAssigned, RankReleased, ReplicaDown, ReplicaUp
 from shunter.events.rollout import (

@@ -17,28 +17,29 @@ one encoded message), readable with :func:`read_log` even if the writer crashed 
 from __future__ import annotations
 
 import struct
+from types import ModuleType
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Union
 
 import msgspec
 
-from shunter.events import commands, lifecycle, replicas, rollout, training, validation
-from shunter.events.base import Command, Event, Message, tag_of
+from shunter.events import intents, lifecycle, orders, replicas, rollout, training, validation
+from shunter.events.base import Command, Event, Intent, Message, Order, tag_of
 
 
-def _subclasses(module, base) -> list[type]:
-    out = []
-    for obj in vars(module).values():
-        if isinstance(obj, type) and issubclass(obj, base) and obj not in (Event, Command, Message):
-            out.append(obj)
-    return out
+def _subclasses(module: ModuleType, base: type) -> list[type]:
+    bases = (Event, Command, Intent, Order, Message)
+    return [obj for obj in vars(module).values()
+            if isinstance(obj, type) and issubclass(obj, base) and obj not in bases and obj.__module__ == module.__name__]
 
 
 EVENT_TYPES: tuple[type[Event], ...] = tuple(
     cls for m in (lifecycle, rollout, training, replicas, validation) for cls in _subclasses(m, Event)
 )
-COMMAND_TYPES: tuple[type[Command], ...] = tuple(_subclasses(commands, Command))
+INTENT_TYPES: tuple[type[Intent], ...] = tuple(_subclasses(intents, Intent))
+ORDER_TYPES: tuple[type[Order], ...] = tuple(_subclasses(orders, Order))
+COMMAND_TYPES: tuple[type[Command], ...] = INTENT_TYPES + ORDER_TYPES
 MESSAGE_TYPES: tuple[type[Message], ...] = EVENT_TYPES + COMMAND_TYPES
 BY_TAG: dict[str, type[Message]] = {tag_of(cls): cls for cls in MESSAGE_TYPES}
 

@@ -16,6 +16,8 @@ import functools
 
 import msgspec
 
+from shunter.events.vocab import FinishReason
+
 
 class PromptSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One prompt of the task; the rollout replica tokenizes ``text`` with its own tokenizer."""
@@ -54,6 +56,16 @@ def parse_length_dist(spec: str) -> tuple[float, float] | None:
     return median, sigma
 
 
+def sample_id(group_id: int, k: int) -> str:
+    """The id of the ``k``-th sample of prompt group ``group_id`` (``"12.3"``)."""
+    return f"{group_id}.{k}"
+
+
+def group_of(sample_id: str) -> int:
+    """The prompt group a sample id belongs to (inverse of :func:`sample_id`)."""
+    return int(sample_id.split(".", 1)[0])
+
+
 class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A finished (or partial) completion with everything the trainer needs."""
 
@@ -64,8 +76,7 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     token_ids: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []
-    finish_reason: str = ""
-    """``stop`` | ``length`` | ``abort`` (partial)."""
+    finish_reason: FinishReason = ""
     max_tokens: int = 0
     """The sample's whole token budget; a resumed sample may only use what is left."""
     reward: float = 0.0
@@ -89,3 +100,19 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             )
         if self.max_tokens and n > self.max_tokens:
             raise ValueError(f"sample {self.sample_id}: {n} tokens overrun its budget {self.max_tokens}")
+
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One mini-batch: whole prompt groups taken out of the buffer for one optimizer step.
+
+    ``Engine.next_batch()`` hands one to a user's loop; ``Engine.train(batch)`` trains it
+    (once: a batch already trained is refused). ``samples`` may be replaced by the user
+    (``msgspec.structs.replace(batch, samples=...)``) to train a filtered or re-scored set."""
+
+    batch_id: int
+    samples: list[Sample]
+    group_ids: list[int] = []
+    min_version: int = 0
+    """Oldest weight version of any token in the batch."""
+    max_staleness: int = 0
+    """Trainer version when taken minus ``min_version``."""

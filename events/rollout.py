@@ -1,44 +1,62 @@
 """Facts about rollout samples and prompt groups.
 
-Invariant: every prompt group the coordinator dispatches ends in exactly one of
-``GroupTrained`` (via a batch), ``GroupDropped`` (with a reason), or is still in flight;
-samples of a group report ``SampleBegin`` once per (re)start and ``SampleEnd`` once.
+Invariant: every prompt group the coordinator dispatches ends in exactly one of trained
+(via a batch, ``StepBegin.group_ids``), ``GroupDropped`` (with a reason), or is still in
+flight; samples of a group report ``SampleBegin`` once per start, ``SampleResumed`` once per
+restart from a prefix, and ``SampleEnd`` once.
 """
 
 from __future__ import annotations
 
 from shunter.events.base import Event
 from shunter.events.data import Sample
+from shunter.events.vocab import AbortReason, DropReason
 
 
 class SampleBegin(Event, frozen=True, kw_only=True, tag="rollout.sample_begin"):
+    """A sample started generating from scratch on ``replica_id``, on weights ``version``.
+
+    ``replica -> coordinator, policy`` (in the answer to its ``Generate``)."""
+
     sample_id: str
     group_id: int
     replica_id: str
     version: int
     prefix_len: int = 0
-    """Tokens already generated before this (re)start: 0 for a fresh sample."""
+    """Tokens already generated before this start (0: a fresh sample)."""
 
 
 class SampleEnd(Event, frozen=True, kw_only=True, tag="rollout.sample_end"):
+    """A sample is complete and scored (``sample.reward``).
+
+    ``replica -> coordinator, policy``; the buffer takes it, and a group whose samples are all
+    in becomes ready (maybe a ``BatchReady``)."""
+
     replica_id: str
     sample: Sample
 
 
 class SampleAborted(Event, frozen=True, kw_only=True, tag="rollout.sample_aborted"):
-    """A generation was cut. ``partial`` is set when the sample leaves its replica (it must
-    be resumed elsewhere); it is empty when the replica resumes it itself (weight update)."""
+    """A generation was cut. ``partial`` is set when the sample leaves its replica (it
+    resumes elsewhere from that prefix); empty when the replica resumes it itself
+    (``weights_update``) or when its group is dropped (``failed``).
+
+    ``replica -> coordinator, policy``; ``coordinator -> policy`` for ``replica_down`` (the
+    coordinator recovers a dead replica's samples from what it holds)."""
 
     sample_id: str
     group_id: int
     replica_id: str
-    reason: str
-    """``weights_update`` | ``reclaimed`` | ``replica_down`` | ``shutdown``."""
+    reason: AbortReason
     tokens: int = 0
     partial: Sample | None = None
 
 
 class SampleResumed(Event, frozen=True, kw_only=True, tag="rollout.sample_resumed"):
+    """A cut sample continues from its prefix with the budget it has left, on ``version``.
+
+    ``replica -> coordinator, policy``."""
+
     sample_id: str
     group_id: int
     replica_id: str
@@ -48,14 +66,20 @@ class SampleResumed(Event, frozen=True, kw_only=True, tag="rollout.sample_resume
 
 
 class GroupDropped(Event, frozen=True, kw_only=True, tag="buffer.group_dropped"):
+    """A prompt group left the buffer without being trained.
+
+    ``coordinator -> policy, sinks``: when the staleness rule drops it, when a generation or
+    reward failed, or for groups still in flight when the run ends."""
+
     group_id: int
-    reason: str
-    """``stale`` | ``failed`` | ``shutdown`` ..."""
+    reason: DropReason
     samples: int = 0
 
 
 class BatchReady(Event, frozen=True, kw_only=True, tag="buffer.batch_ready"):
-    """The buffer holds a full mini-batch (``ppo_mini_batch_size`` samples, whole groups)."""
+    """The buffer holds one more full mini-batch (``ppo_mini_batch_size`` samples, whole groups).
+
+    ``coordinator -> policy, sinks``, once per mini-batch that becomes formable."""
 
     batch_id: int
     samples: int

@@ -1,4 +1,5 @@
-"""Facts from the trainer: steps, weights, offload.
+"""Facts from the trainer and the replicas' weights and modes: steps, publishes, loads,
+switches, offload.
 
 Invariant: ``StepEnd.step`` counts optimizer steps from 1; ``WeightsReady.version``
 counts publishes from 1 (version 0 is the model the run started from), so the staleness
@@ -8,9 +9,14 @@ of a sample is ``trainer version - sample.min_version``.
 from __future__ import annotations
 
 from shunter.events.base import Event
+from shunter.events.vocab import ServingMode, StatePart
 
 
 class StepBegin(Event, frozen=True, kw_only=True, tag="trainer.step_begin"):
+    """An optimizer step starts on a batch.
+
+    ``trainer -> coordinator, policy``, first in the answer to a ``Train`` order."""
+
     step: int
     batch_id: int
     samples: int
@@ -20,6 +26,10 @@ class StepBegin(Event, frozen=True, kw_only=True, tag="trainer.step_begin"):
 
 
 class StepEnd(Event, frozen=True, kw_only=True, tag="trainer.step_end"):
+    """An optimizer step is done; ``metrics`` holds ``trainer/*`` and ``batch/*`` figures.
+
+    ``trainer -> coordinator, policy, metrics``, after its ``StepBegin``."""
+
     step: int
     batch_id: int
     duration_s: float
@@ -28,8 +38,11 @@ class StepEnd(Event, frozen=True, kw_only=True, tag="trainer.step_end"):
 
 class WeightsReady(Event, frozen=True, kw_only=True, tag="trainer.weights_ready"):
     """New weights are published. ``handle`` names them in the transport (a Ray object
-    store entry held by the coordinator's handle table, a path, an NCCL group + version);
-    the tensors themselves never ride in an event."""
+    store entry held by the executor's handle table, CUDA IPC handles, a weight group +
+    version); the tensors themselves never ride in an event.
+
+    ``trainer -> coordinator, policy`` in answer to ``Publish``; a policy typically answers
+    it with ``LoadWeights``."""
 
     version: int
     handle: str
@@ -39,7 +52,9 @@ class WeightsReady(Event, frozen=True, kw_only=True, tag="trainer.weights_ready"
 
 
 class WeightsSent(Event, frozen=True, kw_only=True, tag="trainer.weights_sent"):
-    """The trainer broadcast ``version`` to a replica over its weight group."""
+    """The trainer broadcast ``version`` to a replica over its weight group.
+
+    ``trainer -> coordinator`` in answer to ``SendWeights``."""
 
     replica_id: str
     version: int
@@ -49,7 +64,9 @@ class WeightsSent(Event, frozen=True, kw_only=True, tag="trainer.weights_sent"):
 
 
 class WeightGroupOpened(Event, frozen=True, kw_only=True, tag="weight_group.opened"):
-    """The trainer opened (as rank 0) the weight group of ``replica_id`` at ``host:port``."""
+    """The trainer opened (as rank 0) the weight group of ``replica_id`` at ``host:port``.
+
+    ``trainer -> executor, coordinator`` in answer to ``JoinWeightGroup``."""
 
     replica_id: str
     backend: str
@@ -58,7 +75,9 @@ class WeightGroupOpened(Event, frozen=True, kw_only=True, tag="weight_group.open
 
 
 class WeightGroupJoined(Event, frozen=True, kw_only=True, tag="weight_group.joined"):
-    """A replica joined its weight group: it can receive weights over it."""
+    """A replica joined its weight group: it can receive weights over it.
+
+    ``replica -> executor, coordinator`` in answer to ``JoinWeightGroup``."""
 
     replica_id: str
     backend: str
@@ -66,6 +85,10 @@ class WeightGroupJoined(Event, frozen=True, kw_only=True, tag="weight_group.join
 
 
 class WeightsLoaded(Event, frozen=True, kw_only=True, tag="rollout.weights_loaded"):
+    """A replica serves ``version`` now.
+
+    ``replica -> coordinator, policy`` in answer to ``InstallWeights``."""
+
     replica_id: str
     version: int
     duration_s: float
@@ -77,29 +100,43 @@ class WeightsLoaded(Event, frozen=True, kw_only=True, tag="rollout.weights_loade
 
 
 class ModeChanged(Event, frozen=True, kw_only=True, tag="replica.mode_changed"):
+    """A replica finished switching into ``mode``.
+
+    ``replica -> coordinator, policy`` in answer to ``EnterRollout`` / ``EnterTrainer``."""
+
     replica_id: str
-    mode: str
-    """``rollout`` | ``trainer``."""
-    previous: str
+    mode: ServingMode
+    previous: ServingMode
     duration_s: float
     detail: dict[str, float] = {}
-    """Where the time went (``sleep_s``, ``wake_s``, ``load_s``) and memory moved."""
+    """Where the time went (``sleep_s``, ``wake_s``, ``load_s``), memory moved, and for
+    ``rollout`` the weight ``version`` it serves."""
 
 
 class Offloaded(Event, frozen=True, kw_only=True, tag="trainer.offloaded"):
-    parts: list[str]
+    """Parts of the trainer's state are in host memory now.
+
+    ``trainer -> coordinator, policy`` in answer to ``OffloadState``."""
+
+    parts: list[StatePart]
     nbytes: int
     duration_s: float
 
 
 class Onloaded(Event, frozen=True, kw_only=True, tag="trainer.onloaded"):
-    parts: list[str]
+    """Parts of the trainer's state are back on its device.
+
+    ``trainer -> coordinator, policy`` in answer to ``OnloadState``."""
+
+    parts: list[StatePart]
     nbytes: int
     duration_s: float
 
 
 class TrainerStateSaved(Event, frozen=True, kw_only=True, tag="trainer.state_saved"):
-    """The trainer's part of a checkpoint is on disk (not yet committed: see ``CheckpointSaved``)."""
+    """The trainer's part of a checkpoint is on disk (not yet committed: see ``CheckpointSaved``).
+
+    ``trainer -> coordinator`` in answer to ``SaveCheckpoint``; the coordinator commits."""
 
     step: int
     version: int

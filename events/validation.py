@@ -6,12 +6,20 @@ from shunter.events.base import Event
 
 
 class ValidateBegin(Event, frozen=True, kw_only=True, tag="validate.begin"):
+    """A replica starts scoring ``prompts`` held-out prompts on weights ``version``.
+
+    ``replica -> coordinator, policy`` in answer to ``RunValidation``."""
+
     version: int
     prompts: int
     replica_ids: list[str] = []
 
 
 class ValidateEnd(Event, frozen=True, kw_only=True, tag="validate.end"):
+    """Held-out scores of weights ``version``: ``metrics`` holds ``reward_mean`` and ``exact``.
+
+    ``replica -> coordinator, policy, metrics`` after its ``ValidateBegin``."""
+
     version: int
     duration_s: float
     metrics: dict[str, float] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shunter.events import Command, EngineView, Event, SwitchToRollout, SwitchToTrainer
+from shunter.events import Intent, EngineView, Event, SwitchToRollout, SwitchToTrainer
 from shunter.events.view import HYBRID, ROLLOUT, TRAINER
 from shunter.policies import Policy
 from shunter.policies.base import load_on_ready, train_or_publish
@@ -30,7 +30,7 @@ class EagerLendPolicy(Policy):
         if standalone < 1:
             raise ValueError("needs a standalone replica")
 
-    def decide(self, event: Event, view: EngineView) -> list[Command]:
+    def decide(self, event: Event, view: EngineView) -> list[Intent]:
         cmds = load_on_ready(event, view)
         hybrids = view.ids(kind=HYBRID)
         if self.state.lent:

@@ -1,13 +1,26 @@
 """The policy protocol and the behaviour every built-in shares.
 
-Invariant: a policy is a plain object — ``decide(event, view) -> list[Command]`` is
-synchronous, does no I/O, and returns the same commands for the same sequence of
-(event, view) pairs. All of its mutable state lives in ``self.state``, a msgspec Struct,
-so ``snapshot()``/``restore()`` round-trip it exactly and a restarted coordinator resumes
-the policy where it stopped. A resumed attempt opens with ``RunResumed`` (after
-``restore()``) instead of ``RunStarted``: the replicas are new and in their starting modes
-(standalone serving, hybrid on the trainer), so state about replicas must be re-derived
-from the view then.
+A policy is a plain object:
+
+- ``decide(event, view) -> list[Intent]`` — synchronous, no I/O, the same intents for the
+  same sequence of (event, view) pairs. It runs on the coordinator's loop: every millisecond
+  it takes delays every replica's next request (``run.policy_budget_ms`` warns past a budget).
+  It may raise or return junk: the coordinator reports it (``PolicyFailed``) and carries on,
+  until ``run.policy_max_failures`` failures in a row end the run.
+- all mutable state in ``self.state``, an instance of the class attribute ``State`` (a
+  msgspec Struct), so ``snapshot()`` / ``restore()`` round-trip it exactly and a resumed run
+  continues the policy where it stopped. ``restore()`` refuses keys its ``State`` does not
+  have (a renamed field must not be forgotten silently).
+- options as keyword arguments of ``__init__`` (``run.policy_options``); calling
+  ``super().__init__()`` is optional — ``self.state`` is created on first use.
+- ``check_setup(standalone=, hybrid=)`` raises ``ValueError`` for replica setups it cannot run
+  (checked when the config is loaded).
+
+What a policy sees: ``RunStarted`` (or ``RunResumed`` after ``restore()``) first — the opening's
+replicas are already in ``view.replicas`` — then every event the coordinator handles, except
+those about the policy itself (``PolicyFailed``, ``PolicySlow``, ``IntentRejected``). A resumed
+attempt's replicas are new and in their starting modes (standalone serving, hybrid on the
+trainer): derive anything about replicas from the view.
 """
 
 from __future__ import annotations
@@ -17,10 +30,11 @@ from typing import Any, ClassVar
 import msgspec
 
 from shunter.events import (
-    Command,
     EngineView,
     Event,
+    Intent,
     LoadWeights,
+    ModeChanged,
     PublishWeights,
     RunResumed,
     RunStarted,
@@ -38,7 +52,7 @@ class NoState(msgspec.Struct):
 
 
 class Policy:
-    """Base class: override ``decide``; keep state in ``self.state``."""
+    """Base class: override ``decide``; keep mutable state in ``self.state``."""
 
     name: ClassVar[str] = ""
     State: ClassVar[type[msgspec.Struct]] = NoState
@@ -46,26 +60,60 @@ class Policy:
     def __init__(self, **options: Any) -> None:
         if options:
             raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
-        self.state = self.State()
+
+    @property
+    def state(self) -> Any:
+        """The policy's mutable state (an instance of ``State``), created on first use."""
+        st = self.__dict__.get("_state")
+        if st is None:
+            st = self.__dict__["_state"] = self.State()
+        return st
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.__dict__["_state"] = value
 
     @classmethod
     def check_setup(cls, *, standalone: int, hybrid: int) -> None:
         """Raise ValueError if the policy cannot run with these replicas."""
 
-    def decide(self, event: Event, view: EngineView) -> list[Command]:
-        raise NotImplementedError
+    def decide(self, event: Event, view: EngineView) -> list[Intent]:
+        raise NotImplementedError(f"{type(self).__name__} does not implement decide(event, view)")
 
-    def snapshot(self) -> dict:
-        return msgspec.to_builtins(self.state)
+    def snapshot(self) -> dict[str, Any]:
+        out = msgspec.to_builtins(self.state)
+        if not isinstance(out, dict):
+            raise TypeError(f"{type(self).__name__}.State must be a msgspec Struct, got {type(self.state).__name__}")
+        return out
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
+        """Replace the state with a snapshot; ValueError naming keys the ``State`` lacks."""
+        unknown = unknown_keys(state, type(self.state))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}.restore(): the snapshot has keys its State does not know: "
+                             f"{', '.join(unknown)} (renamed or removed fields?)")
         self.state = msgspec.convert(state, type(self.state))
+
+
+def unknown_keys(data: Any, struct: type, path: str = "") -> list[str]:
+    """Keys in ``data`` (plain builtins) that ``struct`` (and its nested Structs) do not have."""
+    if not (isinstance(data, dict) and isinstance(struct, type) and issubclass(struct, msgspec.Struct)):
+        return []
+    out: list[str] = []
+    fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+    for key, value in data.items():
+        f = fields.get(key)
+        if f is None:
+            out.append(f"{path}{key}")
+        elif isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):
+            out += unknown_keys(value, f.type, f"{path}{key}.")
+    return out
 
 
 # -- shared building blocks (pure functions of event + view) --------------------------
 
 
-def train_or_publish(event: Event, view: EngineView) -> list[Command]:
+def train_or_publish(event: Event, view: EngineView) -> list[Intent]:
     """Engine-driven training: publish when a sync cycle is complete, else train the next
     ready mini-batch when the trainer is idle."""
     if view.trainer_driver != "engine" or view.done or view.trainer.state != "idle":
@@ -77,7 +125,7 @@ def train_or_publish(event: Event, view: EngineView) -> list[Command]:
     return []
 
 
-def load_on_ready(event: Event, view: EngineView) -> list[Command]:
+def load_on_ready(event: Event, view: EngineView) -> list[Intent]:
     """New weights go to every replica in rollout mode at once (the others load when they
     switch to rollout)."""
     if isinstance(event, WeightsReady):
@@ -92,9 +140,11 @@ class ValidationState(msgspec.Struct):
     """The last block of ``validate_every`` optimizer steps that was validated."""
 
 
-def validate_when_due(event: Event, view: EngineView, state: ValidationState) -> list[Command]:
+def validate_when_due(event: Event, view: EngineView, state: ValidationState) -> list[Intent]:
     """Validate the weights of version 0, then the first published version at or after
-    every ``validate_every`` optimizer steps, once the rollout replicas serve it."""
+    every ``validate_every`` optimizer steps, as soon as a replica in rollout mode serves it
+    (after a load, or a switch to rollout — ``colocated`` serves new weights only that way), on
+    such a replica."""
     every = view.validate_every
     if every <= 0 or view.done:
         return []
@@ -102,13 +152,14 @@ def validate_when_due(event: Event, view: EngineView, state: ValidationState) ->
     block = version * view.parameter_sync_step // every
     if block <= state.validated:
         return []
-    if isinstance(event, RunStarted | RunResumed | WeightsLoaded | StepEnd):
-        serving = [r for r in view.replicas if r.mode == ROLLOUT]
-        if serving and all(r.version >= version for r in serving):
+    if isinstance(event, RunStarted | RunResumed | WeightsLoaded | ModeChanged | StepEnd):
+        current = [r.replica_id for r in view.replicas if r.mode == ROLLOUT and r.version >= version]
+        if current:
             state.validated = block
-            return [Validate()]
+            return [Validate(replica_ids=current)]
     return []
 
 
 def live_ids(view: EngineView, kind: str) -> list[str]:
-    return [r.replica_id for r in sorted(view.replicas, key=lambda r: r.rank) if r.kind == kind and r.mode != DOWN]
+    """Replicas of ``kind`` that are not down, in rank order."""
+    return [r.replica_id for r in view.replicas if r.kind == kind and r.mode != DOWN]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from shunter.events import (
-    Command,
+    Intent,
     EngineView,
     Event,
     Offload,
@@ -52,10 +52,10 @@ class ColocatedPolicy(Policy):
                 f"(got {hybrid}) and rollout.standalone_replicas = 0 (got {standalone})"
             )
 
-    def decide(self, event: Event, view: EngineView) -> list[Command]:
+    def decide(self, event: Event, view: EngineView) -> list[Intent]:
         st = self.state
         hybrids = live_ids(view, HYBRID)
-        cmds: list[Command] = validate_when_due(event, view, st.validation)
+        cmds: list[Intent] = validate_when_due(event, view, st.validation)
         if view.done:
             return cmds
         if isinstance(event, RunResumed) or (st.phase == "start" and isinstance(event, RunStarted)):
@@ -83,7 +83,7 @@ class ColocatedPolicy(Policy):
             cmds += self._to_rollout(hybrids)
         return cmds
 
-    def _to_rollout(self, hybrids: list[str]) -> list[Command]:
-        cmds: list[Command] = [Offload(parts=["optimizer"])] if self.offload_optimizer else []
+    def _to_rollout(self, hybrids: list[str]) -> list[Intent]:
+        cmds: list[Intent] = [Offload(parts=["optimizer"])] if self.offload_optimizer else []
         return cmds + [SwitchToRollout(replica_ids=hybrids)]
 

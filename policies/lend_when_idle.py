@@ -31,7 +31,7 @@ import msgspec
 
 from shunter.events import (
     BatchReady,
-    Command,
+    Intent,
     EngineView,
     Event,
     ModeChanged,
@@ -78,10 +78,10 @@ class LendWhenIdlePolicy(Policy):
         if hybrid < 1:
             raise ValueError(f"needs at least one hybrid replica to lend (rollout.hybrid_replicas = {hybrid})")
 
-    def decide(self, event: Event, view: EngineView) -> list[Command]:
+    def decide(self, event: Event, view: EngineView) -> list[Intent]:
         if isinstance(event, RunResumed):
             self.state.lent = []  # a resumed attempt starts with every hybrid on the trainer
-        cmds: list[Command] = load_on_ready(event, view)
+        cmds: list[Intent] = load_on_ready(event, view)
         cmds += validate_when_due(event, view, self.state.validation)
         lent = [i for i in self.state.lent if (r := view.replica(i)) is not None and r.mode != DOWN]
         if lent and (view.buffer.ready_batches > 0 or isinstance(event, BatchReady) or view.done):

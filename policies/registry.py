@@ -2,11 +2,16 @@
 
 Invariant: code is imported only from a name the user wrote in the config — never from
 event bytes and never by unpickling — and a bad name raises ``ValueError`` naming it.
+Import strings resolve from ``run.import_paths`` first (the config file's folder and the
+working directory, added by ``load_config``), then from installed packages.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from shunter.policies.base import Policy
@@ -19,6 +24,26 @@ BUILTIN: dict[str, type[Policy]] = {
 }
 
 
+def use_import_paths(paths: Sequence[str]) -> None:
+    """Put ``paths`` first on ``sys.path`` for good (in an actor process of the run)."""
+    for p in reversed(paths):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+@contextmanager
+def import_paths(paths: Sequence[str]) -> Iterator[None]:
+    """``paths`` first on ``sys.path`` while the block runs (in the user's own process)."""
+    added = [p for p in paths if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for p in added:
+            if p in sys.path:
+                sys.path.remove(p)
+
+
 def import_object(spec: str, what: str) -> Any:
     """Import ``"package.module:attr"``; ValueError naming ``spec`` and the reason."""
     module_name, sep, attr = spec.partition(":")
@@ -27,7 +52,13 @@ def import_object(spec: str, what: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"{what} spec {spec!r}: cannot import module {module_name!r} ({e})") from e
+        where = ", ".join(p for p in sys.path[:3] if p) or "sys.path"
+        raise ValueError(f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {where} "
+                         "first — import strings resolve from the config file's folder and the working "
+                         "directory, then installed packages)") from e
+    except Exception as e:  # noqa: BLE001 - the module itself raised while importing: the user's code
+        raise ValueError(f"{what} spec {spec!r}: importing module {module_name!r} raised "
+                         f"{type(e).__name__}: {e}") from e
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -49,8 +80,17 @@ def policy_class(spec: str) -> type[Policy]:
 
 
 def make_policy(spec: str, options: dict[str, Any] | None = None) -> Policy:
+    """An instance of the policy ``spec`` with ``options``; ValueError naming what is wrong."""
     cls = policy_class(spec)
     try:
-        return cls(**(options or {}))
+        policy = cls(**(options or {}))
     except TypeError as e:
         raise ValueError(f"policy {spec!r}: bad run.policy_options {options!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's constructor raised
+        raise ValueError(f"policy {spec!r}: {cls.__name__}(**{options or {}!r}) raised {type(e).__name__}: {e}") from e
+    try:
+        policy.snapshot()
+    except Exception as e:  # noqa: BLE001 - a State that cannot be snapshot breaks every checkpoint
+        raise ValueError(f"policy {spec!r}: {cls.__name__}.snapshot() fails ({type(e).__name__}: {e}); "
+                         "State must be a msgspec Struct of plain fields") from e
+    return policy

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shunter.events import Command, EngineView, Event
+from shunter.events import Intent, EngineView, Event
 from shunter.policies.base import (
     Policy,
     ValidationState,
@@ -35,7 +35,7 @@ class SeparatePolicy(Policy):
                 "hybrid replicas stay with the trainer under this policy"
             )
 
-    def decide(self, event: Event, view: EngineView) -> list[Command]:
+    def decide(self, event: Event, view: EngineView) -> list[Intent]:
         return (
             load_on_ready(event, view)
             + train_or_publish(event, view)

@@ -5,16 +5,59 @@
   the prefix), and ``load_weights`` changes what it generates next;
 - ``CharTokenizer`` replaces the HF tokenizer (one id per character, 0 = eos);
 - ``FakeTrainerCore`` replaces the torch ``Trainer``: it counts steps and versions, checks
-  the samples it is given, and reports metrics from them.
+  the samples it is given, reports metrics from them, and runs a user loss by its spec
+  through the real loss protocol (``shunter.engine.loss``) on small stand-in tensors.
 
 Everything else under test — coordinator, policies, buffer, dispatcher, rollout core,
-trainer host, executor contract — is the real code.
+trainer host, executor contract — is the real code. ``local_run`` runs on the event loop's
+own clock, so under ``virtual()`` (a ``looptime`` loop) a test never depends on the wall clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def loop_clock() -> float:
+    """The running loop's time (virtual under ``virtual()``); 0 outside a loop."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return 0.0
+
+
+def virtual(make: Callable[[], Awaitable[T]], timeout: float = 3600.0) -> T:
+    """Run a coroutine on a fresh ``looptime`` loop: sleeps and timeouts are virtual (a test
+    takes the same course however busy the machine is); ``timeout`` is virtual seconds."""
+    import looptime
+
+    loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
+    try:
+        async def bounded() -> T:
+            async with asyncio.timeout(timeout):
+                return await make()
+
+        return loop.run_until_complete(bounded())
+    finally:
+        loop.close()
+
+
+def round_trip(msg: Any) -> None:
+    """A sink: every message survives the codec (Literal values, types) — the unit tier's
+    stand-in for the Ray boundary, where a bad value would be rejected."""
+    from shunter.events import Codec
+
+    codec = _CODEC.setdefault("c", Codec())
+    back = codec.decode(codec.encode(msg))
+    assert back == msg, (back, msg)
+
+
+_CODEC: dict[str, Any] = {}
 
 from shunter.engine.backend import GenParams, GenResult
 from shunter.events import Sample
@@ -92,13 +135,13 @@ class FakeTrainerCore:
         self.offloaded: set[str] = set()
         self.restored_batches: list[list[int]] = []  # prompt ids per batch trained before the checkpoint resumed from
 
-    def train_step(self, samples: list[Sample], loss_fn=None) -> dict[str, float]:
-        import time
-
+    async def train_step(self, samples: list[Sample], loss_fn: str = "") -> dict[str, float]:
         for s in samples:
             s.check()
+        if loss_fn:
+            _run_user_loss(samples, loss_fn, self.version)
         if self.step_s:
-            time.sleep(self.step_s)
+            await asyncio.sleep(self.step_s)
         self.step += 1
         self.seen.append(samples)
         stale = [self.version - s.min_version for s in samples]
@@ -139,19 +182,38 @@ class FakeTrainerCore:
         self.restored_batches = st["trained"]
 
 
+def _run_user_loss(samples: list[Sample], spec: str, version: int) -> None:
+    """The user's loss on stand-in tensors, through the real protocol (UserCodeError if it fails)."""
+    import torch
+
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.loss import LossInput, call_loss, load_loss
+
+    width = max(len(s.token_ids) for s in samples)
+    mask = torch.tensor([[1.0] * len(s.token_ids) + [0.0] * (width - len(s.token_ids)) for s in samples])
+    old = torch.tensor([s.logprobs + [0.0] * (width - len(s.logprobs)) for s in samples])
+    logp = (old + 0.0).requires_grad_(True)
+    inp = LossInput(logp=logp, old_logp=old, advantages=torch.zeros_like(mask), mask=mask,
+                    rewards=torch.tensor([s.reward for s in samples]),
+                    group_ids=torch.tensor([s.group_id for s in samples]), versions=torch.zeros_like(mask).long(),
+                    ref_logp=None, trainer_version=version, token_share=1.0, cfg=TrainerConfig())
+    call_loss(load_loss(spec), spec, inp)
+
+
 def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None, run_id: str = "test",
-              answer_len: int | None = None, reward=None, checkpoints=None, resume=None):
+              answer_len: int | None = None, reward=None, checkpoints=None, resume=None, check_codec: bool = True):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
-    and a ``TrainerHost`` around ``FakeTrainerCore``. Returns (coordinator, backends, trainer core).
+    and a ``TrainerHost`` around ``FakeTrainerCore``, on the loop's clock (run it under
+    ``virtual()``). Returns (coordinator, backends, trainer core).
 
     ``checkpoints``: a folder for the run's checkpoints; ``resume``: a checkpoint folder to
-    continue from (trainer, replicas' weight version and coordinator restored from it)."""
-    import time
+    continue from (trainer, replicas' weight version and coordinator restored from it);
+    ``check_codec``: every message goes through the codec (``round_trip``)."""
     from pathlib import Path
 
     from shunter.engine import snapshot
     from shunter.engine.checkpoint import CheckpointStore
-    from shunter.engine.coordinator import Coordinator
+    from shunter.engine.loop import Coordinator
     from shunter.engine.local import LocalExecutor
     from shunter.engine.rollout import RolloutCore
     from shunter.engine.tasks import load_task
@@ -172,21 +234,23 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
         backends[rid] = FakeBackend(token_s=token_s, answer_len=answer_len)
         if mode == TRAINER:
             backends[rid].sleeping = True
-        cores[rid] = RolloutCore(rid, backends[rid], CharTokenizer(), reward or task.reward, Stamper(run_id, rid),
-                                 mode=mode, reward_name=getattr(reward, "__name__", "task.reward"), version=version)
+        cores[rid] = RolloutCore(rid, backends[rid], CharTokenizer(), reward or task.reward,
+                                 Stamper(run_id, rid, loop_clock), mode=mode,
+                                 reward_name=getattr(reward, "__name__", "task.reward"), version=version)
         ups.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version,
-                             wall_time=time.time()))
+                             wall_time=loop_clock()))
     trainer = FakeTrainerCore(step_s=step_s)
     if resume is not None:
         trainer.load(resume)
-    executor = LocalExecutor(run_id, TrainerHost(trainer, Stamper(run_id, "trainer"), threaded=False), cores,
-                             max_tokens=cfg.rollout.max_tokens)
+    executor = LocalExecutor(run_id, TrainerHost(trainer, Stamper(run_id, "trainer", loop_clock), threaded=False),
+                             cores, max_tokens=cfg.rollout.max_tokens, clock=loop_clock)
     prompts = (PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed)))
     val = [PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
            for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))]
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
     coord = Coordinator(cfg, policy or make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts,
-                        run_id=run_id, validation_prompts=val, checkpoints=store)
+                        run_id=run_id, validation_prompts=val, checkpoints=store, clock=loop_clock,
+                        sinks=[round_trip] if check_codec else [])
     if resume is not None:
         coord.restore(snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(ups)
@@ -197,8 +261,9 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
 ACTIONS = ("kill_replica", "trainer_dies", "coordinator_crashes")
 
 
-class Crash(Exception):
-    """The coordinator loop dies here, with whatever it held in memory."""
+class Crash(BaseException):
+    """The coordinator's process dies here, with whatever it held in memory (a BaseException,
+    like a kill: the loop's fault barrier contains errors, not the death of its process)."""
 
 
 async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: float = 0.001, fired=None):
@@ -255,3 +320,27 @@ async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: flo
             shutil.rmtree(root, ignore_errors=True)
 
 
+
+
+def virtual_time(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    """Decorator: an ``async def`` test runs on a ``looptime`` loop (see ``virtual``)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return virtual(lambda: fn(*args, **kwargs))
+
+    return wrapper
+
+
+async def run_to_end(coord, timeout: float = 3600.0):
+    """Run a coordinator to its ``RunEnded`` (virtual seconds), recording what it handled;
+    closes its executor. Returns (ended, messages)."""
+    seen: list = []
+    coord.sinks.append(seen.append)
+    try:
+        async with asyncio.timeout(timeout):
+            ended = await coord.run()
+    finally:
+        await coord.executor.close()
+    return ended, seen

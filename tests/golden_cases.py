@@ -4,6 +4,10 @@ tests/golden/ and decoded in CI, so a change that breaks the wire format fails l
 A new message type needs a case here; regenerate with
 ``python tests/golden_cases.py --write`` (only for *new* tags — an existing golden file
 must never change: a breaking change gets a new tag).
+
+A message that only *lost* optional fields is not a breaking change (msgspec ignores unknown
+fields in either direction): its old file stays as written, ``LEGACY`` says what the old bytes
+decode to now, and the new encoding is a revision ``<tag>@<n>.msgpack`` (``REVISIONS``).
 """
 
 from __future__ import annotations
@@ -52,20 +56,36 @@ CASES: list[e.Message] = [
     e.ReplicaDown(replica_id="hybrid-1", reason="actor died", **ENV),
     e.ValidateBegin(version=2, prompts=64, replica_ids=["standalone-0"], **ENV),
     e.ValidateEnd(version=2, duration_s=0.5, metrics={"exact": 0.5}, **ENV),
-    e.SwitchToRollout(replica_ids=["hybrid-1"], version=2, handle="ray:2", **ENV),
+    e.IntentRejected(intent_kind="trainer.train_batch", reason="already_trained", detail="batch 2 trained at step 3",
+                     intent_source="user", intent_seq=4, **ENV),
+    e.PolicySlow(policy="MyPolicy", on_kind="rollout.sample_end", decide_ms=52.5, budget_ms=10.0, slow_calls=10,
+                 calls=40, **ENV),
+    # intents
+    e.SwitchToRollout(replica_ids=["hybrid-1"], **ENV),
     e.SwitchToTrainer(replica_ids=["hybrid-1"], sleep_level=2, **ENV),
     e.Offload(parts=["optimizer", "params"], **ENV),
     e.Onload(parts=["optimizer"], **ENV),
-    e.TrainStep(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
+    e.TrainStep(loss_fn="my.mod:loss", **ENV),
+    e.TrainBatch(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
     e.PublishWeights(**ENV),
-    e.LoadWeights(version=2, replica_ids=["standalone-0"], handle="ray:2", **ENV),
+    e.LoadWeights(version=2, replica_ids=["standalone-0"], **ENV),
     e.Rebalance(replica_ids=["standalone-0"], count=12, **ENV),
+    e.Validate(replica_ids=["standalone-0"], **ENV),
+    e.Stop(reason="user", **ENV),
+    # orders
+    e.Generate(group_id=3, prompt=PROMPT, n=8, sampling=SAMPLING, resume=[SAMPLE], **ENV),
+    e.EnterRollout(version=2, handle="ray:2", **ENV),
+    e.EnterTrainer(sleep_level=2, **ENV),
+    e.InstallWeights(version=2, handle="ray:2", **ENV),
+    e.ShedGroups(count=12, **ENV),
+    e.RunValidation(prompts=[PROMPT], **ENV),
+    e.Train(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
+    e.Publish(**ENV),
+    e.OffloadState(parts=["optimizer", "params"], **ENV),
+    e.OnloadState(parts=["optimizer"], **ENV),
     e.JoinWeightGroup(replica_ids=["standalone-0"], backend="nccl", host="10.0.0.1", port=29500, **ENV),
     e.SendWeights(replica_ids=["standalone-0"], version=2, handle="nccl:2", **ENV),
     e.LeaveWeightGroup(replica_ids=["standalone-0"], **ENV),
-    e.Generate(group_id=3, prompt=PROMPT, n=8, sampling=SAMPLING, resume=[SAMPLE], **ENV),
-    e.Validate(replica_ids=["standalone-0"], prompts=[PROMPT], **ENV),
-    e.Stop(reason="user", **ENV),
     e.SaveCheckpoint(step=10, path="runs/r/checkpoints/.step-00000010.tmp", **ENV),
     e.TrainerStateSaved(step=10, version=5, path="runs/r/checkpoints/.step-00000010.tmp", nbytes=4096,
                         duration_s=0.1, **ENV),
@@ -76,9 +96,26 @@ CASES: list[e.Message] = [
 
 GOLDEN = Path(__file__).parent / "golden"
 
+REVISIONS = {"replica.switch_to_rollout": 2, "trainer.train_step": 2, "rollout.load_weights": 2, "validate.run": 2}
+"""Tags whose message lost fields (issue 13: intents carry nothing the coordinator fills in)."""
+
+LEGACY: dict[str, e.Message] = {
+    "replica.switch_to_rollout": e.SwitchToRollout(replica_ids=["hybrid-1"], **ENV),
+    "trainer.train_step": e.TrainStep(loss_fn="my.mod:loss", **ENV),
+    "rollout.load_weights": e.LoadWeights(version=2, replica_ids=["standalone-0"], **ENV),
+    "validate.run": e.Validate(replica_ids=["standalone-0"], **ENV),
+}
+"""What the first golden file of a revised tag decodes to now (old event logs stay readable)."""
+
 
 def path_for(msg: e.Message) -> Path:
-    return GOLDEN / f"{e.tag_of(msg)}.msgpack"
+    tag = e.tag_of(msg)
+    rev = REVISIONS.get(tag)
+    return GOLDEN / (f"{tag}@{rev}.msgpack" if rev else f"{tag}.msgpack")
+
+
+def legacy_path(tag: str) -> Path:
+    return GOLDEN / f"{tag}.msgpack"
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -104,7 +104,7 @@ def _effective(first_seen: list, second_trainer) -> list[list[int]]:
     return second_trainer.restored_batches + [[s.prompt_id for s in b] for b in second_trainer.seen]
 
 
-class CoordinatorCrash(Exception):
+class CoordinatorCrash(BaseException):  # a death, not an error: the loop cannot contain it
     pass
 
 

@@ -1,0 +1,209 @@
+"""``Applier``: where each event changes the coordinator's state.
+
+Invariant: applying an event changes only the coordinator's own records — replica and
+trainer state, buffer, dispatcher, samples in flight, batches, tallies — plus what follows
+from the fact by rule (a dead replica's samples resume elsewhere, a late replica is brought
+to the current weights, a completed publish may cut a checkpoint, a dead trainer ends the
+run); what to *do* next is the policy's call, made after this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shunter.engine.batches import Batches
+from shunter.engine.buffer import SampleBuffer
+from shunter.engine.config import EngineConfig
+from shunter.engine.cuts import CheckpointCuts
+from shunter.engine.dispatcher import Dispatcher
+from shunter.engine.executor import TRAINER as TRAINER_TARGET
+from shunter.engine.finale import Finale
+from shunter.engine.inflight import InFlight
+from shunter.engine.intents import Intents
+from shunter.engine.snapshot import CoordinatorSnapshot
+from shunter.engine.state import EngineState, ReplicaState
+from shunter.engine.summary import Tally
+from shunter.events import (
+    CommandFailed,
+    ComponentFailed,
+    Event,
+    GroupDropped,
+    ModeChanged,
+    Offloaded,
+    Onloaded,
+    ReplicaDown,
+    ReplicaUp,
+    SampleAborted,
+    SampleEnd,
+    SaveCheckpoint,
+    StepBegin,
+    StepEnd,
+    TrainerStateSaved,
+    ValidateEnd,
+    WeightsLoaded,
+    WeightsReady,
+    tag_of,
+)
+from shunter.events.orders import EnterRollout, EnterTrainer, InstallWeights
+from shunter.events.vocab import DOWN, ROLLOUT, TRAINER
+
+REPLICA_STATE_ORDERS = frozenset(tag_of(c) for c in (InstallWeights, EnterRollout, EnterTrainer))
+"""Orders whose failure leaves a replica's mode or weights unknown: it is taken out."""
+FAILED_GROUPS_BEFORE_TRAINING = 8
+"""This many failed generations before any group trained means every generation fails."""
+
+End = Callable[..., None]
+
+
+class Applier:
+    def __init__(self, cfg: EngineConfig, state: EngineState, buffer: SampleBuffer, dispatcher: Dispatcher,
+                 inflight: InFlight, batches: Batches, intents: Intents, cuts: CheckpointCuts, finale: Finale,
+                 tally: Tally, *, emit: Callable[[Event], None], end: End,
+                 snapshot: Callable[[], CoordinatorSnapshot]) -> None:
+        self.cfg = cfg
+        self.state, self.buffer, self.dispatcher, self.inflight = state, buffer, dispatcher, inflight
+        self.batches, self.intents, self.cuts, self.finale, self.tally = batches, intents, cuts, finale, tally
+        self.emit, self.end, self.snapshot = emit, end, snapshot
+
+    def apply(self, ev: Event) -> None:
+        st = self.state
+        st.seq += 1
+        st.now = max(st.now, ev.wall_time)
+        if (rid := getattr(ev, "replica_id", None)) is not None:
+            st.touch(rid)
+        match ev:
+            case ReplicaUp():
+                self._replica_up(ev)
+            case ReplicaDown():
+                self._replica_down(ev)
+            case SampleEnd():
+                self._sample_end(ev)
+            case SampleAborted():
+                if ev.reason == "failed" or ev.partial is not None:
+                    self.inflight.finished(ev.sample_id, ev.group_id, ev.replica_id)
+                if ev.partial is not None:
+                    self.inflight.requeue(ev.partial)
+            case StepBegin():
+                st.trainer.state = "training"
+            case StepEnd():
+                self._step_end(ev)
+            case WeightsReady():
+                t = st.trainer
+                t.state, t.version, t.steps_since_publish, t.handle = "idle", ev.version, 0, ev.handle
+                for g in self.buffer.prune(ev.version):
+                    self.emit(GroupDropped(group_id=g.group_id, reason="stale", samples=len(g.samples)))
+                self.cuts.maybe_cut(t, self.snapshot)
+            case TrainerStateSaved():
+                self.cuts.commit(ev)
+            case ComponentFailed() if ev.component == TRAINER_TARGET:
+                st.trainer.state = "failed"
+                self.end("error", error=f"trainer failed: {ev.error}", failed_component=TRAINER_TARGET)
+            case WeightsLoaded():
+                if (r := st.replicas.get(ev.replica_id)) is not None:
+                    r.version = max(r.version, ev.version)
+                    st.serving_dirty = True
+            case ModeChanged():
+                self._mode_changed(ev)
+            case CommandFailed():
+                self._failed(ev)
+            case ValidateEnd():
+                self.tally.validations.append(ev)
+            case Offloaded():
+                st.trainer.offloaded |= set(ev.parts)
+            case Onloaded():
+                st.trainer.offloaded -= set(ev.parts)
+        self.finale.observe(ev)
+
+    def restored(self) -> None:
+        """After a restore: ready groups form batches again."""
+        self.batches.announce()
+
+    # -- replicas ----------------------------------------------------------------------------
+    def _replica_up(self, ev: ReplicaUp) -> None:
+        st = self.state
+        st.replicas[ev.replica_id] = ReplicaState(ev.replica_id, ev.replica_kind, ev.rank, ev.mode, ev.version)
+        st.serving_dirty = True
+        if ev.mode == ROLLOUT and ev.version < st.trainer.version:
+            st.replicas[ev.replica_id].mode = TRAINER  # a late joiner serves the current weights first
+            self.intents.to_rollout([ev.replica_id])
+        elif ev.mode == ROLLOUT:
+            self._dispatch_to(ev.replica_id, ev.wall_time)
+
+    def _replica_down(self, ev: ReplicaDown) -> None:
+        r = self.state.replicas.get(ev.replica_id)
+        if r is not None and r.mode != DOWN:
+            r.mode = DOWN
+            r.rate.stop()
+            for aborted in self.inflight.recover(ev.replica_id):
+                self.emit(aborted)
+        self.dispatcher.forget(ev.replica_id)
+        self.state.serving_dirty = True
+
+    def _mode_changed(self, ev: ModeChanged) -> None:
+        st = self.state
+        r = st.replicas.get(ev.replica_id)
+        if r is None or r.mode == DOWN:
+            return
+        r.mode = ev.mode
+        st.switch_cost[ev.mode].add(ev.duration_s)
+        st.serving_dirty = True
+        if ev.mode == ROLLOUT:
+            r.version = max(r.version, int(ev.detail.get("version", r.version)))
+            self._dispatch_to(ev.replica_id, ev.wall_time)
+        else:
+            r.rate.stop()
+
+    def _dispatch_to(self, rid: str, t: float) -> None:
+        r = self.state.replicas[rid]
+        self.dispatcher.add(rid, rank=r.rank, capacity=self.cfg.rollout.max_in_flight_per_replica)
+        r.rate.start(t)
+        self.state.serving_dirty = True
+
+    # -- samples and steps --------------------------------------------------------------------
+    def _sample_end(self, ev: SampleEnd) -> None:
+        s = ev.sample
+        self.inflight.finished(s.sample_id, s.group_id, ev.replica_id)
+        if (r := self.state.replicas.get(ev.replica_id)) is not None:
+            r.rate.add(ev.wall_time)
+            r.samples_done += 1
+            r.tokens_done += len(s.token_ids)
+        self.tally.tokens += len(s.token_ids)
+        if self.buffer.add(s):
+            self.batches.announce()
+
+    def _step_end(self, ev: StepEnd) -> None:
+        st, t = self.state, self.state.trainer
+        t.state, t.step = "idle", ev.step
+        t.steps_since_publish += 1
+        t.step_s.add(ev.duration_s)
+        self.batches.done(ev.batch_id, ev.step)
+        if "batch/reward_mean" in ev.metrics:
+            self.tally.rewards.append(ev.metrics["batch/reward_mean"])
+        if st.trainer_driver == "engine" and t.step >= self.cfg.run.total_steps:
+            self.finale.begin()  # before the policy sees this event
+
+    def _failed(self, ev: CommandFailed) -> None:
+        st = self.state
+        if ev.group_id >= 0:
+            self.inflight.failed(ev.group_id, ev.target)
+            if (g := self.buffer.drop(ev.group_id, "failed")) is not None:
+                self.emit(GroupDropped(group_id=g.group_id, reason="failed", samples=len(g.samples)))
+            self.tally.failed_groups += 1
+            if self.tally.failed_groups >= FAILED_GROUPS_BEFORE_TRAINING and self.buffer.trained == 0:
+                self.end("error", error=f"every generation fails; last: {ev.error}")
+            return
+        if ev.command_kind == tag_of(SaveCheckpoint):  # the previous checkpoint stays usable; go on
+            self.cuts.failed()
+            return
+        if ev.target == TRAINER_TARGET and ev.user_code:  # the user's loss: the trainer itself is fine
+            st.trainer.state = "idle"
+            self.batches.failed(ev.batch_id)
+            if st.trainer_driver == "engine":  # the policy would only train into the same error again
+                self.end("error", error=f"trainer.loss_fn failed: {ev.error}")
+            return
+        if ev.target == TRAINER_TARGET:
+            st.trainer.state = "failed"
+            self.end("error", error=f"trainer failed on {ev.command_kind}: {ev.error}")
+        elif ev.command_kind in REPLICA_STATE_ORDERS and (r := st.replicas.get(ev.target)) and r.mode != DOWN:
+            # its mode or weights are unknown now: stop using it (a dead actor is reported by the executor)
+            self.emit(ReplicaDown(replica_id=ev.target, reason=f"{ev.command_kind} failed: {ev.error}"))

@@ -1,0 +1,84 @@
+"""``Batches``: mini-batches from the buffer to the trainer, each trained at most once.
+
+Invariants:
+
+- one ``BatchReady`` per mini-batch that becomes formable, in taking order (:meth:`announce`);
+- a batch leaves the buffer once (:meth:`take`); groups the staleness rule drops on the way
+  are reported (``GroupDropped(reason="stale")``);
+- a batch handed to a user's loop can be trained once: :meth:`trainable` refuses an unknown
+  batch id and one already trained; a step that failed in the user's own loss leaves its
+  batch trainable again (:meth:`failed`);
+- at most one batch is on the trainer at a time (:attr:`training`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shunter.engine.buffer import SampleBuffer
+from shunter.engine.state import EngineState
+from shunter.events import Batch, BatchReady, Event, GroupDropped
+from shunter.events.vocab import RejectReason
+
+
+class Batches:
+    def __init__(self, buffer: SampleBuffer, state: EngineState, emit: Callable[[Event], None]) -> None:
+        self.buffer = buffer
+        self.state = state
+        self.emit = emit
+        self.announced = 0
+        self.handed: dict[int, Batch] = {}
+        """Batches given to a user's loop and not trained yet."""
+        self.trained: dict[int, int] = {}
+        """batch id -> the optimizer step that trained it."""
+        self.training: Batch | None = None
+
+    def announce(self) -> None:
+        """One ``BatchReady`` per mini-batch that became formable since the last call."""
+        version = self.state.trainer.version
+        for k, groups in enumerate(self.buffer.formable()):
+            if k < self.announced:
+                continue
+            self.announced += 1
+            min_v = min(g.min_version for g in groups)
+            self.emit(BatchReady(batch_id=self.buffer.batches_taken + k, samples=sum(len(g.samples) for g in groups),
+                                 groups=len(groups), min_version=min_v, max_staleness=version - min_v))
+
+    def take(self) -> Batch | None:
+        """The next mini-batch out of the buffer (None if none is ready)."""
+        batch, dropped = self.buffer.take(self.state.trainer.version)
+        for g in dropped:
+            self.emit(GroupDropped(group_id=g.group_id, reason="stale", samples=len(g.samples)))
+        if batch is not None:
+            self.announced = max(0, self.announced - 1)
+        return batch
+
+    def hand_out(self) -> Batch | None:
+        """The next mini-batch for a user's loop; it stays known until trained."""
+        batch = self.take()
+        if batch is not None:
+            self.handed[batch.batch_id] = batch
+        return batch
+
+    def trainable(self, batch_id: int) -> tuple[RejectReason, str] | None:
+        """Why ``batch_id`` cannot be trained now (None: it can)."""
+        if batch_id in self.trained:
+            return "already_trained", f"batch {batch_id} was trained at step {self.trained[batch_id]}"
+        if batch_id not in self.handed:
+            return "unknown_batch", f"batch {batch_id} was never handed out by next_batch()"
+        return None
+
+    def begin(self, batch: Batch) -> None:
+        self.training = batch
+        self.handed.pop(batch.batch_id, None)
+
+    def done(self, batch_id: int, step: int) -> None:
+        self.trained[batch_id] = step
+        if self.training is not None and self.training.batch_id == batch_id:
+            self.training = None
+
+    def failed(self, batch_id: int) -> None:
+        """The step on ``batch_id`` failed in the user's code: the user may train it again."""
+        if self.training is not None and self.training.batch_id == batch_id:
+            self.handed[batch_id] = self.training
+            self.training = None

@@ -1,0 +1,76 @@
+"""Error text that stays readable and small, and the error type of users' code.
+
+Invariants: every error text the engine puts into an event or a log line goes through
+:func:`bounded` — at most ``LIMIT`` characters, terminal colour codes removed, the head and
+the tail kept (a wrapped error's useful line is often its last); :func:`describe` names an
+exception by type and message, the user's own frame first when the exception came from user
+code. Nothing here embeds the repr of an earlier error event, so errors never grow by nesting.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+
+LIMIT = 2048
+"""Characters of error text kept in one event or log line."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def bounded(text: str, limit: int = LIMIT) -> str:
+    """``text`` without terminal codes, cut to ``limit`` characters (head and tail kept)."""
+    text = _ANSI.sub("", text)
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - 40)
+    head, tail = keep * 2 // 3, keep - keep * 2 // 3
+    return f"{text[:head]} … [{len(text) - head - tail} characters cut] … {text[len(text) - tail:]}"
+
+
+def describe(exc: BaseException, *, limit: int = LIMIT) -> str:
+    """``"KeyError: 'x'"``-style text for an exception, bounded."""
+    msg = str(exc)
+    return bounded(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__, limit)
+
+
+def user_frame(exc: BaseException, module_hint: str = "") -> str:
+    """``"file.py:12 in fn"`` of the innermost traceback frame outside shunter (the user's
+    own line), or of the innermost frame in ``module_hint``'s file; empty if none."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    hint = module_hint.replace(".", "/")
+    for f in reversed(frames):
+        if (hint and hint in f.filename) or "/shunter/" not in f.filename.replace("\\", "/"):
+            if "site-packages/torch" in f.filename or "/asyncio/" in f.filename:
+                continue
+            return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
+    return ""
+
+
+class UserCodeError(Exception):
+    """User code (a loss, a reward, a task, a policy) raised or returned something unusable.
+
+    ``str()`` starts with the user's own message: ``"<spec> raised KeyError: 'x' (loss.py:12 in
+    my_loss)"`` or ``"<spec> returned None; expected ..."``."""
+
+    def __init__(self, spec: str, message: str) -> None:
+        super().__init__(bounded(f"{spec} {message}"))
+        self.spec = spec
+
+    @classmethod
+    def from_report(cls, spec: str, text: str) -> UserCodeError:
+        """Rebuild the error from its reported text (``CommandFailed.error``), in the caller's process."""
+        return cls(spec, text[len(spec):].lstrip() if text.startswith(spec) else text)
+
+    @classmethod
+    def raised(cls, spec: str, exc: BaseException) -> UserCodeError:
+        where = user_frame(exc, spec.partition(":")[0])
+        return cls(spec, f"raised {describe(exc)}" + (f" ({where})" if where else ""))
+
+
+def type_name(value: object) -> str:
+    """A short description of what a value is, for "returned X; expected Y" messages."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80] + '…' if len(text) > 80 else text}"

@@ -1,0 +1,128 @@
+"""``Finale``: how a run ends — one explicit state machine.
+
+    running ──(total_steps reached | Stop)──> draining ──> publishing ──> loading
+        ──> validating ──> saving ──> ended
+
+- ``draining``: no new group starts; wait for the trainer to be idle;
+- ``publishing``: an engine-driven run publishes the steps taken since the last publish;
+- ``loading``: every replica in rollout mode loads the final weights;
+- ``validating`` (``validation.every > 0``): one replica scores the final weights — if none
+  is in rollout mode (``colocated`` ends with every replica asleep), one is woken for it; if
+  the validating replica dies, another one validates;
+- ``saving`` (``run.checkpoint_every > 0``): the final checkpoint is written and committed;
+- ``ended``: ``RunEnded(reason="completed" | "stopped")``.
+
+Invariant: each phase issues its orders once and moves on only when the facts it waits for
+have arrived (``WeightsReady``, ``WeightsLoaded`` / ``ReplicaDown``, ``ValidateEnd``,
+``CheckpointSaved`` / a failed save); a fatal error ends the run from any phase
+(:meth:`Coordinator.end`), and nothing is handled after ``ended``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from shunter.engine.cuts import CheckpointCuts
+from shunter.engine.intents import Intents
+from shunter.engine.snapshot import CoordinatorSnapshot
+from shunter.engine.state import EngineState
+from shunter.events import Message, ReplicaDown, ValidateEnd
+from shunter.events.vocab import DOWN, ROLLOUT, SWITCHING, TRAINER
+
+Phase = Literal["running", "draining", "publishing", "loading", "validating", "saving", "ended"]
+
+
+class Finale:
+    def __init__(self, state: EngineState, intents: Intents, cuts: CheckpointCuts, *, validate: bool,
+                 snapshot: Callable[[], CoordinatorSnapshot], end: Callable[[str], None]) -> None:
+        self.state = state
+        self.intents = intents
+        self.cuts = cuts
+        self.validate = validate
+        self.snapshot = snapshot
+        self.end = end
+        self.phase: Phase = "running"
+        self.stop_reason = ""
+        self._loads_sent = False
+        self._validate_sent = False
+        self._validated = False
+        self._woken = ""
+
+    @property
+    def finishing(self) -> bool:
+        return self.phase != "running"
+
+    def begin(self, stop_reason: str = "") -> None:
+        """The run should end (``total_steps`` reached, or a ``Stop``)."""
+        self.stop_reason = self.stop_reason or stop_reason
+        if self.phase == "running":
+            self.phase = "draining"
+            self.state.done = True
+
+    def observe(self, msg: Message) -> None:
+        """Facts the current phase waits for."""
+        final = self.phase in ("loading", "validating") and self.state.trainer.state == "idle"
+        if isinstance(msg, ValidateEnd) and final and msg.version >= self.state.trainer.version:
+            self._validated = True
+        elif isinstance(msg, ReplicaDown) and msg.replica_id == self.intents.validating_on:
+            self._validate_sent = False  # the final validation died with its replica: redo
+
+    def advance(self) -> None:
+        """Move through the phases as far as the facts allow (called after every message)."""
+        st = self.state
+        while self.phase not in ("running", "ended") and st.trainer.state == "idle":
+            if not self._step(st):
+                return
+
+    def _step(self, st: EngineState) -> bool:
+        """One phase's work; True when it is done and the next phase may start."""
+        t = st.trainer
+        serving = [r for r in st.replicas.values() if r.mode == ROLLOUT]
+        match self.phase:
+            case "draining":
+                self.phase = "publishing"
+                if t.steps_since_publish > 0 and st.trainer_driver == "engine":
+                    self.intents.publish()
+                    return False
+            case "publishing":
+                self.phase = "loading"
+            case "loading":
+                behind = [r.replica_id for r in serving if r.version < t.version]
+                if behind and not self._loads_sent:
+                    self._loads_sent = True
+                    self.intents.load(behind)
+                if behind:
+                    return False
+                self.phase = "validating"
+            case "validating":
+                if not self._validating(st, serving):
+                    return False
+                self.phase = "saving"
+            case "saving":
+                if self.cuts.final(t, self.snapshot):
+                    return False
+                self.phase = "ended"
+                self.end("stopped" if self.stop_reason else "completed")
+        return True
+
+    def _validating(self, st: EngineState, serving: list) -> bool:
+        """True when the final weights are validated, or cannot be (no validation, no replica)."""
+        if not self.validate or self._validated or not self.intents.validation_prompts:
+            return True
+        current = [r for r in serving if r.version >= st.trainer.version]
+        if not current:
+            if any(r.mode == SWITCHING for r in st.replicas.values()):
+                return False  # one is on its way
+            if self._woken and st.replicas[self._woken].mode == DOWN:
+                self._woken = ""  # it died waking up: try another
+            asleep = sorted((r for r in st.replicas.values() if r.mode == TRAINER), key=lambda r: r.rank)
+            if asleep and not self._woken:
+                self._woken = asleep[0].replica_id
+                self.intents.to_rollout([self._woken])
+                return False
+            return True  # no replica can serve the final weights: nothing to validate on
+        if not self._validate_sent:
+            self._validate_sent = True
+            self.intents.validate([r.replica_id for r in current])
+        return False

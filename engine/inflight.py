@@ -1,0 +1,161 @@
+"""``InFlight``: the samples being generated — where each runs, what waits to resume — and
+the pump that starts new work.
+
+Invariants:
+
+- every sample of a group in the buffer that is neither finished nor dropped is either
+  generating on exactly one replica (:attr:`where`) or waiting to resume (:attr:`resumes`);
+  so when a replica dies, :meth:`recover` hands back every sample it held (from the prefix
+  the coordinator holds, or from scratch), and nothing is lost;
+- the dispatcher's per-replica counts equal the samples this object placed there and has
+  not yet seen come back (``started`` / ``left`` are the only writers);
+- :meth:`pump` starts work only on replicas in the dispatcher with room, resumes before
+  new groups, and new groups only while the buffer's staleness gate admits them for the
+  chosen replica's weight version.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from shunter.engine.buffer import SampleBuffer
+from shunter.engine.dispatcher import Dispatcher
+from shunter.engine.executor import Executor
+from shunter.engine.state import EngineState
+from shunter.events import Generate, PromptSpec, Sample, SampleAborted, SamplingSpec, group_of, sample_id
+
+
+class InFlight:
+    def __init__(self, state: EngineState, buffer: SampleBuffer, dispatcher: Dispatcher, executor: Executor,
+                 prompts: Iterator[PromptSpec], sampling: SamplingSpec, group_size: int) -> None:
+        self.state = state
+        self.buffer = buffer
+        self.dispatcher = dispatcher
+        self.executor = executor
+        self.prompts = prompts
+        self.sampling = sampling
+        self.group_size = group_size
+        self.where: dict[str, tuple[str, Sample | None]] = {}
+        """sample id -> (replica generating it, the partial it resumed from, if any)."""
+        self.resumes: deque[Sample] = deque()
+        """Partial samples waiting for a replica, oldest first."""
+        self._on_replica: dict[int, dict[str, int]] = {}  # group -> replica -> samples generating there
+        self.prompts_taken = 0
+        self.paused = False
+        """Set when the run ends: nothing new starts."""
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def _started(self, group_id: int, rid: str, n: int) -> None:
+        per = self._on_replica.setdefault(group_id, {})
+        per[rid] = per.get(rid, 0) + n
+        self.dispatcher.started(rid, n)
+        self.state.touch(rid)
+
+    def left(self, group_id: int, rid: str, n: int = 1) -> None:
+        """``n`` samples of a group are no longer generating on ``rid``."""
+        per = self._on_replica.get(group_id, {})
+        n = min(n, per.get(rid, 0))
+        if n <= 0:
+            return
+        per[rid] -= n
+        if not per[rid]:
+            del per[rid]
+        if not per:
+            self._on_replica.pop(group_id, None)
+        self.dispatcher.finished(rid, n)
+        self.state.touch(rid)
+
+    def finished(self, sid: str, group_id: int, rid: str) -> None:
+        """A sample came back from ``rid`` (finished, or cut with its partial)."""
+        self.where.pop(sid, None)
+        self.left(group_id, rid)
+
+    def requeue(self, partial: Sample) -> None:
+        """A partial that left its replica resumes elsewhere (if its group is still wanted)."""
+        if self.buffer.group(partial.group_id) is not None:
+            self.resumes.append(partial)
+
+    def failed(self, group_id: int, rid: str) -> None:
+        """A generation call for ``group_id`` on ``rid`` failed: forget whatever of it runs there."""
+        self.left(group_id, rid, 1 << 30)
+        for sid in [k for k, (r, _) in self.where.items() if r == rid and group_of(k) == group_id]:
+            del self.where[sid]
+
+    def recover(self, rid: str) -> list[SampleAborted]:
+        """A replica died: every sample it was generating comes back as a partial to resume
+        elsewhere (the prefix the coordinator holds, or none), as ``replica_down`` facts."""
+        out = []
+        for sid, (where, partial) in list(self.where.items()):
+            if where != rid:
+                continue
+            gid = partial.group_id if partial is not None else group_of(sid)
+            g = self.buffer.group(gid)
+            if g is None:
+                self.where.pop(sid)
+                continue
+            p = partial or self.fresh(sid, gid, g.prompt.prompt_id)
+            out.append(SampleAborted(sample_id=sid, group_id=gid, replica_id=rid, reason="replica_down",
+                                     tokens=len(p.token_ids), partial=p))
+        return out
+
+    def fresh(self, sid: str, gid: int, prompt_id: int) -> Sample:
+        """A sample with no tokens yet, to be generated from the start."""
+        return Sample(sample_id=sid, group_id=gid, prompt_id=prompt_id, prompt_token_ids=[],
+                      max_tokens=self.sampling.max_tokens)
+
+    def unfinished(self) -> list[Sample]:
+        """Every sample of an in-flight group not finished yet, with the prefix held for it
+        (a checkpoint's ``in_flight``): waiting resumes, resumed partials, or fresh starts."""
+        waiting = {p.sample_id: p for p in self.resumes}
+        out = []
+        for g in self.buffer.groups():
+            for k in range(g.n):
+                sid = sample_id(g.group_id, k)
+                if sid in g.samples:
+                    continue
+                partial = waiting.get(sid) or self.where.get(sid, ("", None))[1]
+                out.append(partial or self.fresh(sid, g.group_id, g.prompt.prompt_id))
+        return out
+
+    def restore(self, in_flight: list[Sample], prompts_taken: int) -> None:
+        """Continue from a checkpoint: its unfinished samples wait to resume; the prompt
+        stream skips what was taken."""
+        self.resumes = deque(p for p in in_flight if self.buffer.group(p.group_id) is not None)
+        for _ in range(prompts_taken):
+            next(self.prompts, None)
+        self.prompts_taken = prompts_taken
+
+    # -- the pump ------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Start what can start: resumes first, then new groups while the gate admits them."""
+        if self.paused:
+            return
+        d, n = self.dispatcher, self.group_size
+        while self.resumes:
+            p = self.resumes[0]
+            g = self.buffer.group(p.group_id)
+            if g is None:
+                self.resumes.popleft()
+                continue
+            rid = d.pick(1)
+            if rid is None:
+                break
+            self.resumes.popleft()
+            self._started(g.group_id, rid, 1)
+            self.where[p.sample_id] = (rid, p)
+            self.executor.send(rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling,
+                                             resume=[p]))
+        while True:
+            rid = d.pick(n)
+            if rid is None or self.buffer.capacity(self.state.replicas[rid].version) <= 0:
+                return
+            prompt = next(self.prompts, None)
+            if prompt is None:
+                return
+            self.prompts_taken += 1
+            g = self.buffer.open(prompt, self.state.replicas[rid].version)
+            self._started(g.group_id, rid, n)
+            for k in range(n):
+                self.where[sample_id(g.group_id, k)] = (rid, None)
+            self.executor.send(rid, Generate(group_id=g.group_id, prompt=prompt, n=n, sampling=self.sampling))

@@ -1,0 +1,355 @@
+"""``Coordinator``: the one consumer loop of a run, and its one fault barrier.
+
+Every message is handled by the same numbered steps, in arrival order, by one coroutine:
+
+    1. record   the message goes to every sink (event log, logs, metrics, feed)
+    2. apply    an event changes the state (``engine/apply.py``); an intent from a user is
+                carried out (``engine/intents.py``)
+    3. decide   ``PolicyGuard`` asks the policy (``engine/guard.py``); each intent it returns
+                is recorded and carried out
+    4. pump     start new groups and resume partial samples (``engine/inflight.py``)
+    5. finale   once the run should end, move it towards ``RunEnded`` (``engine/finale.py``)
+
+Events the coordinator derives on the way (``GroupDropped``, ``BatchReady``, ``IntentRejected``
+…) are handled before the next message from outside.
+
+Invariants: nothing inside the loop awaits a component (the executor reports back with
+events); the policy sees ``RunStarted`` / ``RunResumed`` first — setup facts from the opening
+are recorded and applied before it, never handed to the policy; and any exception anywhere
+in the loop ends the run with ``RunEnded(reason="error")`` naming the stage, the message
+being handled and the cause — written to every sink that still works — instead of a loop
+that dies silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from shunter.engine import snapshot as snapshot_mod
+from shunter.engine.apply import Applier
+from shunter.engine.batches import Batches
+from shunter.engine.buffer import SampleBuffer
+from shunter.engine.checkpoint import CheckpointStore
+from shunter.engine.config import EngineConfig
+from shunter.engine.cuts import CheckpointCuts
+from shunter.engine.dispatcher import Dispatcher
+from shunter.engine.errors import bounded, describe
+from shunter.engine.executor import Executor
+from shunter.engine.finale import Finale
+from shunter.engine.guard import PolicyGuard
+from shunter.engine.inflight import InFlight
+from shunter.engine.intents import Intents
+from shunter.engine.state import EngineState
+from shunter.engine.summary import Tally
+from shunter.events import (
+    Batch,
+    BufferView,
+    EngineView,
+    Event,
+    EventRejected,
+    GroupDropped,
+    Intent,
+    Message,
+    PromptSpec,
+    RunEnded,
+    RunResumed,
+    RunStarted,
+    SamplingSpec,
+    Stamper,
+    tag_of,
+)
+from shunter.events.vocab import EndReason
+from shunter.policies import Policy
+
+Sink = Callable[[Message], None]
+_WAKE = object()  # wakes the loop after a direct call ended the run
+
+
+def _sink_name(sink: Sink) -> str:
+    return getattr(sink, "__qualname__", None) or type(sink).__name__
+
+
+class Coordinator:
+    def __init__(self, cfg: EngineConfig, policy: Policy, executor: Executor, prompts: Iterator[PromptSpec], *,
+                 run_id: str, validation_prompts: list[PromptSpec] | None = None, sinks: list[Sink] | None = None,
+                 clock: Callable[[], float] = time.time, checkpoints: CheckpointStore | None = None) -> None:
+        r, t = cfg.rollout, cfg.trainer
+        self.cfg, self.policy, self.executor, self.clock = cfg, policy, executor, clock
+        self.sinks: list[Sink] = list(sinks or [])
+        self.stamp = Stamper(run_id, "coordinator", clock)
+        self.policy_stamp = Stamper(run_id, "policy", clock)
+        self.state = EngineState(run_id=run_id, ppo_mini_batch_size=t.ppo_mini_batch_size,
+                                 parameter_sync_step=t.parameter_sync_step, train_batch_size=t.train_batch_size,
+                                 n_samples_per_prompt=r.n_samples_per_prompt, max_staleness=r.max_staleness,
+                                 validate_every=cfg.validation.every, trainer_driver=cfg.run.trainer_driver)
+        self.buffer = SampleBuffer(group_size=r.n_samples_per_prompt, groups_per_batch=cfg.groups_per_mini_batch,
+                                   batches_per_version=t.parameter_sync_step, max_staleness=r.max_staleness,
+                                   on_stale=r.on_stale)
+        self.dispatcher = Dispatcher()
+        self.sampling = SamplingSpec(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
+                                     top_k=r.top_k, ignore_eos=r.ignore_eos, length_dist=r.length_dist)
+        self.tally = Tally(clock)
+        self.inflight = InFlight(self.state, self.buffer, self.dispatcher, executor, prompts, self.sampling,
+                                 r.n_samples_per_prompt)
+        self.batches = Batches(self.buffer, self.state, self.emit)
+        self.guard = PolicyGuard(policy, emit=self.emit, max_failures=cfg.run.policy_max_failures,
+                                 budget_ms=cfg.run.policy_budget_ms)
+        self.cuts = CheckpointCuts(checkpoints, cfg.run.checkpoint_every, executor, run_id=run_id, emit=self.emit)
+        self.intents = Intents(self.state, self.dispatcher, self.batches, executor, emit=self.emit, stop=self.stop,
+                               loss_fn=t.loss_fn, validation_prompts=list(validation_prompts or []),
+                               group_size=r.n_samples_per_prompt)
+        self.finale = Finale(self.state, self.intents, self.cuts, validate=cfg.validation.every > 0,
+                             snapshot=self.snapshot, end=self.end)
+        self.applier = Applier(cfg, self.state, self.buffer, self.dispatcher, self.inflight, self.batches,
+                               self.intents, self.cuts, self.finale, self.tally, emit=self.emit, end=self.end,
+                               snapshot=self.snapshot)
+        self.ended: RunEnded | None = None
+        self._inbox: asyncio.Queue[Message | object] = asyncio.Queue()
+        self._derived: deque[Event] = deque()
+        self._opened = False
+        self._resumed: RunResumed | None = None
+        self._stage = "open"
+        self._current: Message | None = None
+        executor.bind(self.post_many)
+
+    # -- inputs ----------------------------------------------------------------------------
+    def post(self, msg: Message) -> None:
+        self._inbox.put_nowait(msg)
+
+    def post_many(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            self._inbox.put_nowait(m)
+
+    def emit(self, event: Event) -> None:
+        """An event the coordinator itself derived; handled before the next inbox item."""
+        self._derived.append(self.stamp(event))
+
+    def stop(self, reason: str) -> None:
+        """End the run (a ``Stop`` intent): nothing new starts; the finale takes over."""
+        self.finale.begin(reason or "stopped")
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> RunEnded:
+        try:
+            self._open()
+            stall = self.cfg.run.stall_timeout_s
+            while self.ended is None:
+                try:
+                    msg = await asyncio.wait_for(self._inbox.get(), stall)
+                except TimeoutError:
+                    self._stalled(stall)
+                    continue
+                if isinstance(msg, Message):
+                    self.handle(msg)
+        except Exception as e:  # noqa: BLE001 - the one fault barrier: any error ends the run, said so
+            self._crash(e)
+        assert self.ended is not None
+        return self.ended
+
+    def _open(self) -> None:
+        """Setup facts (replicas up, ranks, placement) are recorded and applied; then the policy
+        sees the run begin — ``RunResumed`` for an attempt from a checkpoint, else ``RunStarted``."""
+        while not self._inbox.empty():
+            msg = self._inbox.get_nowait()
+            if isinstance(msg, Message):
+                self._step(msg)
+            while self._derived:
+                self._step(self._derived.popleft())
+        opening = self._resumed or RunStarted(policy=self.guard.name, replicas=len(self.state.replicas),
+                                              trainer_driver=self.state.trainer_driver)
+        self._opened = True
+        self.emit(opening)
+        if self._resumed is not None:
+            self.applier.restored()
+        self._settle()
+
+    def handle(self, msg: Message) -> None:
+        """One message from outside, then everything it derived, then the finale."""
+        self._step(msg)
+        self._settle()
+
+    def _settle(self) -> None:
+        limit = 10_000 + 10 * (self.dispatcher.total_in_flight + len(self.buffer.groups()))
+        handled = 0
+        while self.ended is None:
+            while self._derived and self.ended is None:
+                handled += 1
+                if handled > limit:  # a feedback loop between derived events and decisions
+                    raise RuntimeError(f"livelock: one message derived more than {limit} events "
+                                       f"(last {tag_of(self._derived[0])})")
+                self._step(self._derived.popleft())
+            if not self._opened or self.ended is not None:
+                return
+            self._stage = "finale"
+            self.finale.advance()
+            if not self._derived:
+                return
+
+    def _step(self, msg: Message) -> None:
+        self._current = msg
+        self._record(msg)
+        if isinstance(msg, Intent):
+            self._stage = "intent"
+            self.intents.carry_out(msg)
+        elif isinstance(msg, Event):
+            self._stage = "apply"
+            self.applier.apply(msg)
+            if self._opened and self.ended is None:
+                self._decide(msg)
+        else:  # an order can only come from this side of the bus
+            self.emit(EventRejected(origin=msg.source or "unknown", error=f"{tag_of(msg)} is an order; only the "
+                                    "coordinator gives orders (submit intents)"))
+        if self._opened and not self.finale.finishing and self.ended is None:
+            self._stage = "pump"
+            self.inflight.pump()
+
+    def _decide(self, event: Event) -> None:
+        self._stage = "decide"
+        for intent in self.guard.decide(event, self.view()):
+            intent = self.policy_stamp(intent)
+            self._record(intent)
+            self._stage = "intent"
+            self.intents.carry_out(intent)
+        if self.guard.fatal:
+            self.end("error", error=self.guard.fatal)
+
+    def _record(self, msg: Message) -> None:
+        for sink in self.sinks:
+            self._stage = f"sink:{_sink_name(sink)}"
+            sink(msg)
+
+    def _stalled(self, stall: float) -> None:
+        if self.state.trainer_driver == "engine" and self.executor.pending() == 0 and self._inbox.empty():
+            self.end("error", error=f"stalled: nothing in flight and no message for {stall:.0f}s "
+                                    f"(run.stall_timeout_s); last view: {self.view()}")
+
+    # -- a user's loop (run.trainer_driver = "user") --------------------------------------------
+    def take_batch(self) -> Batch | None:
+        """The next ready mini-batch for a user's loop (None if none is ready). Runs between
+        two turns of the loop, under the same fault barrier."""
+        if self.ended is not None or not self._opened:
+            return None
+        batch = None
+        try:
+            self._current = None
+            self._stage = "take_batch"
+            batch = self.batches.hand_out()
+            self._settle()
+        except Exception as e:  # noqa: BLE001 - the fault barrier, as in run()
+            self._crash(e)
+        if self.ended is not None:
+            self._inbox.put_nowait(_WAKE)
+        return batch
+
+    def why_no_batch(self) -> str:
+        """Why no mini-batch is ready, in the words a user needs to act on it."""
+        if self.ended is not None:
+            e = self.ended
+            return f"the run ended ({e.reason}" + (f": {e.error})" if e.error else ")")
+        if self.finale.finishing:
+            return "the run is ending (total_steps reached or Stop): no new groups start"
+        b, t, d = self.buffer, self.state.trainer, self.dispatcher
+        if not d.active() and not b.in_flight:
+            return ("no replica is serving rollout (all asleep beside the trainer or down): switch one with "
+                    "SwitchToRollout or add one with add_replica()")
+        serving = self.state.serving_version(d.__contains__)
+        v = t.version if serving is None else serving
+        if b.capacity(v) <= 0 and not b.in_flight:
+            return (f"the staleness gate is closed: {b.dispatched - sum(b.dropped.values())} groups started, the "
+                    f"most rollout.max_staleness = {b.max_staleness} allows on version {v}; it opens when weights "
+                    f"are published (publish_weights() after training; {t.steps_since_publish} steps since version "
+                    f"{t.version})")
+        ready = b.ready_samples
+        return (f"{b.in_flight} prompt groups are still generating ({ready} of {self.state.ppo_mini_batch_size} "
+                f"samples of the next mini-batch are ready)")
+
+    def view(self) -> EngineView:
+        b, t = self.buffer, self.state.trainer
+        serving = self.state.serving_version(self.dispatcher.__contains__)
+        # with no replica serving, whether a replica switched in (on current weights) could start work
+        gate = b.capacity(t.version if serving is None else serving) > 0
+        bv = BufferView(ready_samples=b.ready_samples, ready_batches=b.ready_batches(), in_flight_groups=b.in_flight,
+                        in_flight_samples=self.dispatcher.total_in_flight, dispatched_groups=b.dispatched,
+                        trained_groups=b.trained, dropped_groups=sum(b.dropped.values()),
+                        gate_open=gate and not self.finale.finishing, pending_resumes=len(self.inflight.resumes))
+        return self.state.view(bv, self.dispatcher.in_flight)
+
+    # -- the end -------------------------------------------------------------------------------
+    def end(self, reason: EndReason, error: str = "", failed_component: str = "", fault: str = "", *,
+            careful: bool = False) -> None:
+        """Drop what is still in flight (``GroupDropped(reason="run_end")``) and emit
+        ``RunEnded``. ``careful``: after a crash — a sink or a check that fails is skipped."""
+        if self.ended is not None:
+            return
+        self.finale.phase = "ended"
+        notes = []
+        for g in self.buffer.drop_all("run_end"):
+            self._deliver(GroupDropped(group_id=g.group_id, reason="run_end", samples=len(g.samples)), careful, notes)
+        try:
+            self.buffer.check()
+            summary = self.summary()
+        except Exception as e:  # noqa: BLE001 - only reached while ending after a crash
+            if not careful:
+                raise
+            notes.append(f"the books did not balance: {describe(e)}")
+            summary = {}
+        text = bounded("; ".join([error, *notes]) if notes else error)
+        ended = RunEnded(reason=reason, steps=self.state.trainer.step, summary=summary, error=text, failed_component=failed_component, fault=fault)
+        self.ended = self._deliver(ended, careful, notes)
+
+    def _deliver(self, event: Event, careful: bool, notes: list[str]) -> Event:
+        ev = self.stamp(event)
+        for sink in self.sinks:
+            try:
+                sink(ev)
+            except Exception as e:  # noqa: BLE001 - careful mode: the other sinks still get it
+                if not careful:
+                    raise
+                notes.append(f"sink {_sink_name(sink)} also failed: {describe(e, limit=200)}")
+        return ev
+
+    def _crash(self, exc: Exception) -> None:
+        msg = self._current
+        on = f"{tag_of(msg)} (seq {msg.seq} from {msg.source or '?'})" if msg is not None else "the opening"
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        fault = f"{self._stage} on {on}"
+        self.end("error", error=f"coordinator loop failed in {self._stage} while handling {on}: {describe(exc)}{where}",
+                 fault=fault, careful=True)
+
+    def summary(self) -> dict[str, float]:
+        t = self.state.trainer
+        extra = {"coordinator/policy_failures": float(self.guard.failures)} if self.guard.failures else {}
+        return self.tally.summary(steps=t.step, version=t.version, buffer=self.buffer.counters(), extra=extra)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def snapshot(self) -> snapshot_mod.CoordinatorSnapshot:
+        """The coordinator's state at this cut (see ``shunter.engine.snapshot``)."""
+        t, tally = self.state.trainer, self.tally
+        return snapshot_mod.CoordinatorSnapshot(
+            run_id=self.state.run_id, step=t.step, version=t.version, prompts_taken=self.inflight.prompts_taken,
+            buffer=self.buffer.snapshot(), in_flight=self.inflight.unfinished(), policy=self.policy.snapshot(),
+            tokens=tally.tokens, wall_s=tally.wall_s(), rewards=list(tally.rewards),
+            validations=list(tally.validations), failed_groups=tally.failed_groups)
+
+    def restore(self, snap: snapshot_mod.CoordinatorSnapshot, *, checkpoint: str = "", attempt: int = 1,
+                reason: str = "") -> None:
+        """Continue a run from a snapshot (before :meth:`run`): the buffer, the samples in
+        flight (they resume from their prefixes), the prompt stream, the policy's state."""
+        self.buffer.restore(snap.buffer)
+        self.inflight.restore(snap.in_flight, snap.prompts_taken)
+        t = self.state.trainer
+        t.step, t.version, t.steps_since_publish = snap.step, snap.version, 0
+        self.cuts.last_step = snap.step
+        if self.state.trainer_driver == "engine" and snap.step >= self.cfg.run.total_steps:
+            self.finale.begin()  # saved at the very end: only the finale is left
+        if snap.policy:
+            self.policy.restore(snap.policy)
+        self.tally.restore(tokens=snap.tokens, rewards=snap.rewards, validations=snap.validations,
+                           failed_groups=snap.failed_groups, wall_s=snap.wall_s)
+        self._resumed = RunResumed(checkpoint=checkpoint, step=snap.step, version=snap.version, attempt=attempt,
+                                   reason=reason)

@@ -1,7 +1,9 @@
-"""``shunter`` command line: run a config, read an event log, print the config schema.
+"""``shunter`` command line: run a config, check a policy, read an event log, print the
+config schema.
 
-Invariant: the CLI is only a user of the ``Engine`` facade and the codec — no logic of
-its own beyond presenting progress and the summary.
+Invariant: the CLI is only a user of the ``Engine`` facade, the policy contract and the
+codec — no logic of its own beyond presenting progress and results. Import strings
+(``module:Name``) resolve from the config file's folder and the working directory first.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--resume", metavar="PATH",
                    help="continue a run from a checkpoint folder or a run folder (its newest valid checkpoint)")
+    c = sub.add_parser("check-policy", help="run the policy contract on any policy ('module:Class' or a built-in)")
+    c.add_argument("policy")
+    c.add_argument("--options", default="{}", help="JSON object of constructor options (run.policy_options)")
+    c.add_argument("--standalone", type=int, help="standalone replicas (default: the first setup the policy accepts)")
+    c.add_argument("--hybrid", type=int, help="hybrid replicas")
+    c.add_argument("--only", action="append", help="run only this check (repeatable)")
+    c.add_argument("--time-limit", type=float, default=60.0, help="real seconds per check (default 60)")
     e = sub.add_parser("events", help="print an event log (events.bin) as JSON lines")
     e.add_argument("path")
     e.add_argument("--kind", action="append", help="only these tags (repeatable)")
@@ -35,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     if args.cmd == "events":
         return _events(args)
+    if args.cmd == "check-policy":
+        return _check_policy(args)
     print(json.dumps(schema(), indent=2))
     return 0
 
@@ -63,6 +74,36 @@ def _run(args) -> int:
         print(f"shunter: cannot resume: {e}", file=sys.stderr)
         return 2
     return 0 if ended.reason == "completed" else 1
+
+
+def _check_policy(args) -> int:
+    import os
+
+    from shunter import contract
+    from shunter.policies.registry import import_paths
+
+    try:
+        options = json.loads(args.options)
+        if not isinstance(options, dict):
+            raise ValueError("--options must be a JSON object")
+    except ValueError as e:
+        print(f"shunter: bad --options: {e}", file=sys.stderr)
+        return 2
+    with import_paths([os.getcwd()]):
+        try:
+            subject = contract.subject_for(args.policy, options, standalone=args.standalone, hybrid=args.hybrid)
+        except ValueError as e:
+            print(f"shunter: {e}", file=sys.stderr)
+            return 2
+        subject.time_limit_s = args.time_limit
+        print(f"checking {args.policy} with {subject.standalone} standalone + {subject.hybrid} hybrid replicas")
+        results = contract.run_checks(subject, args.only)
+    for r in results:
+        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.check:<17} {r.seconds:6.2f}s  {r.detail}")
+    failed = [r.check for r in results if not r.ok]
+    print(f"{args.policy}: " + (f"{len(failed)} of {len(results)} checks failed ({', '.join(failed)})" if failed
+                                else f"all {len(results)} checks passed"))
+    return 1 if failed else 0
 
 
 def _events(args) -> int:

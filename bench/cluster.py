@@ -9,10 +9,12 @@ The same (config, cost model, seed) gives the same event log, message for messag
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import looptime
 
@@ -23,6 +25,8 @@ from shunter.bench.sim import (
     SimTrainer,
     sim_reward,
 )
+from shunter.engine import snapshot
+from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.config import EngineConfig
 from shunter.engine.loop import Coordinator
 from shunter.engine.local import LocalExecutor
@@ -38,7 +42,7 @@ from shunter.events import (
     Stamper,
 )
 from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
-from shunter.policies import make_policy
+from shunter.policies import Policy, make_policy
 
 
 @dataclass
@@ -61,20 +65,27 @@ def prompts() -> Iterator[PromptSpec]:
     return (PromptSpec(prompt_id=i, text=f"p{i}") for i in itertools.count())
 
 
-def run_sim(cfg: EngineConfig, cost: CostModel, *, seed: int = 0, keep: bool = True, sinks=()) -> SimResult:
+def run_sim(cfg: EngineConfig, cost: CostModel, *, seed: int = 0, keep: bool = True, sinks=(),
+            policy: Policy | None = None, checkpoints: Path | None = None, resume: Path | None = None,
+            time_limit_s: float | None = None) -> SimResult:
     """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
-    folding sink such as ``analysis.Summary`` instead)."""
+    folding sink such as ``analysis.Summary`` instead). ``policy``: an instance to use instead
+    of ``run.policy``; ``checkpoints``: a folder for checkpoints; ``resume``: a checkpoint
+    folder to continue from; ``time_limit_s``: simulated seconds before ``TimeoutError``."""
     # nothing in a simulation waits on I/O or threads: time may jump as soon as no callback is ready
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
     try:
-        return loop.run_until_complete(_run(cfg, cost, seed, keep, loop, list(sinks)))
+        job = _run(cfg, cost, seed, keep, loop, list(sinks), policy, checkpoints, resume)
+        return loop.run_until_complete(asyncio.wait_for(job, time_limit_s))
     finally:
         loop.close()
 
 
-async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, sinks: list) -> SimResult:
+async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, sinks: list,
+               policy: Policy | None, checkpoints: Path | None, resume: Path | None) -> SimResult:
     run_id = f"sim-{seed}"
     clock = loop.time
+    version = CheckpointStore(resume.parent).verify(resume).version if resume is not None else 0
     table = RankTable(run_id)
     kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
     cores, opening = {}, []
@@ -84,15 +95,18 @@ async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, 
         mode = ROLLOUT if kind == STANDALONE else TRAINER
         backend = SimBackend(cost, seed=seed * 100_003 + lease.rank, sleeping=mode == TRAINER)
         cores[rid] = RolloutCore(rid, backend, SimTokenizer(cost.prompt_tokens), sim_reward,
-                                 Stamper(run_id, rid, clock), mode=mode, reward_name="sim_reward")
+                                 Stamper(run_id, rid, clock), mode=mode, reward_name="sim_reward", version=version)
         opening += [
             RankAssigned(replica_id=rid, replica_kind=kind, rank=lease.rank, actor_name=lease.actor_name,
                          run_id=run_id, source="registry", wall_time=clock()),
             ReplicaUp(replica_id=rid, replica_kind=kind, rank=lease.rank, mode=mode, run_id=run_id, source="sim",
-                      wall_time=clock()),
+                      version=version, wall_time=clock()),
         ]
     table.check()
-    trainer = TrainerHost(SimTrainer(cost), Stamper(run_id, "trainer", clock), transport="sim")
+    core = SimTrainer(cost)
+    if resume is not None:
+        core.load(str(resume))
+    trainer = TrainerHost(core, Stamper(run_id, "trainer", clock), transport="sim")
     executor = LocalExecutor(run_id, trainer, cores, max_tokens=cfg.rollout.max_tokens, clock=clock)
     kept: list[Message] = []
     count = [0]
@@ -102,8 +116,11 @@ async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, 
         if keep:
             kept.append(m)
 
-    coord = Coordinator(cfg, make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts(),
-                        run_id=run_id, sinks=[sink, *sinks], clock=clock)
+    store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
+    coord = Coordinator(cfg, policy or make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts(),
+                        run_id=run_id, sinks=[sink, *sinks], clock=clock, checkpoints=store)
+    if resume is not None:
+        coord.restore(snapshot.decode((resume / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(opening)
     spent: list[float] = []
     handle = coord.handle
@@ -115,6 +132,8 @@ async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, 
 
     coord.handle = timed
     t0, wall0 = clock(), time.perf_counter()
-    ended = await coord.run()
-    await executor.close()
+    try:
+        ended = await coord.run()
+    finally:
+        await executor.close()
     return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], sum(spent), spent)

@@ -55,8 +55,9 @@ class PolicyGuard:
     def __init__(self, policy: Policy, *, emit: Callable[[Event], None], max_failures: int = 10,
                  budget_ms: float = 10.0, timer: Callable[[], float] = time.perf_counter) -> None:
         self.policy = policy
-        self.name = policy.name or type(policy).__name__
-        self.label = f"{type(policy).__module__}.{type(policy).__qualname__}"
+        shown = getattr(policy, "wrapped", policy)  # a recording wrapper names what it wraps
+        self.name = shown.name or type(shown).__name__
+        self.label = f"{type(shown).__module__}.{type(shown).__qualname__}"
         self.emit = emit
         self.max_failures = max_failures
         self.budget_ms = budget_ms

@@ -52,6 +52,7 @@ from shunter.events import (
     Event,
     EventRejected,
     GroupDropped,
+    LoopIdle,
     Intent,
     Message,
     PromptSpec,
@@ -114,6 +115,7 @@ class Coordinator:
         self._resumed: RunResumed | None = None
         self._stage = "open"
         self._current: Message | None = None
+        self._idle = False
         executor.bind(self.post_many)
 
     # -- inputs ----------------------------------------------------------------------------
@@ -138,12 +140,18 @@ class Coordinator:
             self._open()
             stall = self.cfg.run.stall_timeout_s
             while self.ended is None:
+                if self._inbox.empty() and self.executor.pending() == 0 and not self._idle:
+                    self._idle = True  # once per quiet period: the policy may act on the view
+                    self.emit(LoopIdle(in_flight=self.dispatcher.total_in_flight))
+                    self._settle()
+                    continue
                 try:
                     msg = await asyncio.wait_for(self._inbox.get(), stall)
                 except TimeoutError:
                     self._stalled(stall)
                     continue
                 if isinstance(msg, Message):
+                    self._idle = False
                     self.handle(msg)
         except Exception as e:  # noqa: BLE001 - the one fault barrier: any error ends the run, said so
             self._crash(e)
@@ -157,8 +165,7 @@ class Coordinator:
             msg = self._inbox.get_nowait()
             if isinstance(msg, Message):
                 self._step(msg)
-            while self._derived:
-                self._step(self._derived.popleft())
+            self._drain()
         opening = self._resumed or RunStarted(policy=self.guard.name, replicas=len(self.state.replicas),
                                               trainer_driver=self.state.trainer_driver)
         self._opened = True
@@ -173,21 +180,26 @@ class Coordinator:
         self._settle()
 
     def _settle(self) -> None:
-        limit = 10_000 + 10 * (self.dispatcher.total_in_flight + len(self.buffer.groups()))
-        handled = 0
         while self.ended is None:
-            while self._derived and self.ended is None:
-                handled += 1
-                if handled > limit:  # a feedback loop between derived events and decisions
-                    raise RuntimeError(f"livelock: one message derived more than {limit} events "
-                                       f"(last {tag_of(self._derived[0])})")
-                self._step(self._derived.popleft())
+            self._drain()
             if not self._opened or self.ended is not None:
                 return
             self._stage = "finale"
             self.finale.advance()
             if not self._derived:
                 return
+
+    def _drain(self) -> None:
+        """Handle the events derived so far, and what they derive in turn. Bounded: one message
+        can derive about one event per sample and group it touches; far more is a feedback loop."""
+        limit = 10_000 + 10 * (self.dispatcher.total_in_flight + self.buffer.in_flight + self.buffer.ready)
+        handled = 0
+        while self._derived and self.ended is None:
+            handled += 1
+            if handled > limit:
+                raise RuntimeError(f"livelock: one message derived more than {limit} events "
+                                   f"(the last {tag_of(self._derived[0])})")
+            self._step(self._derived.popleft())
 
     def _step(self, msg: Message) -> None:
         self._current = msg

@@ -38,6 +38,7 @@ from shunter.events.lifecycle import (
     ComponentReady,
     EventRejected,
     IntentRejected,
+    LoopIdle,
     PolicyFailed,
     PolicySlow,
     RunEnded,

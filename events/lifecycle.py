@@ -60,6 +60,17 @@ class RunEnded(Event, frozen=True, kw_only=True, tag="run.ended"):
     ``apply``, ``decide``, ``intent``, ``pump``, ``finale``) and the message being handled."""
 
 
+class LoopIdle(Event, frozen=True, kw_only=True, tag="coordinator.idle"):
+    """Nothing is in flight and no message is waiting: the run moves only if someone acts.
+
+    ``coordinator -> policy, sinks``, at most once between two messages from outside. A policy
+    that missed a decision (it failed on the event it should have acted on) can act on the view
+    now; one that has nothing to do lets ``run.stall_timeout_s`` end the run."""
+
+    in_flight: int = 0
+    """Samples generating (0: none)."""
+
+
 class CheckpointSaved(Event, frozen=True, kw_only=True, tag="checkpoint.saved"):
     """A checkpoint is committed (renamed into place, ``latest`` updated): a crash from
     now on resumes from here.

@@ -1,116 +1,69 @@
-"""Every policy — the built-ins and the example out-of-tree one — against the contract:
-handles every event type, returns only commands, is deterministic for the same trace,
-and resumes identically after snapshot()/restore()."""
+"""Every policy — the built-ins and the example out-of-tree one — against the policy contract
+(``shunter.contract``, also ``shunter check-policy``), one test per (policy, check); and the
+contract itself against broken policies: it fails them, naming the policy and the cause, in
+bounded time, and a broken policy never fails another policy's checks."""
 
 from __future__ import annotations
 
-import asyncio
-import copy
-
 import pytest
-from fakes import local_run
-from golden_cases import CASES
 
-from shunter.engine.config import from_dict
-from shunter.events import (
-    BufferView,
-    Command,
-    EngineView,
-    Event,
-    ReplicaView,
-    TrainerView,
-)
-from shunter.policies import BUILTIN, make_policy
+from shunter import contract
+from shunter.policies import BUILTIN
 
 EXAMPLE = "examples.custom_policy:EagerLendPolicy"
 POLICIES = sorted(BUILTIN) + [EXAMPLE]
-EVENTS = [m for m in CASES if isinstance(m, Event)]
+_SUBJECTS: dict[str, contract.Subject] = {}
 
 
-def config_for(policy: str):
-    colo = policy == "colocated"
-    hybrid = 2 if colo else 1
-    return from_dict({
-        "run": {"total_steps": 6, "policy": policy},
-        "rollout": {"standalone_replicas": 0 if colo else 1, "hybrid_replicas": hybrid, "n_samples_per_prompt": 4,
-                    "max_tokens": 10, "max_staleness": 0 if colo else 1, "max_in_flight_per_replica": 16},
-        "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
-        "validation": {"every": 1, "prompts": 4},
-    })
+def subject(name: str) -> contract.Subject:
+    if name not in _SUBJECTS:  # one per policy: its recorded trace serves every check
+        _SUBJECTS[name] = contract.subject_for(name)
+    return _SUBJECTS[name]
 
 
-VIEWS = [
-    EngineView(),
-    EngineView(
-        replicas=(ReplicaView(replica_id="standalone-0", kind="standalone", rank=0, mode="rollout", samples_per_s=50),
-                  ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="trainer")),
-        trainer=TrainerView(state="idle", step=3, version=1),
-        buffer=BufferView(ready_samples=4, gate_open=True),
-        ppo_mini_batch_size=8, parameter_sync_step=2, validate_every=1,
-    ),
-    EngineView(
-        replicas=(ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="rollout"),),
-        trainer=TrainerView(state="idle", steps_since_publish=2), buffer=BufferView(ready_batches=3), done=True,
-    ),
-]
-
-
-@pytest.fixture(scope="module")
-def traces():
-    """(event, view) pairs recorded from a real coordinator run per policy."""
-    out = {}
-    for name in POLICIES:
-        cfg = config_for(name)
-        coord, _, _ = local_run(cfg, token_s=0.001)
-        rec: list[tuple[Event, EngineView]] = []
-        inner = coord.decide
-
-        def decide(ev, inner=inner, rec=rec, coord=coord):
-            rec.append((ev, coord.view()))
-            return inner(ev)
-
-        coord.decide = decide
-
-        async def go(coord=coord):
-            async with asyncio.timeout(30):
-                return await coord.run()
-
-        ended = asyncio.run(go())
-        assert ended.reason == "completed", (name, ended)
-        out[name] = rec
-    return out
-
-
+@pytest.mark.parametrize("check", list(contract.CHECKS))
 @pytest.mark.parametrize("name", POLICIES)
-@pytest.mark.parametrize("event", EVENTS, ids=lambda e: e.kind if hasattr(e, "kind") else type(e).__name__)
-def test_handles_every_event_type_and_returns_only_commands(name, event):
-    for view in VIEWS:
-        cmds = make_policy(name).decide(event, view)
-        assert isinstance(cmds, list)
-        assert all(isinstance(c, Command) for c in cmds), cmds
+def test_policy_meets_the_contract(name, check):
+    (result,) = contract.run_checks(subject(name), only=[check])
+    assert result.ok, f"{name} {check}: {result.detail}"
 
 
-@pytest.mark.parametrize("name", POLICIES)
-def test_deterministic_for_the_same_trace(name, traces):
-    a, b = make_policy(name), make_policy(name)
-    for ev, view in traces[name]:
-        assert a.decide(ev, view) == b.decide(ev, view)
+@pytest.mark.parametrize(
+    ("broken", "check", "says"),
+    [
+        ("Raises", "run", "AttributeError: 'EngineView' object has no attribute 'bufer'"),
+        ("Raises", "every_event", "raised AttributeError"),
+        ("ReturnsNone", "run", "returned None"),
+        ("ReturnsBare", "every_event", "returned a bare TrainStep, not a list"),
+        ("ReturnsJunk", "every_event", "holding str 'publish' at index 1"),
+        ("ReturnsOrder", "every_event", "an order only the coordinator gives"),
+        ("Hangs", "run", "took longer than 2 s of real time"),
+    ],
+)
+def test_the_contract_fails_a_broken_policy_with_its_cause_in_bounded_time(broken, check, says):
+    s = contract.subject_for(f"broken_policies:{broken}")
+    s.time_limit_s = 2.0
+    (result,) = contract.run_checks(s, only=[check])
+    assert not result.ok
+    assert says in result.detail, result.detail
+    assert result.seconds < 10
 
 
-@pytest.mark.parametrize("name", POLICIES)
-def test_snapshot_restore_resumes_identically(name, traces):
-    trace = traces[name]
-    for cut in (len(trace) // 3, len(trace) // 2, 2 * len(trace) // 3):
-        ref = make_policy(name)
-        for ev, view in trace[:cut]:
-            ref.decide(ev, view)
-        restored = make_policy(name)
-        restored.restore(copy.deepcopy(ref.snapshot()))
-        for ev, view in trace[cut:]:
-            assert restored.decide(ev, view) == ref.decide(ev, view)
+def test_a_broken_policy_does_not_touch_the_checks_of_another():
+    bad = contract.run_checks(contract.subject_for("broken_policies:Raises"))
+    good = contract.run_checks(contract.subject_for("separate"))
+    assert not any(r.ok for r in bad if r.check in ("run", "every_event"))
+    assert all(r.ok for r in good), [r for r in good if not r.ok]
 
 
-@pytest.mark.parametrize("name", POLICIES)
-def test_a_real_run_issues_commands(name, traces):
-    issued = [c for ev, view in traces[name] for c in make_policy(name).decide(ev, view)]
-    assert issued
+def test_a_policy_that_re_derives_state_on_resume_resumes():
+    """The issue-13 case: setup events reached the policy before RunResumed."""
+    results = contract.run_checks(contract.subject_for("broken_policies:ForgetsOnResume", standalone=1, hybrid=0),
+                                  only=["resume"])
+    assert results[0].ok, results[0].detail
+
+
+def test_calling_super_init_is_optional():
+    results = contract.run_checks(contract.subject_for("broken_policies:NoSuper", {"patience": 5}),
+                                  only=["run", "snapshot_restore"])
+    assert all(r.ok for r in results), results

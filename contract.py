@@ -1,0 +1,322 @@
+"""The policy contract: what every policy must do, checkable on any policy without touching
+the project.
+
+    shunter check-policy my_policies:MyPolicy [--options '{"k": 1}'] [--standalone 1 --hybrid 1]
+
+Checks (each on its own, each bounded in real time; a policy that raises, hangs or returns junk
+fails the check that found it, with the policy, the check and the event named, and never
+stops the others):
+
+- ``run``: a whole simulated run (the real coordinator over the simulated cluster of
+  ``shunter.bench``, in virtual time) ends ``completed`` with no ``PolicyFailed``, and the first
+  event the policy sees is ``RunStarted``;
+- ``every_event``: ``decide()`` on one example of every event type, in several views, returns a
+  list of intents;
+- ``deterministic``: two fresh instances decide alike over the run's recorded (event, view) trace;
+- ``snapshot_restore``: a policy restored from ``snapshot()`` mid-trace decides exactly like the
+  original from there on, and the snapshot is plain data;
+- ``restore_strict``: ``restore()`` refuses a snapshot with a key its ``State`` does not have;
+- ``resume``: a run resumed from a mid-run checkpoint (``restore()`` then ``RunResumed``) goes on
+  to complete every remaining step.
+
+The same checks make up ``tests/contracts`` for the built-in and example policies.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from shunter.engine.config import ConfigError, EngineConfig, from_dict
+from shunter.engine.errors import bounded, describe
+from shunter.engine.guard import check_intents
+from shunter.events import (
+    BufferView,
+    EngineView,
+    Event,
+    Intent,
+    PolicyFailed,
+    ReplicaView,
+    RunStarted,
+    TrainerView,
+    tag_of,
+)
+from shunter.events.examples import CASES
+from shunter.policies import Policy, make_policy, policy_class
+
+SETUPS = ((1, 1), (1, 0), (0, 2), (2, 0), (2, 2))
+"""(standalone, hybrid) replica setups tried, first one the policy's ``check_setup`` accepts."""
+EVENTS = [m for m in CASES if isinstance(m, Event) and type(m).to_policy]
+VIEWS = [
+    EngineView(),
+    EngineView(
+        replicas=(ReplicaView(replica_id="standalone-0", kind="standalone", rank=0, mode="rollout", samples_per_s=50),
+                  ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="trainer")),
+        trainer=TrainerView(state="idle", step=3, version=1), buffer=BufferView(ready_samples=4, gate_open=True),
+        ppo_mini_batch_size=8, parameter_sync_step=2, validate_every=1,
+    ),
+    EngineView(
+        replicas=(ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="rollout"),),
+        trainer=TrainerView(state="idle", steps_since_publish=2), buffer=BufferView(ready_batches=3), done=True,
+    ),
+]
+
+
+class CheckFailed(AssertionError):
+    """A contract check found a problem (the message names it)."""
+
+
+class CheckTimeout(BaseException):
+    """A check ran out of real time. A BaseException, so that no ``except Exception`` on the
+    way out — the coordinator's guard around the policy included — can swallow it."""
+
+
+@dataclass
+class CheckResult:
+    check: str
+    ok: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Subject:
+    """The policy under test: how to make fresh instances, and the setup it runs with."""
+
+    spec: str
+    options: dict[str, Any] = field(default_factory=dict)
+    standalone: int = 1
+    hybrid: int = 1
+    steps: int = 6
+    time_limit_s: float = 60.0
+    _trace: list[tuple[Event, EngineView]] | None = None
+
+    def make(self) -> Policy:
+        return make_policy(self.spec, self.options)
+
+    def config(self, **run: Any) -> EngineConfig:
+        colocated = self.standalone == 0
+        return from_dict({
+            "run": {"total_steps": self.steps, "policy": self.spec, "policy_options": self.options,
+                    "stall_timeout_s": 600.0, **run},
+            "rollout": {"standalone_replicas": self.standalone, "hybrid_replicas": self.hybrid,
+                        "n_samples_per_prompt": 4, "max_tokens": 64, "max_model_len": 256,
+                        "max_staleness": 0 if colocated else 1, "max_in_flight_per_replica": 32},
+            "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
+            "validation": {"every": 0},
+        })
+
+
+@contextmanager
+def deadline(seconds: float, what: str) -> Iterator[None]:
+    """Raise ``CheckTimeout`` in this thread after ``seconds`` of real time — even inside a
+    policy's endless loop (a signal interrupts it); a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum: int, frame: object) -> None:
+        raise CheckTimeout(f"{what} took longer than {seconds:g} s of real time")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class Recording(Policy):
+    """Wraps a policy and records every (event, view) it is asked to decide on."""
+
+    def __init__(self, inner: Policy, trace: list[tuple[Event, EngineView]]) -> None:
+        self.inner, self.trace = inner, trace
+        self.wrapped = inner  # the guard names the policy inside
+
+    def decide(self, event: Event, view: EngineView) -> list[Intent]:
+        self.trace.append((event, view))
+        return self.inner.decide(event, view)  # type: ignore[no-any-return]
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.inner.snapshot()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.inner.restore(state)
+
+
+def _sim(subject: Subject, policy: Policy, **kw: Any) -> Any:
+    from shunter.bench.cluster import run_sim
+    from shunter.bench.sim import CostModel
+
+    cost = CostModel(prompt_tokens=16, decode_step_s=0.01, length_median=24, length_sigma=0.6, train_step_s=0.2,
+                     weight_bytes=1e8)
+    cfg = subject.config(**kw.pop("run", {}))
+    return run_sim(cfg, cost, policy=policy, keep=True, time_limit_s=7200.0, **kw)
+
+
+def _ended_ok(result: Any, what: str) -> None:
+    failed = [m for m in result.messages if isinstance(m, PolicyFailed)]
+    if failed:
+        raise CheckFailed(f"{what}: the policy failed on {failed[0].on_kind}: {failed[0].error}")
+    if result.ended.reason != "completed":
+        raise CheckFailed(f"{what} ended {result.ended.reason}: {result.ended.error}")
+
+
+def check_run(subject: Subject) -> str:
+    trace: list[tuple[Event, EngineView]] = []
+    result = _sim(subject, Recording(subject.make(), trace))
+    _ended_ok(result, "the simulated run")
+    if not trace or not isinstance(trace[0][0], RunStarted):
+        raise CheckFailed(f"the policy's first event was {tag_of(trace[0][0]) if trace else 'none'}, not run.started")
+    if result.ended.steps != subject.steps:
+        raise CheckFailed(f"the run trained {result.ended.steps} of {subject.steps} steps")
+    subject._trace = trace
+    return f"{len(trace)} events decided, {subject.steps} steps in {result.sim_s:.0f} simulated s"
+
+
+def _trace(subject: Subject) -> list[tuple[Event, EngineView]]:
+    if subject._trace is None:
+        check_run(subject)
+    assert subject._trace is not None
+    return subject._trace
+
+
+def _decide(policy: Policy, event: Event, view: EngineView) -> list[Intent]:
+    try:
+        out = policy.decide(event, view)
+    except CheckTimeout:
+        raise
+    except Exception as e:
+        raise CheckFailed(f"decide() raised {describe(e)} on {tag_of(event)}") from e
+    problem = check_intents(out)
+    if problem:
+        raise CheckFailed(f"decide() on {tag_of(event)} {problem}")
+    return list(out)
+
+
+def check_every_event(subject: Subject) -> str:
+    for event in EVENTS:
+        for view in VIEWS:
+            _decide(subject.make(), event, view)
+    return f"{len(EVENTS)} event types x {len(VIEWS)} views"
+
+
+def check_deterministic(subject: Subject) -> str:
+    a, b = subject.make(), subject.make()
+    for ev, view in _trace(subject):
+        if _decide(a, ev, view) != _decide(b, ev, view):
+            raise CheckFailed(f"two fresh instances decided differently on {tag_of(ev)} (seq {view.seq})")
+    return f"{len(_trace(subject))} decisions equal"
+
+
+def check_snapshot_restore(subject: Subject) -> str:
+    trace = _trace(subject)
+    for cut in (len(trace) // 3, len(trace) // 2, 2 * len(trace) // 3):
+        ref = subject.make()
+        for ev, view in trace[:cut]:
+            _decide(ref, ev, view)
+        snap = ref.snapshot()
+        try:
+            msgspec.msgpack.encode(snap)
+        except (TypeError, msgspec.EncodeError) as e:
+            raise CheckFailed(f"snapshot() is not plain data: {describe(e)}") from e
+        restored = subject.make()
+        restored.restore(copy.deepcopy(snap))
+        for ev, view in trace[cut:]:
+            if _decide(restored, ev, view) != _decide(ref, ev, view):
+                raise CheckFailed(f"restored from a snapshot at event {cut}, it decided differently on {tag_of(ev)}")
+    return "3 cuts"
+
+
+def check_restore_strict(subject: Subject) -> str:
+    p = subject.make()
+    snap = dict(p.snapshot())
+    snap["__no_such_field__"] = 1
+    try:
+        p.restore(snap)
+    except (ValueError, TypeError, msgspec.ValidationError):
+        return "unknown key refused"
+    raise CheckFailed("restore() accepted a snapshot key its State does not have (it would be dropped silently)")
+
+
+def check_resume(subject: Subject) -> str:
+    from shunter.engine.checkpoint import CheckpointStore
+
+    with tempfile.TemporaryDirectory(prefix="shunter-contract-") as tmp:
+        root = Path(tmp) / "checkpoints"
+        first = _sim(subject, subject.make(), checkpoints=root, run={"checkpoint_every": 2, "checkpoint_keep": 10})
+        _ended_ok(first, "the run to checkpoint")
+        store = CheckpointStore(root)
+        cuts = [p for p in store.complete() if 0 < store.verify(p).step < subject.steps]
+        if not cuts:
+            raise CheckFailed("the run cut no checkpoint before its end (checkpoint_every = 2)")
+        mid = cuts[len(cuts) // 2]
+        step = store.verify(mid).step
+        trace: list[tuple[Event, EngineView]] = []
+        resumed = _sim(subject, Recording(subject.make(), trace), resume=mid,
+                       checkpoints=Path(tmp) / "resumed", run={"checkpoint_every": 2})
+        _ended_ok(resumed, f"the run resumed at step {step}")
+        if resumed.ended.steps != subject.steps:
+            raise CheckFailed(f"resumed at step {step}, the run ended at step {resumed.ended.steps} of {subject.steps}")
+        first_kind = tag_of(trace[0][0]) if trace else "none"
+        if first_kind != "run.resumed":
+            raise CheckFailed(f"after restore() the policy's first event was {first_kind}, not run.resumed")
+    return f"resumed at step {step}, completed {subject.steps} steps"
+
+
+CHECKS: dict[str, Callable[[Subject], str]] = {
+    "run": check_run,
+    "every_event": check_every_event,
+    "deterministic": check_deterministic,
+    "snapshot_restore": check_snapshot_restore,
+    "restore_strict": check_restore_strict,
+    "resume": check_resume,
+}
+
+
+def subject_for(spec: str, options: dict[str, Any] | None = None, *, standalone: int | None = None,
+                hybrid: int | None = None) -> Subject:
+    """The policy ``spec`` with the first replica setup its ``check_setup`` accepts (or the one given)."""
+    cls = policy_class(spec)
+    setups = [(standalone, hybrid)] if standalone is not None and hybrid is not None else SETUPS
+    for s, h in setups:
+        try:
+            cls.check_setup(standalone=s, hybrid=h)
+        except ValueError:
+            continue
+        subject = Subject(spec, dict(options or {}), s, h)
+        try:
+            subject.config()
+        except ConfigError:
+            continue
+        return subject
+    raise ValueError(f"{spec}: check_setup refused every replica setup tried ({setups})")
+
+
+def run_checks(subject: Subject, only: list[str] | None = None) -> list[CheckResult]:
+    """Every check on ``subject``, each bounded by ``subject.time_limit_s`` of real time."""
+    out = []
+    for name, check in CHECKS.items():
+        if only and name not in only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            with deadline(subject.time_limit_s, f"check {name} of {subject.spec}"):
+                detail = check(subject)
+            out.append(CheckResult(name, True, detail, time.perf_counter() - t0))
+        except (CheckFailed, CheckTimeout) as e:
+            out.append(CheckResult(name, False, bounded(str(e)), time.perf_counter() - t0))
+        except Exception as e:  # noqa: BLE001 - anything else the policy did is its failure too
+            out.append(CheckResult(name, False, bounded(f"{describe(e)}"), time.perf_counter() - t0))
+    return out

@@ -11,10 +11,23 @@ Ray, so the heavy facade (``Engine``) is imported lazily on first attribute acce
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "EngineConfig", "load_config", "__version__"]
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineSetupError",
+    "IntentRefused",
+    "LossInput",
+    "NoBatchError",
+    "RunEndedError",
+    "UserCodeError",
+    "load_config",
+    "__version__",
+]
+_ERRORS = ("EngineError", "EngineSetupError", "IntentRefused", "NoBatchError", "RunEndedError", "UserCodeError")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "Engine":
         from shunter.api import Engine
 
@@ -23,4 +36,12 @@ def __getattr__(name: str):
         from shunter.engine import config
 
         return getattr(config, name)
+    if name in _ERRORS:
+        from shunter.engine import errors
+
+        return getattr(errors, name)
+    if name == "LossInput":
+        from shunter.engine.loss import LossInput
+
+        return LossInput
     raise AttributeError(f"module 'shunter' has no attribute {name!r}")

@@ -26,8 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--policy", help="override run.policy")
     r.add_argument("--output-dir", help="override run.output_dir")
     r.add_argument("--no-progress", action="store_true")
-    r.add_argument("--resume", metavar="PATH",
-                   help="continue a run from a checkpoint folder or a run folder (its newest valid checkpoint)")
+    r.add_argument(
+        "--run-id", help="the run's id (default: '<run.name>-<random>'); its records go to <output_dir>/<id>"
+    )
+    r.add_argument(
+        "--resume",
+        metavar="PATH",
+        help="continue a run from a checkpoint folder or a run folder (its newest valid checkpoint)",
+    )
     c = sub.add_parser("check-policy", help="run the policy contract on any policy ('module:Class' or a built-in)")
     c.add_argument("policy")
     c.add_argument("--options", default="{}", help="JSON object of constructor options (run.policy_options)")
@@ -65,14 +71,20 @@ def _run(args) -> int:
     except ConfigError as e:
         print(f"shunter: bad config: {e}", file=sys.stderr)
         return 2
+    from shunter.api import EngineSetupError
     from shunter.engine.checkpoint import CheckpointError
     from shunter.progress import run_with_progress
 
     try:
-        ended = asyncio.run(run_with_progress(cfg, resume=args.resume))
+        ended = asyncio.run(run_with_progress(cfg, resume=args.resume, run_id=args.run_id))
     except CheckpointError as e:
         print(f"shunter: cannot resume: {e}", file=sys.stderr)
         return 2
+    except EngineSetupError as e:
+        print(f"shunter: the run did not start: {e}", file=sys.stderr)
+        return 1
+    if ended.reason == "error":
+        print(f"shunter: the run failed: {ended.error}", file=sys.stderr)
     return 0 if ended.reason == "completed" else 1
 
 
@@ -101,8 +113,14 @@ def _check_policy(args) -> int:
     for r in results:
         print(f"  {'ok  ' if r.ok else 'FAIL'} {r.check:<17} {r.seconds:6.2f}s  {r.detail}")
     failed = [r.check for r in results if not r.ok]
-    print(f"{args.policy}: " + (f"{len(failed)} of {len(results)} checks failed ({', '.join(failed)})" if failed
-                                else f"all {len(results)} checks passed"))
+    print(
+        f"{args.policy}: "
+        + (
+            f"{len(failed)} of {len(results)} checks failed ({', '.join(failed)})"
+            if failed
+            else f"all {len(results)} checks passed"
+        )
+    )
     return 1 if failed else 0
 
 

@@ -60,14 +60,21 @@ EVENTS = [m for m in CASES if isinstance(m, Event) and type(m).to_policy]
 VIEWS = [
     EngineView(),
     EngineView(
-        replicas=(ReplicaView(replica_id="standalone-0", kind="standalone", rank=0, mode="rollout", samples_per_s=50),
-                  ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="trainer")),
-        trainer=TrainerView(state="idle", step=3, version=1), buffer=BufferView(ready_samples=4, gate_open=True),
-        ppo_mini_batch_size=8, parameter_sync_step=2, validate_every=1,
+        replicas=(
+            ReplicaView(replica_id="standalone-0", kind="standalone", rank=0, mode="rollout", samples_per_s=50),
+            ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="trainer"),
+        ),
+        trainer=TrainerView(state="idle", step=3, version=1),
+        buffer=BufferView(ready_samples=4, gate_open=True),
+        ppo_mini_batch_size=8,
+        parameter_sync_step=2,
+        validate_every=1,
     ),
     EngineView(
         replicas=(ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="rollout"),),
-        trainer=TrainerView(state="idle", steps_since_publish=2), buffer=BufferView(ready_batches=3), done=True,
+        trainer=TrainerView(state="idle", steps_since_publish=2),
+        buffer=BufferView(ready_batches=3),
+        done=True,
     ),
 ]
 
@@ -106,15 +113,28 @@ class Subject:
 
     def config(self, **run: Any) -> EngineConfig:
         colocated = self.standalone == 0
-        return from_dict({
-            "run": {"total_steps": self.steps, "policy": self.spec, "policy_options": self.options,
-                    "stall_timeout_s": 600.0, **run},
-            "rollout": {"standalone_replicas": self.standalone, "hybrid_replicas": self.hybrid,
-                        "n_samples_per_prompt": 4, "max_tokens": 64, "max_model_len": 256,
-                        "max_staleness": 0 if colocated else 1, "max_in_flight_per_replica": 32},
-            "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
-            "validation": {"every": 0},
-        })
+        return from_dict(
+            {
+                "run": {
+                    "total_steps": self.steps,
+                    "policy": self.spec,
+                    "policy_options": self.options,
+                    "stall_timeout_s": 600.0,
+                    **run,
+                },
+                "rollout": {
+                    "standalone_replicas": self.standalone,
+                    "hybrid_replicas": self.hybrid,
+                    "n_samples_per_prompt": 4,
+                    "max_tokens": 64,
+                    "max_model_len": 256,
+                    "max_staleness": 0 if colocated else 1,
+                    "max_in_flight_per_replica": 32,
+                },
+                "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
+                "validation": {"every": 0},
+            }
+        )
 
 
 @contextmanager
@@ -159,8 +179,9 @@ def _sim(subject: Subject, policy: Policy, **kw: Any) -> Any:
     from shunter.bench.cluster import run_sim
     from shunter.bench.sim import CostModel
 
-    cost = CostModel(prompt_tokens=16, decode_step_s=0.01, length_median=24, length_sigma=0.6, train_step_s=0.2,
-                     weight_bytes=1e8)
+    cost = CostModel(
+        prompt_tokens=16, decode_step_s=0.01, length_median=24, length_sigma=0.6, train_step_s=0.2, weight_bytes=1e8
+    )
     cfg = subject.config(**kw.pop("run", {}))
     return run_sim(cfg, cost, policy=policy, keep=True, time_limit_s=7200.0, **kw)
 
@@ -264,8 +285,13 @@ def check_resume(subject: Subject) -> str:
         mid = cuts[len(cuts) // 2]
         step = store.verify(mid).step
         trace: list[tuple[Event, EngineView]] = []
-        resumed = _sim(subject, Recording(subject.make(), trace), resume=mid,
-                       checkpoints=Path(tmp) / "resumed", run={"checkpoint_every": 2})
+        resumed = _sim(
+            subject,
+            Recording(subject.make(), trace),
+            resume=mid,
+            checkpoints=Path(tmp) / "resumed",
+            run={"checkpoint_every": 2},
+        )
         _ended_ok(resumed, f"the run resumed at step {step}")
         if resumed.ended.steps != subject.steps:
             raise CheckFailed(f"resumed at step {step}, the run ended at step {resumed.ended.steps} of {subject.steps}")
@@ -285,8 +311,9 @@ CHECKS: dict[str, Callable[[Subject], str]] = {
 }
 
 
-def subject_for(spec: str, options: dict[str, Any] | None = None, *, standalone: int | None = None,
-                hybrid: int | None = None) -> Subject:
+def subject_for(
+    spec: str, options: dict[str, Any] | None = None, *, standalone: int | None = None, hybrid: int | None = None
+) -> Subject:
     """The policy ``spec`` with the first replica setup its ``check_setup`` accepts (or the one given)."""
     cls = policy_class(spec)
     setups = [(standalone, hybrid)] if standalone is not None and hybrid is not None else SETUPS

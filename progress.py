@@ -13,21 +13,26 @@ from tqdm import tqdm
 from shunter.api import Engine
 from shunter.engine.config import EngineConfig
 from shunter.events import (
+    CommandFailed,
+    ComponentFailed,
+    EventRejected,
+    IntentRejected,
     PolicyFailed,
+    PolicySlow,
     RunEnded,
     RunResumed,
     SampleEnd,
     StepEnd,
     ValidateEnd,
+    tag_of,
 )
-from shunter.events.lifecycle import CommandFailed, ComponentFailed, EventRejected
 
 
-async def run_with_progress(cfg: EngineConfig, resume: str | None = None) -> RunEnded:
+async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id: str | None = None) -> RunEnded:
     bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
     val = ""
     tokens, t0 = 0, None
-    async with Engine(cfg, resume=resume) as engine:
+    async with Engine(cfg, resume=resume, run_id=run_id) as engine:
         print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
         async for ev in engine.events():
             if isinstance(ev, SampleEnd):
@@ -39,29 +44,57 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None) -> Run
                 bar.update(ev.step - bar.n)
                 bar.set_postfix_str(
                     f"reward {m.get('batch/reward_mean', 0):.3f} | stale {m.get('batch/staleness_mean', 0):.2f}"
-                    f" | {rate:.0f} tok/s{val}", refresh=False)
+                    f" | {rate:.0f} tok/s{val}",
+                    refresh=False,
+                )
             elif isinstance(ev, ValidateEnd):
                 val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
             elif isinstance(ev, RunResumed):
-                tqdm.write(f"resumed from {ev.checkpoint} at step {ev.step}"
-                           + (f" (attempt {ev.attempt}: {ev.reason})" if ev.reason else ""), file=sys.stderr)
-            elif isinstance(ev, PolicyFailed | CommandFailed | ComponentFailed | EventRejected):
-                tqdm.write(f"error: {ev}", file=sys.stderr)
+                tqdm.write(
+                    f"resumed from {ev.checkpoint} at step {ev.step}"
+                    + (f" (attempt {ev.attempt}: {ev.reason})" if ev.reason else ""),
+                    file=sys.stderr,
+                )
+            elif isinstance(ev, PolicyFailed | CommandFailed | ComponentFailed | EventRejected | IntentRejected):
+                tqdm.write(f"{tag_of(ev)}: {_said(ev)}", file=sys.stderr)
+            elif isinstance(ev, PolicySlow):
+                tqdm.write(
+                    f"policy.slow: {ev.policy}.decide() took {ev.decide_ms:.1f} ms on {ev.on_kind} "
+                    f"(budget run.policy_budget_ms = {ev.budget_ms:g}; {ev.slow_calls} of {ev.calls} calls "
+                    "over it): every replica waits that long",
+                    file=sys.stderr,
+                )
         ended = engine.ended or await engine.wait()
     bar.close()
     print_summary(ended)
     return ended
 
 
+def _said(ev) -> str:
+    """One line for an error event: its text, where it came from, how often."""
+    text = getattr(ev, "error", "") or getattr(ev, "detail", "")
+    where = getattr(ev, "target", "") or getattr(ev, "component", "") or getattr(ev, "origin", "")
+    n = getattr(ev, "repeats", 1)
+    return f"{text}" + (f" [{where}]" if where else "") + (f" (x{n})" if n > 1 else "")
+
+
 def print_summary(ended: RunEnded) -> None:
     s = ended.summary
-    print(f"\nrun ended: {ended.reason} after {ended.steps} optimizer steps, {s.get('wall_s', 0):.0f} s"
-          + (f" — error: {ended.error}" if ended.error else ""))
+    print(
+        f"\nrun ended: {ended.reason} after {ended.steps} optimizer steps, {s.get('wall_s', 0):.0f} s"
+        + (f" — error: {ended.error}" if ended.error else "")
+    )
     if "batch/reward_first" in s:
         print(f"  sampled reward   {s['batch/reward_first']:.3f} -> {s['batch/reward_last']:.3f}")
     if "validate/exact_first" in s:
-        print(f"  greedy held-out  exact {s['validate/exact_first']:.2f} -> {s['validate/exact_last']:.2f}, "
-              f"reward {s['validate/reward_mean_first']:.3f} -> {s['validate/reward_mean_last']:.3f}")
-    print(f"  rollout          {s.get('rollout/tokens_per_s', 0):.0f} tokens/s, weight version {s.get('version', 0):.0f}")
-    print(f"  prompt groups    dispatched {s.get('buffer/dispatched_groups', 0):.0f}, trained "
-          f"{s.get('buffer/trained_groups', 0):.0f}, dropped {s.get('buffer/dropped_groups', 0):.0f}")
+        print(
+            f"  greedy held-out  exact {s['validate/exact_first']:.2f} -> {s['validate/exact_last']:.2f}, "
+            f"reward {s['validate/reward_mean_first']:.3f} -> {s['validate/reward_mean_last']:.3f}"
+        )
+    print(
+        f"  rollout          {s.get('rollout/tokens_per_s', 0):.0f} tokens/s, weight version {s.get('version', 0):.0f}"
+    )
+    print(
+        f"  prompt groups    dispatched {s.get('buffer/dispatched_groups', 0):.0f}, trained "
+        f"{s.get('buffer/trained_groups', 0):.0f}, dropped {s.get('buffer/dropped_groups', 0):.0f}"
+    )

@@ -73,37 +73,72 @@ class Waiters:
 
 
 class CoordinatorActor:
-    def __init__(self, cfg: bytes, run_id: str, trainer, replicas: dict, out_dir: str, registry=None, *,
-                 resume: str = "", attempt: int = 0, reason: str = "") -> None:
+    def __init__(
+        self,
+        cfg: bytes,
+        run_id: str,
+        trainer,
+        replicas: dict,
+        out_dir: str,
+        registry=None,
+        *,
+        resume: str = "",
+        attempt: int = 0,
+        reason: str = "",
+    ) -> None:
         self.cfg = msgspec.msgpack.decode(cfg, type=config_mod.EngineConfig)
         use_import_paths(self.cfg.run.import_paths)
         self.run_id = run_id
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         wt = self.cfg.trainer.weight_transport
-        self.executor = RayExecutor(run_id, trainer, replicas, timeout_s=self.cfg.run.timeout_s,
-                                    generate_timeout_s=self.cfg.rollout.generate_timeout_s,
-                                    weight_group=wt if wt in ("nccl", "gloo") else "",
-                                    group_timeout_s=self.cfg.trainer.weight_group_timeout_s)
+        self.executor = RayExecutor(
+            run_id,
+            trainer,
+            replicas,
+            timeout_s=self.cfg.run.timeout_s,
+            generate_timeout_s=self.cfg.rollout.generate_timeout_s,
+            weight_group=wt if wt in ("nccl", "gloo") else "",
+            group_timeout_s=self.cfg.trainer.weight_group_timeout_s,
+        )
         self.feed = Feed()
         self.waiters = Waiters()
         self.last_ready: WeightsReady | None = None
         self.log = EventLog(self.out / "events.bin")
-        self.metrics = MetricsSink(self.out / "metrics.jsonl", self.out / "tensorboard",
-                                   extra=lambda: self.core.guard.metrics())
+        self.metrics = MetricsSink(
+            self.out / "metrics.jsonl", self.out / "tensorboard", extra=lambda: self.core.guard.metrics()
+        )
         self.user = Stamper(run_id, "user")
         task = load_task(self.cfg.task.name)
-        prompts = (PromptSpec(prompt_id=i, text=p.text, answer=p.answer)
-                   for i, p in enumerate(task.train_prompts(self.cfg.run.seed)))
-        val = [PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
-               for i, p in enumerate(task.validation_prompts(self.cfg.validation.prompts, self.cfg.run.seed))]
+        prompts = (
+            PromptSpec(prompt_id=i, text=p.text, answer=p.answer)
+            for i, p in enumerate(task.train_prompts(self.cfg.run.seed))
+        )
+        val = [
+            PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
+            for i, p in enumerate(task.validation_prompts(self.cfg.validation.prompts, self.cfg.run.seed))
+        ]
         self.core = Coordinator(
-            self.cfg, make_policy(self.cfg.run.policy, self.cfg.run.policy_options), self.executor, prompts,
-            run_id=run_id, validation_prompts=val,
-            sinks=[self.log, LogSink(make_logger(self.out / "run.log")), self.metrics, self.feed, self.waiters,
-                   self._release_dead, self._remember],
-            checkpoints=(CheckpointStore(self.out / "checkpoints", keep=self.cfg.run.checkpoint_keep)
-                         if self.cfg.run.checkpoint_every > 0 else None),
+            self.cfg,
+            make_policy(self.cfg.run.policy, self.cfg.run.policy_options),
+            self.executor,
+            prompts,
+            run_id=run_id,
+            validation_prompts=val,
+            sinks=[
+                self.log,
+                LogSink(make_logger(self.out / "run.log")),
+                self.metrics,
+                self.feed,
+                self.waiters,
+                self._release_dead,
+                self._remember,
+            ],
+            checkpoints=(
+                CheckpointStore(self.out / "checkpoints", keep=self.cfg.run.checkpoint_keep)
+                if self.cfg.run.checkpoint_every > 0
+                else None
+            ),
         )
         if resume:  # a checkpoint folder, already verified by the Engine
             snap = snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes())
@@ -124,8 +159,9 @@ class CoordinatorActor:
         try:
             self.ingest(await self.registry.release.remote(replica_id, reason), "registry")
         except Exception as e:  # noqa: BLE001 - report, never crash the loop
-            self.core.post(self.core.stamp(CommandFailed(command_kind="registry.release", target="registry",
-                                                         error=describe(e))))
+            self.core.post(
+                self.core.stamp(CommandFailed(command_kind="registry.release", target="registry", error=describe(e)))
+            )
 
     async def start(self, initial: bytes) -> None:
         """Post the replicas' opening events (ReplicaUp, RankAssigned ...) and start the loop."""
@@ -214,8 +250,13 @@ class CoordinatorActor:
         if not isinstance(intent, TrainBatch):
             raise TypeError(f"train() takes trainer.train_batch, got {tag_of(intent)}")
         k = intent.batch_id
-        done = self.waiters.wait_for(lambda m: (isinstance(m, StepEnd) and m.batch_id == k) or _answers(m, intent)
-                                     or (isinstance(m, CommandFailed) and m.target == "trainer" and m.batch_id == k))
+        done = self.waiters.wait_for(
+            lambda m: (
+                (isinstance(m, StepEnd) and m.batch_id == k)
+                or _answers(m, intent)
+                or (isinstance(m, CommandFailed) and m.target == "trainer" and m.batch_id == k)
+            )
+        )
         self.core.post(intent)
         return codec().encode(await done)
 
@@ -223,8 +264,13 @@ class CoordinatorActor:
         """Publish; the answer is ``WeightsReady`` — the last one if nothing new was trained —
         or why not (``IntentRejected``, a failure, ``RunEnded``)."""
         intent = self.user(PublishWeights())
-        done = self.waiters.wait_for(lambda m: isinstance(m, WeightsReady) or _answers(m, intent)
-                                     or (isinstance(m, CommandFailed) and m.target == "trainer"))
+        done = self.waiters.wait_for(
+            lambda m: (
+                isinstance(m, WeightsReady)
+                or _answers(m, intent)
+                or (isinstance(m, CommandFailed) and m.target == "trainer")
+            )
+        )
         self.core.post(intent)
         answer = await done
         if isinstance(answer, IntentRejected) and answer.reason == "nothing_new" and self.last_ready is not None:

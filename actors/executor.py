@@ -1,11 +1,11 @@
-"""``RayExecutor``: carries commands to the trainer and replica actors over Ray.
+"""``RayExecutor``: carries orders to the trainer and replica actors over Ray.
 
 Invariants: every call is bounded by a timeout and every failure comes back as an event
 naming the target (``CommandFailed``; a dead or hung replica yields one ``ReplicaDown``, a
-dead or hung trainer one ``ComponentFailed``), never a hang or a lost error; returned bytes are decoded by type, and bytes that do not decode
-become ``EventRejected``. Weight blobs stay in the Ray object store: this executor keeps
-the handle -> ObjectRef table (last two versions) and passes the ref, which Ray resolves
-on the receiving replica.
+dead or hung trainer one ``ComponentFailed``), never a hang or a lost error; returned bytes
+are decoded by type, and bytes that do not decode become ``EventRejected``. Weight blobs stay
+in the Ray object store: this executor keeps the handle -> ObjectRef table (last two
+versions) and passes the ref, which Ray resolves on the receiving replica.
 
 With a collective weight transport (``weight_group`` = ``nccl`` / ``gloo``) a weight load to
 a replica on another device is a command pair: before the first one the replica joins a
@@ -25,8 +25,8 @@ import ray
 from ray.exceptions import RayActorError
 
 from shunter.actors.wire import codec
-from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.engine.errors import bounded, describe
+from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.events import (
     CommandFailed,
     ComponentFailed,
@@ -49,8 +49,17 @@ from shunter.events.view import STANDALONE
 
 
 class RayExecutor(TaskExecutor):
-    def __init__(self, run_id: str, trainer, replicas: dict, *, timeout_s: float,
-                 generate_timeout_s: float = 1800.0, weight_group: str = "", group_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        trainer,
+        replicas: dict,
+        *,
+        timeout_s: float,
+        generate_timeout_s: float = 1800.0,
+        weight_group: str = "",
+        group_timeout_s: float = 120.0,
+    ) -> None:
         super().__init__()
         self.trainer = trainer
         self.replicas = dict(replicas)
@@ -112,8 +121,13 @@ class RayExecutor(TaskExecutor):
         if not opened:
             raise RuntimeError(f"the trainer opened no weight group for {replica_id}")
         o = opened[0]
-        await self._ask(replica_id, JoinWeightGroup(replica_ids=[replica_id], backend=o.backend, host=o.host,
-                                                    port=o.port, timeout_s=self.group_timeout_s), bound)
+        await self._ask(
+            replica_id,
+            JoinWeightGroup(
+                replica_ids=[replica_id], backend=o.backend, host=o.host, port=o.port, timeout_s=self.group_timeout_s
+            ),
+            bound,
+        )
 
     async def _send(self, replica_id: str, handle: str) -> None:
         """The trainer's half of a weight load over a group; failures become events."""
@@ -122,8 +136,9 @@ class RayExecutor(TaskExecutor):
             await self._ask(TRAINER, cmd, self.group_timeout_s + self.timeout_s)
         except Exception as e:  # noqa: BLE001 - every failure becomes an event; the next load joins anew
             self._joins.pop(replica_id, None)
-            self._emit([CommandFailed(command_kind=tag_of(cmd), target=TRAINER,
-                                      error=f"to {replica_id}: {describe(e)}")])
+            self._emit(
+                [CommandFailed(command_kind=tag_of(cmd), target=TRAINER, error=f"to {replica_id}: {describe(e)}")]
+            )
 
     def _leave(self, replica_id: str) -> None:
         if self._joins.pop(replica_id, None) is not None:
@@ -155,8 +170,13 @@ class RayExecutor(TaskExecutor):
                         out = await asyncio.wait_for(h.generate.remote(data), self.generate_timeout_s)
                     except TimeoutError:  # hung: kill it so it can neither hold resources nor answer late
                         ray.kill(h)
-                        self._replica_down(target, (f"no answer to {tag_of(cmd)} within rollout.generate_timeout_s"
-                                                    f" = {self.generate_timeout_s:g}s; killed"))
+                        self._replica_down(
+                            target,
+                            (
+                                f"no answer to {tag_of(cmd)} within rollout.generate_timeout_s"
+                                f" = {self.generate_timeout_s:g}s; killed"
+                            ),
+                        )
                         return
                 else:
                     payload, send = None, None
@@ -184,12 +204,27 @@ class RayExecutor(TaskExecutor):
                 ray.kill(self.trainer)
                 self._trainer_down(f"no answer to {tag_of(cmd)} within run.timeout_s = {self.timeout_s:g}s; killed")
             else:
-                self._emit([CommandFailed(command_kind=tag_of(cmd), target=target,
-                                          error=f"no answer within {self.timeout_s:g}s (run.timeout_s)")])
+                self._emit(
+                    [
+                        CommandFailed(
+                            command_kind=tag_of(cmd),
+                            target=target,
+                            error=f"no answer within {self.timeout_s:g}s (run.timeout_s)",
+                        )
+                    ]
+                )
             return
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
-            self._emit([CommandFailed(command_kind=tag_of(cmd), target=target, error=describe(e),
-                                      group_id=cmd.group_id if isinstance(cmd, Generate) else -1)])
+            self._emit(
+                [
+                    CommandFailed(
+                        command_kind=tag_of(cmd),
+                        target=target,
+                        error=describe(e),
+                        group_id=cmd.group_id if isinstance(cmd, Generate) else -1,
+                    )
+                ]
+            )
             return
         try:
             events = codec().decode_batch(out)

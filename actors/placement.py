@@ -37,16 +37,20 @@ class Placer:
         except TimeoutError:
             remove_placement_group(self.pg)
             self.pg = None
-            raise PlacementError(f"the cluster could not reserve {self.plan.bundles} (trainer bundle first, then one "
-                                 f"GPU per standalone replica) within {timeout_s:g}s; it has "
-                                 f"{ray.available_resources()} free") from None
+            raise PlacementError(
+                f"the cluster could not reserve {self.plan.bundles} (trainer bundle first, then one "
+                f"GPU per standalone replica) within {timeout_s:g}s; it has "
+                f"{ray.available_resources()} free"
+            ) from None
 
     def options(self, slot: Slot | None, *, num_gpus: float, num_cpus: float) -> dict:
         if slot is None or self.pg is None:
             return {"num_gpus": num_gpus, "num_cpus": num_cpus}
-        return {"num_gpus": slot.num_gpus, "num_cpus": slot.num_cpus,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    self.pg, placement_group_bundle_index=slot.bundle)}
+        return {
+            "num_gpus": slot.num_gpus,
+            "num_cpus": slot.num_cpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=slot.bundle),
+        }
 
     def trainer_slot(self) -> Slot:
         return self.plan.trainer

@@ -40,8 +40,15 @@ class ReplicaRegistryActor:
         before = self.table.get(replica_id)
         lease = self.table.assign(replica_id, kind)
         self._save()
-        events = [] if before else [self.stamp(RankAssigned(replica_id=replica_id, replica_kind=kind, rank=lease.rank,
-                                                            actor_name=lease.actor_name))]
+        events = (
+            []
+            if before
+            else [
+                self.stamp(
+                    RankAssigned(replica_id=replica_id, replica_kind=kind, rank=lease.rank, actor_name=lease.actor_name)
+                )
+            ]
+        )
         return lease.rank, lease.actor_name, encode_events(events)
 
     def release(self, replica_id: str, reason: str) -> bytes:
@@ -53,8 +60,11 @@ class ReplicaRegistryActor:
 
     def release_all(self, reason: str) -> bytes:
         """Release every lease (the replicas of an attempt that is over)."""
-        events = [self.stamp(RankReleased(replica_id=x.replica_id, rank=x.rank, reason=reason))
-                  for x in self.table.leases() if self.table.release(x.replica_id)]
+        events = [
+            self.stamp(RankReleased(replica_id=x.replica_id, rank=x.rank, reason=reason))
+            for x in self.table.leases()
+            if self.table.release(x.replica_id)
+        ]
         self._save()
         return encode_events(events)
 

@@ -21,11 +21,27 @@ from shunter.events import Generate, Stamper
 
 
 class RolloutWorker:
-    def __init__(self, run_id: str, replica_id: str, model_dir: str, *, reward: str, task: str,
-                 mode: str, seed: int, max_model_len: int, max_tokens: int,
-                 engine_args: dict | None = None, cpu_bind: str = "", version: int = 0,
-                 gpu_memory_utilization: float = 0.4, enable_sleep_mode: bool = True, stream_interval: int = 16,
-                 weight_transfer: str = "", import_paths: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        replica_id: str,
+        model_dir: str,
+        *,
+        reward: str,
+        task: str,
+        mode: str,
+        seed: int,
+        max_model_len: int,
+        max_tokens: int,
+        engine_args: dict | None = None,
+        cpu_bind: str = "",
+        version: int = 0,
+        gpu_memory_utilization: float = 0.4,
+        enable_sleep_mode: bool = True,
+        stream_interval: int = 16,
+        weight_transfer: str = "",
+        import_paths: list[str] | None = None,
+    ) -> None:
         from shunter.policies.registry import use_import_paths
 
         use_import_paths(import_paths or [])  # the user's task / reward resolve like the config's other import strings
@@ -56,16 +72,32 @@ class RolloutWorker:
 
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
         tok = AutoTokenizer.from_pretrained(self.model_dir)
-        backend = VLLMBackend(EngineSpec(model_dir=self.model_dir, seed=self.seed, max_model_len=self.max_model_len,
-                                         gpu_memory_utilization=self.gpu_memory_utilization,
-                                         enable_sleep_mode=self.enable_sleep_mode,
-                                         stream_interval=self.stream_interval, weight_transfer=self.weight_transfer,
-                                         extra=self.engine_args))
+        backend = VLLMBackend(
+            EngineSpec(
+                model_dir=self.model_dir,
+                seed=self.seed,
+                max_model_len=self.max_model_len,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                enable_sleep_mode=self.enable_sleep_mode,
+                stream_interval=self.stream_interval,
+                weight_transfer=self.weight_transfer,
+                extra=self.engine_args,
+            )
+        )
         await backend.start()
         self._loop = asyncio.get_running_loop()
-        self.core = RolloutCore(self.replica_id, backend, _Tok(tok), reward, Stamper(self.run_id, self.replica_id),
-                                mode=self.mode, reward_name=self.reward_spec or f"{self.task}.reward", seed=self.seed,
-                                version=self.version, max_model_len=self.max_model_len)
+        self.core = RolloutCore(
+            self.replica_id,
+            backend,
+            _Tok(tok),
+            reward,
+            Stamper(self.run_id, self.replica_id),
+            mode=self.mode,
+            reward_name=self.reward_spec or f"{self.task}.reward",
+            seed=self.seed,
+            version=self.version,
+            max_model_len=self.max_model_len,
+        )
         return time.perf_counter() - t0
 
     @ray.method(concurrency_group="generate")

@@ -18,8 +18,17 @@ from shunter.events import Stamper
 
 
 class TrainerWorker:
-    def __init__(self, run_id: str, cfg: bytes, model_dir: str, *, seed: int = 0, temperature: float = 1.0,
-                 init_from: str = "", import_paths: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        cfg: bytes,
+        model_dir: str,
+        *,
+        seed: int = 0,
+        temperature: float = 1.0,
+        init_from: str = "",
+        import_paths: list[str] | None = None,
+    ) -> None:
         from shunter.policies.registry import use_import_paths
 
         use_import_paths(import_paths or [])  # the user's loss resolves like the config's other import strings
@@ -37,10 +46,20 @@ class TrainerWorker:
         from shunter.engine.trainer_host import TrainerHost
 
         t0 = time.perf_counter()
+        if self.cfg.weight_transport == "nccl":
+            from shunter.actors import vllm_nccl
+
+            vllm_nccl.register()
         tok = AutoTokenizer.from_pretrained(self.model_dir)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        core = Trainer(self.cfg, self.model_dir, seed=self.seed, pad_token_id=pad, temperature=self.temperature,
-                       init_from=self.init_from)
+        core = Trainer(
+            self.cfg,
+            self.model_dir,
+            seed=self.seed,
+            pad_token_id=pad,
+            temperature=self.temperature,
+            init_from=self.init_from,
+        )
         core.weight_host = ray.util.get_node_ip_address()
         await asyncio.to_thread(core.setup)
         self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray")

@@ -182,8 +182,7 @@ class VLLMBackend:
                 await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=_ipc_init_info()))
         except Exception as e:
             raise BackendStartError(
-                f"vLLM engine failed to start for model dir {str(model_dir)!r}: "
-                f"{type(e).__name__}: {e}"
+                f"vLLM engine failed to start for model dir {str(model_dir)!r}: {type(e).__name__}: {e}"
             ) from e
         self._sleeping = False
         self.timings["start_import_s"] = t1 - t0
@@ -225,9 +224,7 @@ class VLLMBackend:
                 return SamplingParams(**kw)
             raise
 
-    async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: GenParams
-    ) -> GenResult:
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenParams) -> GenResult:
         """Generate one completion of ``prompt_token_ids``.
 
         Returns normally on "stop", "length" and on ``abort()`` / ``sleep()``
@@ -274,8 +271,7 @@ class VLLMBackend:
             finish = "abort"
         if finish not in _FINISH_MAP:
             raise RuntimeError(
-                f"request {request_id!r} finished with vLLM reason {finish!r} "
-                f"after {len(tokens)} tokens"
+                f"request {request_id!r} finished with vLLM reason {finish!r} after {len(tokens)} tokens"
             )
         return GenResult(token_ids=tokens, logprobs=logprobs, finish_reason=_FINISH_MAP[finish])
 
@@ -287,12 +283,11 @@ class VLLMBackend:
         lps = comp.logprobs
         if lps is None or len(lps) != len(new):
             raise RuntimeError(
-                f"vLLM returned {len(new)} tokens but "
-                f"{'no' if lps is None else len(lps)} log-prob positions"
+                f"vLLM returned {len(new)} tokens but {'no' if lps is None else len(lps)} log-prob positions"
             )
         # Each position is a {token_id: Logprob} mapping (a dict, or a view of
         # vLLM's FlatLogprobs); the sampled token is always present.
-        for tok, pos in zip(new, lps):
+        for tok, pos in zip(new, lps, strict=False):
             entry = pos[tok]
             lp = float(entry.logprob)
             if math.isnan(lp):
@@ -338,7 +333,8 @@ class VLLMBackend:
         if fresh:
             self._received = -1  # a failed receive leaves nothing usable in the buffer
         results = await self._require().collective_rpc(
-            _EXT_RPC_RECV, args=(bytes(blob), self._group_timeout_s, fresh, load))
+            _EXT_RPC_RECV, args=(bytes(blob), self._group_timeout_s, fresh, load)
+        )
         self._received = version
         return results[0] if results else {}
 
@@ -361,8 +357,10 @@ class VLLMBackend:
             self.last_load = await self.receive_weights(blob, load=True)
             results = [self.last_load]
         elif kind == wt.FLAT:
-            raise RuntimeError("got a flat weight layout but this replica joined no weight group "
-                               "(trainer.weight_transport nccl / gloo sends the bytes over one)")
+            raise RuntimeError(
+                "got a flat weight layout but this replica joined no weight group "
+                "(trainer.weight_transport nccl / gloo sends the bytes over one)"
+            )
         elif kind == wt.VLLM_IPC:
             self.last_load = await self._load_through_vllm(wt.open_vllm_ipc(blob))
             results = [self.last_load]
@@ -380,7 +378,8 @@ class VLLMBackend:
         if self.spec.weight_transfer != "ipc":
             raise RuntimeError(
                 "got a vllm_ipc weight payload but this engine was built without vLLM's IPC "
-                f"weight-transfer engine (EngineSpec.weight_transfer={self.spec.weight_transfer!r})")
+                f"weight-transfer engine (EngineSpec.weight_transfer={self.spec.weight_transfer!r})"
+            )
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         engine = self._engine
@@ -391,8 +390,13 @@ class VLLMBackend:
         t2 = time.perf_counter()
         await engine.finish_weight_update()
         t3 = time.perf_counter()
-        return {"path": "vllm_ipc", "backend_start_s": t1 - t0, "backend_load_s": t2 - t1,
-                "backend_finish_s": t3 - t2, "tensors": len(update_info.get("names", ()))}
+        return {
+            "path": "vllm_ipc",
+            "backend_start_s": t1 - t0,
+            "backend_load_s": t2 - t1,
+            "backend_finish_s": t3 - t2,
+            "tensors": len(update_info.get("names", ())),
+        }
 
     async def _drop_stale_prefix_cache(self) -> None:
         engine = self._engine
@@ -402,7 +406,7 @@ class VLLMBackend:
         # otherwise old-weight blocks would stay cached for future prompts.
         try:
             ok = await engine.reset_prefix_cache()
-        except Exception as e:  # pragma: no cover - engine without prefix caching
+        except Exception as e:  # noqa: BLE001  # pragma: no cover - engine without prefix caching
             log.warning("reset_prefix_cache failed: %s", e)
             return
         if ok is False:

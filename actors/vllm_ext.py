@@ -50,7 +50,7 @@ def _tied(model: Any) -> bool:
     if callable(get_text):
         try:
             cfg = get_text()
-        except Exception:  # pragma: no cover - defensive
+        except Exception:  # noqa: BLE001  # pragma: no cover - defensive
             pass
     return bool(getattr(cfg, "tie_word_embeddings", False))
 
@@ -72,8 +72,11 @@ def _normalise_tied(weights: dict, tied: bool) -> dict:
 
 def _unquantized(model: Any) -> bool:
     """Every layer with a quant method uses an unquantized one (no derived kernel state)."""
-    return all(type(m.quant_method).__name__.startswith("Unquantized")
-               for m in model.modules() if getattr(m, "quant_method", None) is not None)
+    return all(
+        type(m.quant_method).__name__.startswith("Unquantized")
+        for m in model.modules()
+        if getattr(m, "quant_method", None) is not None
+    )
 
 
 def _path_fields(path: str) -> dict:
@@ -97,9 +100,7 @@ class WeightSyncExtension:
         if isinstance(blob, (bytearray, memoryview)):
             blob = bytes(blob)
         if not isinstance(blob, bytes):
-            raise TypeError(
-                f"shunter_load_safetensors expects bytes, got {type(blob).__name__}"
-            )
+            raise TypeError(f"shunter_load_safetensors expects bytes, got {type(blob).__name__}")
         weights = st_load(blob)
         if not weights:
             raise ValueError("shunter_load_safetensors: empty safetensors blob")
@@ -147,6 +148,10 @@ class WeightSyncExtension:
 
         from shunter.engine.weight_group import make_group
 
+        if backend == "nccl":
+            from shunter.actors import vllm_nccl
+
+            vllm_nccl.register()
         old = getattr(self, "_shunter_group", None)
         if old is not None:
             old.close()
@@ -220,7 +225,7 @@ class WeightSyncExtension:
             from vllm.config import set_current_vllm_config
 
             ctx = set_current_vllm_config(self.vllm_config)  # type: ignore[attr-defined]
-        except Exception:  # pragma: no cover - layout differences
+        except Exception:  # noqa: BLE001  # pragma: no cover - layout differences
             import contextlib
 
             ctx = contextlib.nullcontext()
@@ -294,7 +299,7 @@ class WeightSyncExtension:
         try:
             model = self.model_runner.get_model()  # type: ignore[attr-defined]
             return next(model.parameters()).device.type == "cuda"
-        except Exception:  # pragma: no cover - defensive
+        except Exception:  # noqa: BLE001  # pragma: no cover - defensive
             return False
 
     def _shunter_legacy_load(self, items: list) -> str:
@@ -309,7 +314,9 @@ class WeightSyncExtension:
         if process_weights_after_loading is not None:
             device = next(model.parameters()).device
             process_weights_after_loading(
-                model, self.model_runner.model_config, device  # type: ignore[attr-defined]
+                model,
+                self.model_runner.model_config,
+                device,  # type: ignore[attr-defined]
             )
         if loaded is not None and len(loaded) == 0:
             raise RuntimeError("model.load_weights loaded no parameters")

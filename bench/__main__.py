@@ -1,10 +1,10 @@
 """``python -m shunter.bench``: run a scenario, build the report, export a trace.
 
-    python -m shunter.bench run bench/scenarios/sync_vs_async.toml [--out bench/results/sync_vs_async.json]
-    python -m shunter.bench report bench/results/*.json [--out bench/REPORT.md]
-    python -m shunter.bench trace runs/<run_id>/events.bin trace.json
-    python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
-    python -m shunter.bench gpu-sim DIR [DIR ...]   # the simulator vs the real two-GPU runs in DIR
+python -m shunter.bench run bench/scenarios/sync_vs_async.toml [--out bench/results/sync_vs_async.json]
+python -m shunter.bench report bench/results/*.json [--out bench/REPORT.md]
+python -m shunter.bench trace runs/<run_id>/events.bin trace.json
+python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
+python -m shunter.bench gpu-sim DIR [DIR ...]   # the simulator vs the real two-GPU runs in DIR
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("trace", help="event log -> Perfetto / Chrome trace JSON")
     t.add_argument("events")
     t.add_argument("out")
-    sub.add_parser("gpu", help="GPU measurements (weight sync, rollout efficiency, switch cost, policies)",
-                   add_help=False)
+    sub.add_parser(
+        "gpu", help="GPU measurements (weight sync, rollout efficiency, switch cost, policies)", add_help=False
+    )
     sub.add_parser("gpu-sim", help="the simulator calibrated on real GPU runs, predicted vs measured", add_help=False)
     if argv is None:
         argv = sys.argv[1:]

@@ -84,8 +84,9 @@ class Summary:
             case WeightsReady():
                 self.trainer_busy += m.duration_s
             case ReplicaUp():
-                self.rollout.setdefault(m.replica_id, []).append((float("-inf") if m.mode == ROLLOUT else 0.0,
-                                                                   1 if m.mode == ROLLOUT else 0))
+                self.rollout.setdefault(m.replica_id, []).append(
+                    (float("-inf") if m.mode == ROLLOUT else 0.0, 1 if m.mode == ROLLOUT else 0)
+                )
             case ModeChanged():
                 self.switches += 1
                 self.rollout.setdefault(m.replica_id, []).append((m.wall_time, 1 if m.mode == ROLLOUT else -1))

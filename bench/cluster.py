@@ -28,8 +28,8 @@ from shunter.bench.sim import (
 from shunter.engine import snapshot
 from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.config import EngineConfig
-from shunter.engine.loop import Coordinator
 from shunter.engine.local import LocalExecutor
+from shunter.engine.loop import Coordinator
 from shunter.engine.ranks import RankTable
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
@@ -65,9 +65,18 @@ def prompts() -> Iterator[PromptSpec]:
     return (PromptSpec(prompt_id=i, text=f"p{i}") for i in itertools.count())
 
 
-def run_sim(cfg: EngineConfig, cost: CostModel, *, seed: int = 0, keep: bool = True, sinks=(),
-            policy: Policy | None = None, checkpoints: Path | None = None, resume: Path | None = None,
-            time_limit_s: float | None = None) -> SimResult:
+def run_sim(
+    cfg: EngineConfig,
+    cost: CostModel,
+    *,
+    seed: int = 0,
+    keep: bool = True,
+    sinks=(),
+    policy: Policy | None = None,
+    checkpoints: Path | None = None,
+    resume: Path | None = None,
+    time_limit_s: float | None = None,
+) -> SimResult:
     """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
     folding sink such as ``analysis.Summary`` instead). ``policy``: an instance to use instead
     of ``run.policy``; ``checkpoints``: a folder for checkpoints; ``resume``: a checkpoint
@@ -81,8 +90,17 @@ def run_sim(cfg: EngineConfig, cost: CostModel, *, seed: int = 0, keep: bool = T
         loop.close()
 
 
-async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, sinks: list,
-               policy: Policy | None, checkpoints: Path | None, resume: Path | None) -> SimResult:
+async def _run(
+    cfg: EngineConfig,
+    cost: CostModel,
+    seed: int,
+    keep: bool,
+    loop,
+    sinks: list,
+    policy: Policy | None,
+    checkpoints: Path | None,
+    resume: Path | None,
+) -> SimResult:
     run_id = f"sim-{seed}"
     clock = loop.time
     version = CheckpointStore(resume.parent).verify(resume).version if resume is not None else 0
@@ -94,13 +112,36 @@ async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, 
         lease = table.assign(rid, kind)
         mode = ROLLOUT if kind == STANDALONE else TRAINER
         backend = SimBackend(cost, seed=seed * 100_003 + lease.rank, sleeping=mode == TRAINER)
-        cores[rid] = RolloutCore(rid, backend, SimTokenizer(cost.prompt_tokens), sim_reward,
-                                 Stamper(run_id, rid, clock), mode=mode, reward_name="sim_reward", version=version)
+        cores[rid] = RolloutCore(
+            rid,
+            backend,
+            SimTokenizer(cost.prompt_tokens),
+            sim_reward,
+            Stamper(run_id, rid, clock),
+            mode=mode,
+            reward_name="sim_reward",
+            version=version,
+        )
         opening += [
-            RankAssigned(replica_id=rid, replica_kind=kind, rank=lease.rank, actor_name=lease.actor_name,
-                         run_id=run_id, source="registry", wall_time=clock()),
-            ReplicaUp(replica_id=rid, replica_kind=kind, rank=lease.rank, mode=mode, run_id=run_id, source="sim",
-                      version=version, wall_time=clock()),
+            RankAssigned(
+                replica_id=rid,
+                replica_kind=kind,
+                rank=lease.rank,
+                actor_name=lease.actor_name,
+                run_id=run_id,
+                source="registry",
+                wall_time=clock(),
+            ),
+            ReplicaUp(
+                replica_id=rid,
+                replica_kind=kind,
+                rank=lease.rank,
+                mode=mode,
+                run_id=run_id,
+                source="sim",
+                version=version,
+                wall_time=clock(),
+            ),
         ]
     table.check()
     core = SimTrainer(cost)
@@ -117,8 +158,16 @@ async def _run(cfg: EngineConfig, cost: CostModel, seed: int, keep: bool, loop, 
             kept.append(m)
 
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
-    coord = Coordinator(cfg, policy or make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts(),
-                        run_id=run_id, sinks=[sink, *sinks], clock=clock, checkpoints=store)
+    coord = Coordinator(
+        cfg,
+        policy or make_policy(cfg.run.policy, cfg.run.policy_options),
+        executor,
+        prompts(),
+        run_id=run_id,
+        sinks=[sink, *sinks],
+        clock=clock,
+        checkpoints=store,
+    )
     if resume is not None:
         coord.restore(snapshot.decode((resume / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(opening)

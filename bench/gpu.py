@@ -167,17 +167,29 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
             continue
         last = max(loads, key=lambda x: x.wall_time)
         cmd = next((x for x in msgs[i:] if isinstance(x, LoadWeights)), None)
-        row = {"version": ready.version, "nbytes": ready.nbytes, "transport": ready.transport,
-               "publish_s": ready.duration_s, "load_s": max(x.duration_s for x in loads),
-               "end_to_end_s": last.wall_time - m.wall_time,
-               # hops, from the stamps: to the trainer and its publish; back to the coordinator and
-               # its policy; to the replica, which cuts its requests in flight and loads
-               "to_trainer_and_publish_s": ready.wall_time - m.wall_time}
+        row = {
+            "version": ready.version,
+            "nbytes": ready.nbytes,
+            "transport": ready.transport,
+            "publish_s": ready.duration_s,
+            "load_s": max(x.duration_s for x in loads),
+            "end_to_end_s": last.wall_time - m.wall_time,
+            # hops, from the stamps: to the trainer and its publish; back to the coordinator and
+            # its policy; to the replica, which cuts its requests in flight and loads
+            "to_trainer_and_publish_s": ready.wall_time - m.wall_time,
+        }
         if cmd is not None:
             row["back_and_decide_s"] = cmd.wall_time - ready.wall_time
             row["to_replica_and_load_s"] = last.wall_time - cmd.wall_time
-        for k in ("abort_s", "load_s", "backend_open_s", "backend_load_s", "backend_decode_s", "backend_recv_s",
-                  "backend_planned"):
+        for k in (
+            "abort_s",
+            "load_s",
+            "backend_open_s",
+            "backend_load_s",
+            "backend_decode_s",
+            "backend_recv_s",
+            "backend_planned",
+        ):
             if k in last.detail:
                 row[f"replica_{k}"] = last.detail[k]
         sent = [x for x in msgs[i:] if isinstance(x, WeightsSent) and x.version == ready.version]
@@ -193,10 +205,17 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
     keys = [k for k in steady[0] if k.endswith("_s") and all(k in r for r in steady)]
     med = {k: statistics.median(r[k] for r in steady) for k in keys}
     planned = [r["replica_backend_planned"] for r in steady if "replica_backend_planned" in r]
-    return {**({"planned_share": sum(planned) / len(planned)} if planned else {}),  # loads by the copy plan
-            "transport": rows[0]["transport"], "nbytes": nbytes, "copy_gbps": floor_gbps, "floor_s": floor_s,
-            **{f"median_{k}": v for k, v in med.items()}, "ratio_to_floor": med["end_to_end_s"] / floor_s,
-            "first": rows[0], "n": len(rows)}
+    return {
+        **({"planned_share": sum(planned) / len(planned)} if planned else {}),  # loads by the copy plan
+        "transport": rows[0]["transport"],
+        "nbytes": nbytes,
+        "copy_gbps": floor_gbps,
+        "floor_s": floor_s,
+        **{f"median_{k}": v for k, v in med.items()},
+        "ratio_to_floor": med["end_to_end_s"] / floor_s,
+        "first": rows[0],
+        "n": len(rows),
+    }
 
 
 def rollout_tokens_per_s(events: list) -> dict:
@@ -210,20 +229,44 @@ def rollout_tokens_per_s(events: list) -> dict:
     return {"samples": len(ends), "tokens": tokens, "window_s": window, "tokens_per_s": tokens / window}
 
 
-def raw_vllm(model_dir: str, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
-             max_model_len: int, gpu_memory_utilization: float, engine_args: dict, ignore_eos: bool = False) -> dict:
+def raw_vllm(
+    model_dir: str,
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    temperature: float,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    engine_args: dict,
+    ignore_eos: bool = False,
+) -> dict:
     """Raw vLLM offline generation of the same requests, in a child process."""
-    return _in_child("--raw", {"model_dir": model_dir, "prompts": prompts, "n": n, "max_tokens": max_tokens,
-                               "temperature": temperature, "max_model_len": max_model_len,
-                               "gpu_memory_utilization": gpu_memory_utilization, "engine_args": engine_args,
-                               "ignore_eos": ignore_eos})
+    return _in_child(
+        "--raw",
+        {
+            "model_dir": model_dir,
+            "prompts": prompts,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "max_model_len": max_model_len,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "engine_args": engine_args,
+            "ignore_eos": ignore_eos,
+        },
+    )
 
 
 def _in_child(flag: str, spec: dict) -> dict:
     """Run one measurement in a fresh process (its GPU memory is freed when it exits); its
     last JSON line is the result, else the error it printed."""
-    out = subprocess.run([sys.executable, "-m", "shunter.bench.gpu", flag, json.dumps(spec)], capture_output=True,
-                         text=True, timeout=900, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "shunter.bench.gpu", flag, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     line = [x for x in out.stdout.splitlines() if x.startswith("{")]
     if out.returncode or not line:
         return {"error": (out.stderr or out.stdout)[-2000:]}
@@ -248,22 +291,43 @@ def _core_child(spec: dict) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     async def go() -> dict:
-        be = VLLMBackend(EngineSpec(model_dir=spec["model_dir"], max_model_len=spec["max_model_len"],
-                                    gpu_memory_utilization=spec["gpu_memory_utilization"],
-                                    stream_interval=spec.get("stream_interval", 16), extra=spec["engine_args"]))
+        be = VLLMBackend(
+            EngineSpec(
+                model_dir=spec["model_dir"],
+                max_model_len=spec["max_model_len"],
+                gpu_memory_utilization=spec["gpu_memory_utilization"],
+                stream_interval=spec.get("stream_interval", 16),
+                extra=spec["engine_args"],
+            )
+        )
         await be.start()
-        core = RolloutCore("core", be, _Tok(AutoTokenizer.from_pretrained(spec["model_dir"])), lambda *a: 0.0,
-                           Stamper("bench", "core"))
-        sp = SamplingSpec(max_tokens=spec["max_tokens"], temperature=spec["temperature"],
-                          ignore_eos=spec.get("ignore_eos", False))
+        core = RolloutCore(
+            "core", be, _Tok(AutoTokenizer.from_pretrained(spec["model_dir"])), lambda *a: 0.0, Stamper("bench", "core")
+        )
+        sp = SamplingSpec(
+            max_tokens=spec["max_tokens"], temperature=spec["temperature"], ignore_eos=spec.get("ignore_eos", False)
+        )
 
         def gen(i: int, ids: list[int]) -> Generate:
             # the prompt goes in as token ids through a resume of empty samples (no re-tokenising)
             from shunter.events import Sample
 
-            return Generate(group_id=i, prompt=PromptSpec(prompt_id=i, text=""), n=0, sampling=sp, resume=[
-                Sample(sample_id=f"{i}.{k}", group_id=i, prompt_id=i, prompt_token_ids=ids, max_tokens=spec["max_tokens"])
-                for k in range(spec["n"])])
+            return Generate(
+                group_id=i,
+                prompt=PromptSpec(prompt_id=i, text=""),
+                n=0,
+                sampling=sp,
+                resume=[
+                    Sample(
+                        sample_id=f"{i}.{k}",
+                        group_id=i,
+                        prompt_id=i,
+                        prompt_token_ids=ids,
+                        max_tokens=spec["max_tokens"],
+                    )
+                    for k in range(spec["n"])
+                ],
+            )
 
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(core.generate(gen(i, p)) for i, p in enumerate(spec["prompts"])))
@@ -294,9 +358,15 @@ def _transports_child(spec: dict) -> dict:
     pub = wt.CudaIpcPublisher()
 
     async def go() -> dict:
-        be = VLLMBackend(EngineSpec(model_dir=spec["model_dir"], max_model_len=spec["max_model_len"],
-                                    gpu_memory_utilization=spec["gpu_memory_utilization"], weight_transfer="ipc",
-                                    extra={**spec["engine_args"], "dtype": "bfloat16"}))
+        be = VLLMBackend(
+            EngineSpec(
+                model_dir=spec["model_dir"],
+                max_model_len=spec["max_model_len"],
+                gpu_memory_utilization=spec["gpu_memory_utilization"],
+                weight_transfer="ipc",
+                extra={**spec["engine_args"], "dtype": "bfloat16"},
+            )
+        )
         await be.start()
         rows: dict[str, list[dict]] = {wt.CUDA_IPC: [], wt.VLLM_IPC: []}
         for _ in range(spec.get("rounds", 8)):
@@ -310,8 +380,14 @@ def _transports_child(spec: dict) -> dict:
                 t1 = time.perf_counter()
                 await be.load_weights(payload)
                 t2 = time.perf_counter()
-                rows[wire].append({"publish_s": t1 - t0, "load_s": t2 - t1, "total_s": t2 - t0,
-                                   **{f"replica_{k}": v for k, v in be.last_load.items() if isinstance(v, float)}})
+                rows[wire].append(
+                    {
+                        "publish_s": t1 - t0,
+                        "load_s": t2 - t1,
+                        "total_s": t2 - t0,
+                        **{f"replica_{k}": v for k, v in be.last_load.items() if isinstance(v, float)},
+                    }
+                )
         await be.shutdown()
         out = {"nbytes": sum(x.numel() for _, x in items) * torch.bfloat16.itemsize}
         for wire, rs in rows.items():
@@ -326,10 +402,21 @@ def _transports_child(spec: dict) -> dict:
 def _raw_child(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=spec["model_dir"], max_model_len=spec["max_model_len"], seed=0,
-              gpu_memory_utilization=spec["gpu_memory_utilization"], **spec["engine_args"])
-    sp = SamplingParams(n=1, max_tokens=spec["max_tokens"], temperature=spec["temperature"], logprobs=0,
-                        detokenize=False, ignore_eos=spec.get("ignore_eos", False))
+    llm = LLM(
+        model=spec["model_dir"],
+        max_model_len=spec["max_model_len"],
+        seed=0,
+        gpu_memory_utilization=spec["gpu_memory_utilization"],
+        **spec["engine_args"],
+    )
+    sp = SamplingParams(
+        n=1,
+        max_tokens=spec["max_tokens"],
+        temperature=spec["temperature"],
+        logprobs=0,
+        detokenize=False,
+        ignore_eos=spec.get("ignore_eos", False),
+    )
     reqs = [{"prompt_token_ids": p} for p in spec["prompts"] for _ in range(spec["n"])]
     t0 = time.perf_counter()
     outs = llm.generate(reqs, sp, use_tqdm=False)
@@ -341,8 +428,9 @@ def _raw_child(spec: dict) -> dict:
 def switch_figures(events: list) -> dict:
     out: dict = {}
     for mode in ("trainer", "rollout"):
-        ch = [e for e in events if isinstance(e, ModeChanged) and e.mode == mode][1:] or \
-             [e for e in events if isinstance(e, ModeChanged) and e.mode == mode]
+        ch = [e for e in events if isinstance(e, ModeChanged) and e.mode == mode][1:] or [
+            e for e in events if isinstance(e, ModeChanged) and e.mode == mode
+        ]
         if ch:
             out[f"to_{mode}_s"] = statistics.median(e.duration_s for e in ch)
             for k in ch[0].detail:
@@ -407,15 +495,25 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 # them, no held-out validation sharing the replica.
                 # SHUNTER_ROLLOUT_GROUPS: a smaller batch for a shorter call (three engine starts
                 # and three passes over the batch: ~5 min for 128 groups of 8 x 1024 tokens on an H200)
-                groups = int(os.environ.get("SHUNTER_ROLLOUT_GROUPS", 0)) or \
-                    4 * base.groups_per_mini_batch * base.trainer.parameter_sync_step
+                groups = (
+                    int(os.environ.get("SHUNTER_ROLLOUT_GROUPS", 0))
+                    or 4 * base.groups_per_mini_batch * base.trainer.parameter_sync_step
+                )
                 samples = groups * r.n_samples_per_prompt
-                over = {"run": {"trainer_driver": "user", "policy": "separate"}, "validation": {"every": 0},
-                        "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0, "max_staleness": 3,
-                                    "length_dist": "",  # fixed lengths: the raw baseline cannot draw ours
-                                    "max_in_flight_per_replica": max(r.max_in_flight_per_replica, samples)}}
-                events, _ = run(cfg(over), user_rollout_s=float(os.environ.get("SHUNTER_ROLLOUT_S", "300")),
-                                user_samples=samples)
+                over = {
+                    "run": {"trainer_driver": "user", "policy": "separate"},
+                    "validation": {"every": 0},
+                    "rollout": {
+                        "standalone_replicas": 1,
+                        "hybrid_replicas": 0,
+                        "max_staleness": 3,
+                        "length_dist": "",  # fixed lengths: the raw baseline cannot draw ours
+                        "max_in_flight_per_replica": max(r.max_in_flight_per_replica, samples),
+                    },
+                }
+                events, _ = run(
+                    cfg(over), user_rollout_s=float(os.environ.get("SHUNTER_ROLLOUT_S", "300")), user_samples=samples
+                )
                 eng = rollout_tokens_per_s(events)
                 from transformers import AutoTokenizer
 
@@ -428,26 +526,53 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 prompts = [tok.encode(next(it).text, add_special_tokens=False) for _ in range(groups)]
                 # the engine's replicas run vLLM with EngineSpec's max_num_seqs unless engine_args say otherwise
                 seqs = dict(r.engine_args).get("max_num_seqs", EngineSpec.__dataclass_fields__["max_num_seqs"].default)
-                raw = raw_vllm(base.model.path, prompts, r.n_samples_per_prompt, r.max_tokens, r.temperature,
-                               r.max_model_len, r.gpu_memory_utilization, {"max_num_seqs": seqs, **r.engine_args},
-                               r.ignore_eos)
-                core = core_alone({"model_dir": base.model.path, "prompts": prompts, "n": r.n_samples_per_prompt,
-                                   "max_tokens": r.max_tokens, "temperature": r.temperature,
-                                   "max_model_len": r.max_model_len, "gpu_memory_utilization": r.gpu_memory_utilization,
-                                   "engine_args": dict(r.engine_args), "ignore_eos": r.ignore_eos,
-                                   "stream_interval": r.stream_interval})
-                res["rollout"] = {"engine": eng, "raw_vllm": raw, "core_alone": core,
-                                  "efficiency": eng.get("tokens_per_s", 0) / raw["tokens_per_s"]
-                                  if raw.get("tokens_per_s") else None}
+                raw = raw_vllm(
+                    base.model.path,
+                    prompts,
+                    r.n_samples_per_prompt,
+                    r.max_tokens,
+                    r.temperature,
+                    r.max_model_len,
+                    r.gpu_memory_utilization,
+                    {"max_num_seqs": seqs, **r.engine_args},
+                    r.ignore_eos,
+                )
+                core = core_alone(
+                    {
+                        "model_dir": base.model.path,
+                        "prompts": prompts,
+                        "n": r.n_samples_per_prompt,
+                        "max_tokens": r.max_tokens,
+                        "temperature": r.temperature,
+                        "max_model_len": r.max_model_len,
+                        "gpu_memory_utilization": r.gpu_memory_utilization,
+                        "engine_args": dict(r.engine_args),
+                        "ignore_eos": r.ignore_eos,
+                        "stream_interval": r.stream_interval,
+                    }
+                )
+                res["rollout"] = {
+                    "engine": eng,
+                    "raw_vllm": raw,
+                    "core_alone": core,
+                    "efficiency": eng.get("tokens_per_s", 0) / raw["tokens_per_s"] if raw.get("tokens_per_s") else None,
+                }
             elif part == "switch":
-                events, _ = run(cfg({"run": {"policy": "colocated"},
-                                     "rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}}))
+                events, _ = run(
+                    cfg({"run": {"policy": "colocated"}, "rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}})
+                )
                 res["switch"] = {**switch_figures(events), "step_s": step_time(events), "ended": _ended(events)}
             elif part == "transports":
                 r = base.rollout
-                tr = _in_child("--transports", {"model_dir": base.model.path, "max_model_len": r.max_model_len,
-                                                "gpu_memory_utilization": r.gpu_memory_utilization,
-                                                "engine_args": dict(r.engine_args)})
+                tr = _in_child(
+                    "--transports",
+                    {
+                        "model_dir": base.model.path,
+                        "max_model_len": r.max_model_len,
+                        "gpu_memory_utilization": r.gpu_memory_utilization,
+                        "engine_args": dict(r.engine_args),
+                    },
+                )
                 if "error" not in tr and not math.isnan(floor):
                     tr["floor_s"] = tr["nbytes"] / (floor * 1e9 / 2)
                     for wire in ("cuda_ipc", "vllm_ipc"):
@@ -458,13 +583,25 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
             elif part in ("separate2", "colocated2", "lend2"):
                 res[part] = two_gpu_run(part, cfg, out, res.get("nccl_floor", {}).get("floor_s"), floor)
             elif part == "policies":
-                col, _ = run(cfg({"run": {"policy": "colocated"},
-                                  "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2}}))
-                lend, _ = run(cfg({"run": {"policy": "lend_when_idle"},
-                                   "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1}}))
+                col, _ = run(
+                    cfg({"run": {"policy": "colocated"}, "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2}})
+                )
+                lend, _ = run(
+                    cfg(
+                        {
+                            "run": {"policy": "lend_when_idle"},
+                            "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1},
+                        }
+                    )
+                )
                 a, b = step_time(col), step_time(lend)
-                res["policies"] = {"colocated_step_s": a, "lend_when_idle_step_s": b, "ratio_sync_over_lend": a / b,
-                                   "colocated_ended": _ended(col), "lend_ended": _ended(lend)}
+                res["policies"] = {
+                    "colocated_step_s": a,
+                    "lend_when_idle_step_s": b,
+                    "ratio_sync_over_lend": a / b,
+                    "colocated_ended": _ended(col),
+                    "lend_ended": _ended(lend),
+                }
         except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
             import traceback
 
@@ -513,7 +650,10 @@ def nccl_floor(nbytes: int, bucket_bytes: int, reps: int = 10) -> dict:
 def _nccl_floor_child(rank: int, port: int, nbytes: int, bucket_bytes: int, reps: int, q) -> None:
     import torch
 
+    from shunter.actors import vllm_nccl
     from shunter.engine.weight_group import make_group, recv_flat, send_flat
+
+    vllm_nccl.register()
 
     try:
         dev = torch.device("cuda", rank)
@@ -536,9 +676,16 @@ def _nccl_floor_child(rank: int, port: int, nbytes: int, bucket_bytes: int, reps
                 framed.append(t2 - t1)
         g.close()
         if rank == 0:
-            q.put({"nbytes": nbytes, "bucket_bytes": bucket_bytes, "reps": reps,
-                   "raw_broadcast_s": statistics.median(raw), "framed_s": statistics.median(framed),
-                   "raw_all_s": raw})
+            q.put(
+                {
+                    "nbytes": nbytes,
+                    "bucket_bytes": bucket_bytes,
+                    "reps": reps,
+                    "raw_broadcast_s": statistics.median(raw),
+                    "framed_s": statistics.median(framed),
+                    "raw_all_s": raw,
+                }
+            )
     except Exception as e:  # noqa: BLE001 - reported in the JSON
         if rank == 0:
             q.put({"error": f"{type(e).__name__}: {e}"})
@@ -546,12 +693,15 @@ def _nccl_floor_child(rank: int, port: int, nbytes: int, bucket_bytes: int, reps
 
 def two_gpu_overrides(part: str) -> dict:
     """The config changes of one two-GPU part (over e.g. ``examples/gpu2_qwen05b.toml``)."""
-    return {"separate2": {"run": {"policy": "separate"},
-                          "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0}},
-            "colocated2": {"run": {"policy": "colocated"}, "trainer": {"gpus": 2},
-                           "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0}},
-            "lend2": {"run": {"policy": "lend_when_idle"},
-                      "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1}}}[part]
+    return {
+        "separate2": {"run": {"policy": "separate"}, "rollout": {"standalone_replicas": 1, "hybrid_replicas": 0}},
+        "colocated2": {
+            "run": {"policy": "colocated"},
+            "trainer": {"gpus": 2},
+            "rollout": {"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0},
+        },
+        "lend2": {"run": {"policy": "lend_when_idle"}, "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1}},
+    }[part]
 
 
 def two_gpu_run(part: str, cfg, out: Path, nccl_floor_s: float | None, copy_gbps: float) -> dict:
@@ -568,8 +718,9 @@ def two_gpu_run(part: str, cfg, out: Path, nccl_floor_s: float | None, copy_gbps
     res = {"step_s": step_time(events), "ended": _ended(events), "summary": summarize(read_log(log))}
     from shunter.events import ComponentPlaced
 
-    res["placed"] = {e.component: {"bundle": e.bundle, "gpu_ids": e.gpu_ids} for e in events
-                     if isinstance(e, ComponentPlaced)}
+    res["placed"] = {
+        e.component: {"bundle": e.bundle, "gpu_ids": e.gpu_ids} for e in events if isinstance(e, ComponentPlaced)
+    }
     if part == "separate2":
         res["sync"] = sync_figures(log, copy_gbps, floor_s=nccl_floor_s)
     return res

@@ -46,7 +46,6 @@ from shunter.events import (
     WeightsReady,
 )
 
-
 WARMUP_STEPS = 2
 
 
@@ -71,8 +70,11 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def decode_fit(msgs: list, replica: str) -> tuple[float, float, int]:
     """(decode_step_s, decode_step_s_per_seq, samples used) for one replica."""
     begins = {e.sample_id: e.wall_time for e in msgs if isinstance(e, SampleBegin) and e.replica_id == replica}
-    ends = [(begins[e.sample.sample_id], e.wall_time, len(e.sample.token_ids)) for e in msgs
-            if isinstance(e, SampleEnd) and e.replica_id == replica and e.sample.sample_id in begins]
+    ends = [
+        (begins[e.sample.sample_id], e.wall_time, len(e.sample.token_ids))
+        for e in msgs
+        if isinstance(e, SampleEnd) and e.replica_id == replica and e.sample.sample_id in begins
+    ]
     changes = sorted([(b, 1) for b, _, _ in ends] + [(e, -1) for _, e, _ in ends])
     times, level, levels = [], 0, []
     for t, d in changes:
@@ -105,8 +107,12 @@ def calibrate(runs: dict[str, list]) -> dict:
     sep = runs["separate2"]
     a, s, n = decode_fit(sep, "standalone-0")
     ends = [e.sample for m in runs.values() for e in m if isinstance(e, SampleEnd)]
-    steps = [e for m in runs.values() for e in m if isinstance(e, StepEnd) and "trainer/tokens" in e.metrics
-             and e.step > WARMUP_STEPS]
+    steps = [
+        e
+        for m in runs.values()
+        for e in m
+        if isinstance(e, StepEnd) and "trainer/tokens" in e.metrics and e.step > WARMUP_STEPS
+    ]
     t0, t1 = 0.0, statistics.median(e.duration_s / e.metrics["trainer/tokens"] for e in steps)
     pub = [e.duration_s for m in runs.values() for e in m if isinstance(e, WeightsReady)]
     load = [e.duration_s for m in runs.values() for e in m if isinstance(e, WeightsLoaded) and e.duration_s > 0]
@@ -116,13 +122,23 @@ def calibrate(runs: dict[str, list]) -> dict:
     off = [e.duration_s for m in runs.values() for e in m if isinstance(e, Offloaded)]
     nbytes = next(e.nbytes for m in runs.values() for e in m if isinstance(e, WeightsReady))
     med = statistics.median
-    return {"prompt_tokens": int(med(len(x.prompt_token_ids) for x in ends)),
-            "decode_step_s": a, "decode_step_s_per_seq": s, "decode_fit_samples": n,
-            "train_step_s": t0, "train_s_per_token": t1, "train_fit_steps": len(steps),
-            "weight_bytes": float(nbytes), "sync_latency_s": med(pub), "sync_bandwidth_Bps": 1e15,
-            "load_s": med(load), "sleep_s": med(sleep) if sleep else 0.0, "wake_s": med(wake) if wake else 0.0,
-            "offload_s": med(off) if off else 0.0,
-            "lengths": [len(x.token_ids) for x in ends if x.finish_reason != "abort"]}
+    return {
+        "prompt_tokens": int(med(len(x.prompt_token_ids) for x in ends)),
+        "decode_step_s": a,
+        "decode_step_s_per_seq": s,
+        "decode_fit_samples": n,
+        "train_step_s": t0,
+        "train_s_per_token": t1,
+        "train_fit_steps": len(steps),
+        "weight_bytes": float(nbytes),
+        "sync_latency_s": med(pub),
+        "sync_bandwidth_Bps": 1e15,
+        "load_s": med(load),
+        "sleep_s": med(sleep) if sleep else 0.0,
+        "wake_s": med(wake) if wake else 0.0,
+        "offload_s": med(off) if off else 0.0,
+        "lengths": [len(x.token_ids) for x in ends if x.finish_reason != "abort"],
+    }
 
 
 def predict(config: str, fields: dict, parts: list[str]) -> dict:
@@ -133,8 +149,10 @@ def predict(config: str, fields: dict, parts: list[str]) -> dict:
     base = msgspec.to_builtins(load_config(config))
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("\n".join(map(str, fields["lengths"])))
-    cost = CostModel(**{k: v for k, v in fields.items() if k not in ("lengths",) and not k.endswith(("_samples", "_steps"))},
-                     lengths_file=f.name)
+    cost = CostModel(
+        **{k: v for k, v in fields.items() if k not in ("lengths",) and not k.endswith(("_samples", "_steps"))},
+        lengths_file=f.name,
+    )
     out = {}
     for part in parts:
         over = two_gpu_overrides(part)
@@ -166,18 +184,29 @@ def main(argv: list[str] | None = None) -> int:
     measured = {part: {**summarize(m), "steady_step_s": steady_step_s(m)} for part, m in runs.items()}
     predicted = predict(a.config, fields, sorted(runs))
     keys = ("steady_step_s", "step_s", "trainer_idle_frac", "rollout_idle_frac", "rollout_tokens_per_s")
-    rows = {part: {k: {"measured": measured[part].get(k), "predicted": predicted[part].get(k)} for k in keys}
-            for part in sorted(runs)}
+    rows = {
+        part: {k: {"measured": measured[part].get(k), "predicted": predicted[part].get(k)} for k in keys}
+        for part in sorted(runs)
+    }
     ratios = {}
     for a_, b_ in (("colocated2", "separate2"), ("separate2", "lend2")):
         if a_ in runs and b_ in runs:
             ratios[f"{a_}_over_{b_}"] = {
                 k: {"measured": measured[a_][k] / measured[b_][k], "predicted": predicted[a_][k] / predicted[b_][k]}
-                for k in ("steady_step_s", "step_s")}
-    out = {"config": a.config, "cost_model": {k: v for k, v in fields.items() if k != "lengths"},
-           "lengths": {"n": len(fields["lengths"]), "median": statistics.median(fields["lengths"]),
-                       "mean": statistics.fmean(fields["lengths"]), "max": max(fields["lengths"])},
-           "parts": rows, "step_time_ratios": ratios}
+                for k in ("steady_step_s", "step_s")
+            }
+    out = {
+        "config": a.config,
+        "cost_model": {k: v for k, v in fields.items() if k != "lengths"},
+        "lengths": {
+            "n": len(fields["lengths"]),
+            "median": statistics.median(fields["lengths"]),
+            "mean": statistics.fmean(fields["lengths"]),
+            "max": max(fields["lengths"]),
+        },
+        "parts": rows,
+        "step_time_ratios": ratios,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(json.dumps({"step_time_ratios": ratios, "parts": rows}, indent=1))

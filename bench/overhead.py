@@ -55,10 +55,12 @@ def _ingest(n_batches: int, batch: int) -> dict[str, float]:
 
     cfg = from_dict({"run": {"output_dir": "/tmp/shunter-bench-overhead"}, "validation": {"every": 0}})
     codec = Codec()
-    actor = coordinator.remote_class().remote(msgspec.msgpack.encode(cfg), "overhead", None, {},
-                                              "/tmp/shunter-bench-overhead")
-    payload = codec.encode_batch([SampleBegin(sample_id=f"{i}.0", group_id=i, replica_id="standalone-0", version=0)
-                                  for i in range(batch)])
+    actor = coordinator.remote_class().remote(
+        msgspec.msgpack.encode(cfg), "overhead", None, {}, "/tmp/shunter-bench-overhead"
+    )
+    payload = codec.encode_batch(
+        [SampleBegin(sample_id=f"{i}.0", group_id=i, replica_id="standalone-0", version=0) for i in range(batch)]
+    )
 
     async def go():
         await actor.start.remote(codec.encode_batch([]))
@@ -95,8 +97,10 @@ def run_overhead(sc: Scenario) -> dict:
                 "coordinator_share": r.coordinator_cpu_s / r.sim_s,
             }
             runs.append(m)
-            print(f"  {v.name:<28} seed {seed}: {m['events_per_s']:,.0f} events/s through the loop, "
-                  f"p50 {m['latency_p50_ms']:.3f} ms, p99 {m['latency_p99_ms']:.3f} ms")
+            print(
+                f"  {v.name:<28} seed {seed}: {m['events_per_s']:,.0f} events/s through the loop, "
+                f"p50 {m['latency_p50_ms']:.3f} ms, p99 {m['latency_p99_ms']:.3f} ms"
+            )
         metrics[v.name] = {k: _stats([x[k] for x in runs]) for k in runs[0]}
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:

@@ -32,8 +32,13 @@ async def _one(cfg) -> tuple[dict[str, float], list]:
         rewards = [e.metrics["batch/reward_mean"] for e in steps]
         m["reward_last"] = sum(rewards[-k:]) / k
         m["reward_avg"] = sum(rewards) / len(rewards)  # reward per step, averaged over the run
-        for key in ("trainer/pg_clipfrac", "trainer/is_truncated_frac", "trainer/is_masked_frac",
-                    "trainer/mismatch_kl", "trainer/is_ratio_max"):  # off-policy figures, averaged over steps
+        for key in (
+            "trainer/pg_clipfrac",
+            "trainer/is_truncated_frac",
+            "trainer/is_masked_frac",
+            "trainer/mismatch_kl",
+            "trainer/is_ratio_max",
+        ):  # off-policy figures, averaged over steps
             vals = [e.metrics[key] for e in steps if key in e.metrics]
             if vals:
                 m[key.split("/", 1)[1] + "_avg"] = sum(vals) / len(vals)
@@ -45,13 +50,16 @@ def curve(events: list) -> dict[str, list[float]]:
     t0 = next((e.wall_time for e in events if type(e).__name__ in ("RunStarted", "RunResumed")), None)
     steps = [e for e in events if type(e).__name__ == "StepEnd"]
     t0 = steps[0].wall_time if t0 is None and steps else t0
-    return {"step": [float(e.step) for e in steps], "wall_s": [e.wall_time - t0 for e in steps],
-            "reward": [e.metrics["batch/reward_mean"] for e in steps],
-            "staleness_mean": [e.metrics.get("batch/staleness_mean", 0.0) for e in steps],
-            "staleness_max": [e.metrics.get("batch/staleness_max", 0.0) for e in steps],
-            "is_masked_frac": [e.metrics.get("trainer/is_masked_frac", 0.0) for e in steps],
-            "is_truncated_frac": [e.metrics.get("trainer/is_truncated_frac", 0.0) for e in steps],
-            "pg_clipfrac": [e.metrics.get("trainer/pg_clipfrac", 0.0) for e in steps]}
+    return {
+        "step": [float(e.step) for e in steps],
+        "wall_s": [e.wall_time - t0 for e in steps],
+        "reward": [e.metrics["batch/reward_mean"] for e in steps],
+        "staleness_mean": [e.metrics.get("batch/staleness_mean", 0.0) for e in steps],
+        "staleness_max": [e.metrics.get("batch/staleness_max", 0.0) for e in steps],
+        "is_masked_frac": [e.metrics.get("trainer/is_masked_frac", 0.0) for e in steps],
+        "is_truncated_frac": [e.metrics.get("trainer/is_truncated_frac", 0.0) for e in steps],
+        "pg_clipfrac": [e.metrics.get("trainer/pg_clipfrac", 0.0) for e in steps],
+    }
 
 
 def run_real(sc: Scenario) -> dict:
@@ -61,16 +69,26 @@ def run_real(sc: Scenario) -> dict:
         for v in sc.variant:
             standalone = 0 if v.policy == "colocated" else 1
             hybrid = 1 if (v.policy in ("colocated", "lend_when_idle") or v.hybrid) else 0
-            over = merge(sc.engine, {"run": {"policy": v.policy, "policy_options": v.policy_options, "seed": seed,
-                                             "progress": False},
-                                     "rollout": {"standalone_replicas": standalone, "hybrid_replicas": hybrid,
-                                                 "max_staleness": v.max_staleness}})
+            over = merge(
+                sc.engine,
+                {
+                    "run": {"policy": v.policy, "policy_options": v.policy_options, "seed": seed, "progress": False},
+                    "rollout": {
+                        "standalone_replicas": standalone,
+                        "hybrid_replicas": hybrid,
+                        "max_staleness": v.max_staleness,
+                    },
+                },
+            )
             m, events = asyncio.run(_one(load_config(EXAMPLE, merge(over, v.engine))))
             per[v.name].append(m)
             curves[v.name].append({"seed": seed, **curve(events)})
-            print(f"  {v.name:<28} seed {seed}: {m['step_s']:.3f} s/step, trainer idle {m['trainer_idle_frac']:.0%}, "
-                  f"rollout idle {m['rollout_idle_frac']:.0%}, reward (last fifth) {m.get('reward_last', 0):.3f}, "
-                  f"per step {m.get('reward_avg', 0):.3f}, staleness {m.get('staleness_mean', 0):.2f}", flush=True)
+            print(
+                f"  {v.name:<28} seed {seed}: {m['step_s']:.3f} s/step, trainer idle {m['trainer_idle_frac']:.0%}, "
+                f"rollout idle {m['rollout_idle_frac']:.0%}, reward (last fifth) {m.get('reward_last', 0):.3f}, "
+                f"per step {m.get('reward_avg', 0):.3f}, staleness {m.get('staleness_mean', 0):.2f}",
+                flush=True,
+            )
     base = sc.scenario.baseline
     if base:
         for runs in per.values():

@@ -92,11 +92,14 @@ def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:
             raise ValueError(f"variant {v.name!r}: trainer_gpus must be in 1..{gpus - 1}, got {trainer_gpus}")
         standalone = (gpus - trainer_gpus) // gpr
         hybrid = trainer_gpus // gpr if (v.hybrid or v.policy == "lend_when_idle") else 0
-    data = merge(sc.engine, {
-        "run": {"policy": v.policy, "policy_options": v.policy_options, "progress": False},
-        "rollout": {"standalone_replicas": standalone, "hybrid_replicas": hybrid, "max_staleness": v.max_staleness},
-        "validation": {"every": 0},
-    })
+    data = merge(
+        sc.engine,
+        {
+            "run": {"policy": v.policy, "policy_options": v.policy_options, "progress": False},
+            "rollout": {"standalone_replicas": standalone, "hybrid_replicas": hybrid, "max_staleness": v.max_staleness},
+            "validation": {"every": 0},
+        },
+    )
     data = merge(data, v.engine)
     data["run"].setdefault("stall_timeout_s", 36_000.0)
     cost = msgspec.structs.replace(sc.cost, train_s_per_token=sc.cost.train_s_per_token / trainer_gpus)
@@ -117,8 +120,11 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
                 from shunter.bench.timeline import plot_timeline
 
                 slug = "".join(c if c.isalnum() else "-" for c in v.name).strip("-")
-                plot_timeline(r.messages, out_dir / f"{sc.scenario.name}-timeline-{slug}.png",
-                              title=f"{sc.scenario.name}: {v.name} (seed {seed})")
+                plot_timeline(
+                    r.messages,
+                    out_dir / f"{sc.scenario.name}-timeline-{slug}.png",
+                    title=f"{sc.scenario.name}: {v.name} (seed {seed})",
+                )
             if r.ended.reason != "completed":
                 raise RuntimeError(f"{sc.scenario.name}/{v.name} seed {seed}: {r.ended.reason}: {r.ended.error}")
             m = summary.result()
@@ -131,8 +137,10 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
                 m["analytic_wall_s"] = colocated_run_s(cfg, cost)
                 m["sim_over_analytic"] = r.sim_s / m["analytic_wall_s"]
             per_seed[v.name].append(m)
-            log(f"  {v.name:<32} seed {seed}: step {m['step_s']:.2f} s (sim), trainer idle "
-                f"{m['trainer_idle_frac']:.1%}, rollout idle {m['rollout_idle_frac']:.1%} [{r.cpu_wall_s:.1f} s cpu]")
+            log(
+                f"  {v.name:<32} seed {seed}: step {m['step_s']:.2f} s (sim), trainer idle "
+                f"{m['trainer_idle_frac']:.1%}, rollout idle {m['rollout_idle_frac']:.1%} [{r.cpu_wall_s:.1f} s cpu]"
+            )
     if sc.scenario.baseline:
         base = per_seed[sc.scenario.baseline]
         for runs in per_seed.values():
@@ -146,13 +154,22 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
 
 def aggregate(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
     keys = sorted({k for r in runs for k in r})
-    return {k: {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
-            for k in keys if (vals := [r[k] for r in runs if k in r])}
+    return {
+        k: {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+        for k in keys
+        if (vals := [r[k] for r in runs if k in r])
+    }
 
 
 def result_json(sc: Scenario, metrics: dict) -> dict:
-    return {"scenario": msgspec.to_builtins(sc), "machine": machine(), "versions": versions(),
-            "commit": commit(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "metrics": metrics}
+    return {
+        "scenario": msgspec.to_builtins(sc),
+        "machine": machine(),
+        "versions": versions(),
+        "commit": commit(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "metrics": metrics,
+    }
 
 
 def machine() -> dict:
@@ -161,8 +178,13 @@ def machine() -> dict:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         pass
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "memory_gib": round(mem / 2**30, 1), "python": platform.python_version()}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem / 2**30, 1),
+        "python": platform.python_version(),
+    }
 
 
 def versions() -> dict:

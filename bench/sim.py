@@ -124,7 +124,7 @@ class SimBackend:
         if self.sleeping:
             raise RuntimeError("generate on a sleeping simulated replica")
         loop = asyncio.get_running_loop()
-        prefix = prompt_token_ids[self.cost.prompt_tokens:]
+        prefix = prompt_token_ids[self.cost.prompt_tokens :]
         length = prefix[0] if prefix else self.lengths.draw()
         left = max(0, length - len(prefix))
         target = min(left, params.max_tokens)

@@ -68,8 +68,11 @@ def plot_timeline(messages: Iterable[Message], out: str | Path, title: str = "",
     ax.set_yticks(list(range(len(rows))) + [y], rows + ["trainer"])
     ax.set_xlabel("seconds" + (f" (first {max_rows} of {len(order)} replicas)" if len(order) > max_rows else ""))
     ax.set_xlim(0, end)
-    ax.set_title((title + " — " if title else "") + "generating (green), asleep on the trainer side (grey), train step (blue), publish (orange)",
-                 fontsize=9)
+    ax.set_title(
+        (title + " — " if title else "")
+        + "generating (green), asleep on the trainer side (grey), train step (blue), publish (orange)",
+        fontsize=9,
+    )
     fig.tight_layout()
     p = Path(out)
     fig.savefig(p, dpi=100)

@@ -50,8 +50,17 @@ def to_trace(messages: Iterable[Message]) -> dict:
 
     def span(track: str, name: str, end: float, dur: float, args: dict | None = None) -> None:
         dur = max(0.0, dur)
-        events.append({"ph": "X", "pid": 1, "tid": tid(track), "name": name, "ts": us(end - dur),
-                       "dur": round(dur * 1e6, 3), "args": args or {}})
+        events.append(
+            {
+                "ph": "X",
+                "pid": 1,
+                "tid": tid(track),
+                "name": name,
+                "ts": us(end - dur),
+                "dur": round(dur * 1e6, 3),
+                "args": args or {},
+            }
+        )
 
     open_gen: dict[tuple[str, str], float] = {}
     for m in msgs:
@@ -75,8 +84,16 @@ def to_trace(messages: Iterable[Message]) -> dict:
             case ValidateEnd():
                 span(m.source, "validate", m.wall_time, m.duration_s, dict(m.metrics))
             case Command():
-                events.append({"ph": "i", "s": "t", "pid": 1, "tid": tid(f"{m.source or 'user'} commands"),
-                               "name": tag_of(m), "ts": us(m.wall_time)})
+                events.append(
+                    {
+                        "ph": "i",
+                        "s": "t",
+                        "pid": 1,
+                        "tid": tid(f"{m.source or 'user'} commands"),
+                        "name": tag_of(m),
+                        "ts": us(m.wall_time),
+                    }
+                )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -56,10 +56,23 @@ End = Callable[..., None]
 
 
 class Applier:
-    def __init__(self, cfg: EngineConfig, state: EngineState, buffer: SampleBuffer, dispatcher: Dispatcher,
-                 inflight: InFlight, batches: Batches, intents: Intents, cuts: CheckpointCuts, finale: Finale,
-                 tally: Tally, *, emit: Callable[[Event], None], end: End,
-                 snapshot: Callable[[], CoordinatorSnapshot]) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        state: EngineState,
+        buffer: SampleBuffer,
+        dispatcher: Dispatcher,
+        inflight: InFlight,
+        batches: Batches,
+        intents: Intents,
+        cuts: CheckpointCuts,
+        finale: Finale,
+        tally: Tally,
+        *,
+        emit: Callable[[Event], None],
+        end: End,
+        snapshot: Callable[[], CoordinatorSnapshot],
+    ) -> None:
         self.cfg = cfg
         self.state, self.buffer, self.dispatcher, self.inflight = state, buffer, dispatcher, inflight
         self.batches, self.intents, self.cuts, self.finale, self.tally = batches, intents, cuts, finale, tally

@@ -41,8 +41,15 @@ class Batches:
                 continue
             self.announced += 1
             min_v = min(g.min_version for g in groups)
-            self.emit(BatchReady(batch_id=self.buffer.batches_taken + k, samples=sum(len(g.samples) for g in groups),
-                                 groups=len(groups), min_version=min_v, max_staleness=version - min_v))
+            self.emit(
+                BatchReady(
+                    batch_id=self.buffer.batches_taken + k,
+                    samples=sum(len(g.samples) for g in groups),
+                    groups=len(groups),
+                    min_version=min_v,
+                    max_staleness=version - min_v,
+                )
+            )
 
     def take(self) -> Batch | None:
         """The next mini-batch out of the buffer (None if none is ready)."""

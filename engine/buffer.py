@@ -185,8 +185,13 @@ class SampleBuffer:
         self.trained += len(groups)
         samples = [s for g in groups for s in sorted(g.samples.values(), key=lambda s: s.sample_id)]
         min_v = min(g.min_version for g in groups)
-        batch = Batch(batch_id=self._next_batch, samples=samples, group_ids=cands, min_version=min_v,
-                      max_staleness=version - min_v)
+        batch = Batch(
+            batch_id=self._next_batch,
+            samples=samples,
+            group_ids=cands,
+            min_version=min_v,
+            max_staleness=version - min_v,
+        )
         self._next_batch += 1
         return batch, dropped
 
@@ -204,10 +209,21 @@ class SampleBuffer:
     # -- checkpoints -------------------------------------------------------------------
     def snapshot(self) -> BufferState:
         return BufferState(
-            next_group=self._next_group, next_batch=self._next_batch, trained=self.trained,
-            dropped=dict(self.dropped), ready=list(self._ready),
-            groups=[GroupState(group_id=g.group_id, prompt=g.prompt, n=g.n, dispatch_version=g.dispatch_version,
-                               samples=list(g.samples.values())) for g in self._groups.values()],
+            next_group=self._next_group,
+            next_batch=self._next_batch,
+            trained=self.trained,
+            dropped=dict(self.dropped),
+            ready=list(self._ready),
+            groups=[
+                GroupState(
+                    group_id=g.group_id,
+                    prompt=g.prompt,
+                    n=g.n,
+                    dispatch_version=g.dispatch_version,
+                    samples=list(g.samples.values()),
+                )
+                for g in self._groups.values()
+            ],
         )
 
     def restore(self, st: BufferState) -> None:
@@ -216,8 +232,9 @@ class SampleBuffer:
         for gs in st.groups:
             if gs.n != self.group_size:
                 raise ValueError(f"group {gs.group_id} has {gs.n} samples per prompt; this run uses {self.group_size}")
-            self._groups[gs.group_id] = Group(gs.group_id, gs.prompt, gs.n, gs.dispatch_version,
-                                              {s.sample_id: s for s in gs.samples})
+            self._groups[gs.group_id] = Group(
+                gs.group_id, gs.prompt, gs.n, gs.dispatch_version, {s.sample_id: s for s in gs.samples}
+            )
         self._ready = {gid: None for gid in st.ready}
         self._next_group, self._next_batch, self.trained = st.next_group, st.next_batch, st.trained
         self.dropped = Counter(st.dropped)

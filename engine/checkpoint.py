@@ -170,9 +170,11 @@ class CheckpointStore:
                 raise CheckpointError(f"{path}: {rel} is missing")
             got = _digest(f)
             if got != want:
-                raise CheckpointError(f"{path}: {rel} does not match the manifest "
-                                      f"({got.size} bytes, sha256 {got.sha256[:12]}… expected {want.size} bytes, "
-                                      f"{want.sha256[:12]}…)")
+                raise CheckpointError(
+                    f"{path}: {rel} does not match the manifest "
+                    f"({got.size} bytes, sha256 {got.sha256[:12]}… expected {want.size} bytes, "
+                    f"{want.sha256[:12]}…)"
+                )
         return manifest
 
     def latest(self) -> tuple[Path, Manifest] | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -31,7 +31,7 @@ NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
 
 
-def _d(text: str, **kw) -> Meta:
+def _d(text: str, **kw: Any) -> Meta:
     return Meta(description=text, **kw)
 
 
@@ -44,89 +44,246 @@ class RunConfig(_Section):
     seed: Annotated[int, _d("Seed for prompts, sampling and the trainer.")] = 0
     output_dir: Annotated[str, _d("Where the run writes events.bin, metrics.jsonl, summary.json.")] = "runs"
     total_steps: Annotated[PosInt, _d("Optimizer steps to run before stopping.")] = 100
-    policy: Annotated[str, _d("Switching policy: a built-in name (separate, lend_when_idle, colocated) or 'module:Class'.")] = "separate"
-    policy_options: Annotated[dict[str, float | int | str | bool], _d("Keyword arguments for the policy's constructor.")] = {}
-    trainer_driver: Annotated[Literal["engine", "user"], _d("'engine': the policy runs train steps; 'user': the embedding program takes batches and trains.")] = "engine"
-    ray_address: Annotated[str, _d("Ray cluster to join; empty: start a local one bound to 127.0.0.1, dashboard off.")] = ""
+    policy: Annotated[
+        str, _d("Switching policy: a built-in name (separate, lend_when_idle, colocated) or 'module:Class'.")
+    ] = "separate"
+    policy_options: Annotated[
+        dict[str, float | int | str | bool], _d("Keyword arguments for the policy's constructor.")
+    ] = {}
+    trainer_driver: Annotated[
+        Literal["engine", "user"],
+        _d("'engine': the policy runs train steps; 'user': the embedding program takes batches and trains."),
+    ] = "engine"
+    ray_address: Annotated[
+        str, _d("Ray cluster to join; empty: start a local one bound to 127.0.0.1, dashboard off.")
+    ] = ""
     num_cpus: Annotated[float, _d("CPUs of the local Ray cluster (0: all cores).", ge=0)] = 0
     timeout_s: Annotated[PosFloat, _d("Upper bound on any single wait (actor setup, weight load, RPC).")] = 300.0
-    stall_timeout_s: Annotated[PosFloat, _d("End the run with an error if nothing is in flight and no message arrives for this long (a policy that never acts again); engine-driven runs only.")] = 60.0
+    stall_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "End the run with an error if nothing is in flight and no message arrives for this long (a policy that never acts again); engine-driven runs only."
+        ),
+    ] = 60.0
     progress: Annotated[bool, _d("Show a progress bar on the terminal.")] = True
-    checkpoint_every: Annotated[NonNegInt, _d("Save a checkpoint (model, optimizer, step, version, buffer, prompts in flight, policy state) into <output_dir>/<run_id>/checkpoints at the first publish at least this many optimizer steps after the last one, and at the end; 0 disables.")] = 0
-    checkpoint_keep: Annotated[PosInt, _d("Complete checkpoints kept (older ones are removed once a newer one is committed).")] = 2
-    max_restarts: Annotated[NonNegInt, _d("When the trainer or the coordinator dies, restart the run from its last checkpoint up to this many times (needs checkpoint_every > 0).")] = 2
-    policy_max_failures: Annotated[PosInt, _d("End the run when the policy's decide() raises or returns something other than a list of intents this many times in a row (each failure is reported as policy.failed).")] = 10
-    policy_budget_ms: Annotated[PosFloat, _d("Warn (policy.slow) when one decide() call takes longer than this; it runs on the coordinator's loop, so every millisecond delays every replica's next request.")] = 10.0
-    import_paths: Annotated[list[str], _d("Folders searched first for 'module:name' import strings (policy, task, reward, loss), in every process of the run. load_config() adds the config file's folder and the working directory at load time.")] = []
+    checkpoint_every: Annotated[
+        NonNegInt,
+        _d(
+            "Save a checkpoint (model, optimizer, step, version, buffer, prompts in flight, policy state) into <output_dir>/<run_id>/checkpoints at the first publish at least this many optimizer steps after the last one, and at the end; 0 disables."
+        ),
+    ] = 0
+    checkpoint_keep: Annotated[
+        PosInt, _d("Complete checkpoints kept (older ones are removed once a newer one is committed).")
+    ] = 2
+    max_restarts: Annotated[
+        NonNegInt,
+        _d(
+            "When the trainer or the coordinator dies, restart the run from its last checkpoint up to this many times (needs checkpoint_every > 0)."
+        ),
+    ] = 2
+    policy_max_failures: Annotated[
+        PosInt,
+        _d(
+            "End the run when the policy's decide() raises or returns something other than a list of intents this many times in a row (each failure is reported as policy.failed)."
+        ),
+    ] = 10
+    policy_budget_ms: Annotated[
+        PosFloat,
+        _d(
+            "Warn (policy.slow) when one decide() call takes longer than this; it runs on the coordinator's loop, so every millisecond delays every replica's next request."
+        ),
+    ] = 10.0
+    import_paths: Annotated[
+        list[str],
+        _d(
+            "Folders searched first for 'module:name' import strings (policy, task, reward, loss), in every process of the run. load_config() adds the config file's folder and the working directory at load time."
+        ),
+    ] = []
 
 
 class ModelConfig(_Section):
-    path: Annotated[str, _d("HF-format model directory (config.json, weights, tokenizer).")] = ".shunter/models/sort-tiny"
-    build_tiny: Annotated[str, _d("If set to a task name and 'path' holds no model, build the tiny warm-started model there first.")] = ""
+    path: Annotated[str, _d("HF-format model directory (config.json, weights, tokenizer).")] = (
+        ".shunter/models/sort-tiny"
+    )
+    build_tiny: Annotated[
+        str, _d("If set to a task name and 'path' holds no model, build the tiny warm-started model there first.")
+    ] = ""
     sft_steps: Annotated[NonNegInt, _d("Supervised warm-start steps when building the tiny model.")] = 25
-    preset: Annotated[Literal["tiny", "qwen2-0.5b"], _d("Shape of the model build_tiny builds: 'tiny' (warm-started, learns the task on CPU) or 'qwen2-0.5b' (Qwen2-0.5B's shape, random init, bf16: for GPU throughput and weight-sync measurements).")] = "tiny"
+    preset: Annotated[
+        Literal["tiny", "qwen2-0.5b"],
+        _d(
+            "Shape of the model build_tiny builds: 'tiny' (warm-started, learns the task on CPU) or 'qwen2-0.5b' (Qwen2-0.5B's shape, random init, bf16: for GPU throughput and weight-sync measurements)."
+        ),
+    ] = "tiny"
 
 
 class TaskConfig(_Section):
     name: Annotated[str, _d("Built-in task (sort_digits) or 'module:Class'.")] = "sort_digits"
-    reward: Annotated[str, _d("Reward override 'module:function' (prompt, response, answer) -> float; empty: the task's own.")] = ""
+    reward: Annotated[
+        str, _d("Reward override 'module:function' (prompt, response, answer) -> float; empty: the task's own.")
+    ] = ""
 
 
 class RolloutConfig(_Section):
-    standalone_replicas: Annotated[NonNegInt, _d("vLLM replicas on their own resources; they generate continuously.")] = 1
-    hybrid_replicas: Annotated[NonNegInt, _d("vLLM replicas that share the trainer's resources; the policy lends them to rollout.")] = 0
+    standalone_replicas: Annotated[
+        NonNegInt, _d("vLLM replicas on their own resources; they generate continuously.")
+    ] = 1
+    hybrid_replicas: Annotated[
+        NonNegInt, _d("vLLM replicas that share the trainer's resources; the policy lends them to rollout.")
+    ] = 0
     n_samples_per_prompt: Annotated[PosInt, _d("Samples per prompt (GRPO group size).")] = 8
     max_tokens: Annotated[PosInt, _d("Token budget of one sample, including any resumed part.")] = 16
     temperature: Annotated[float, _d("Sampling temperature.", ge=0)] = 1.0
     top_p: Annotated[float, _d("Nucleus sampling.", gt=0, le=1)] = 1.0
     top_k: Annotated[int, _d("Top-k sampling; -1 disables.")] = -1
-    ignore_eos: Annotated[bool, _d("Keep generating past the eos token (throughput benchmarks with random-init models).")] = False
-    length_dist: Annotated[str, _d("Benchmark knob: each sample's token budget drawn from 'lognormal:<median>:<sigma>' (capped at max_tokens); with ignore_eos, long-tail response lengths from a model that never stops. Empty: every sample may use max_tokens.")] = ""
-    max_staleness: Annotated[NonNegInt, _d("Largest allowed (trainer version - oldest token version) of a trained sample.")] = 1
-    on_stale: Annotated[Literal["wait", "drop"], _d("'wait': batches wait for the oldest groups so none exceeds the bound; 'drop': batches take finished groups first and drop any that exceeded it.")] = "wait"
+    ignore_eos: Annotated[
+        bool, _d("Keep generating past the eos token (throughput benchmarks with random-init models).")
+    ] = False
+    length_dist: Annotated[
+        str,
+        _d(
+            "Benchmark knob: each sample's token budget drawn from 'lognormal:<median>:<sigma>' (capped at max_tokens); with ignore_eos, long-tail response lengths from a model that never stops. Empty: every sample may use max_tokens."
+        ),
+    ] = ""
+    max_staleness: Annotated[
+        NonNegInt, _d("Largest allowed (trainer version - oldest token version) of a trained sample.")
+    ] = 1
+    on_stale: Annotated[
+        Literal["wait", "drop"],
+        _d(
+            "'wait': batches wait for the oldest groups so none exceeds the bound; 'drop': batches take finished groups first and drop any that exceeded it."
+        ),
+    ] = "wait"
     max_in_flight_per_replica: Annotated[PosInt, _d("Samples in flight on one replica at most.")] = 128
     max_model_len: Annotated[PosInt, _d("vLLM context length.")] = 64
-    generate_timeout_s: Annotated[PosFloat, _d("A replica that has not answered a generation call for this long is taken as hung: it is killed, reported down, and its samples resume elsewhere.")] = 1800.0
+    generate_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "A replica that has not answered a generation call for this long is taken as hung: it is killed, reported down, and its samples resume elsewhere."
+        ),
+    ] = 1800.0
     num_cpus: Annotated[float, _d("Ray CPUs reserved per replica actor (fractional is fine).", ge=0)] = 0.5
-    num_gpus: Annotated[float, _d("Ray GPUs per replica actor; a fraction shares a GPU (with the trainer, for cuda_ipc weight sync). 0 on CPU machines.", ge=0)] = 0.0
-    gpu_memory_utilization: Annotated[float, _d("Share of the GPU's memory one vLLM engine may take (GPU only).", gt=0, le=1)] = 0.4
-    share_trainer_gpu: Annotated[bool, _d("Standalone replicas too live on the trainer's GPU (one-GPU machines), each with rollout.num_gpus of it; weights then reach them over IPC. Off: each standalone replica gets a GPU of its own.")] = False
-    stream_interval: Annotated[PosInt, _d("vLLM hands generated tokens to the replica every this many tokens (and at the end of a request, an abort included, so none is lost); 1 streams every token at a large host cost with many concurrent requests.")] = 16
-    enable_sleep_mode: Annotated[bool, _d("Start vLLM with sleep mode so SwitchToTrainer frees its GPU memory (GPU only; sleep is a no-op on CPU).")] = True
+    num_gpus: Annotated[
+        float,
+        _d(
+            "Ray GPUs per replica actor; a fraction shares a GPU (with the trainer, for cuda_ipc weight sync). 0 on CPU machines.",
+            ge=0,
+        ),
+    ] = 0.0
+    gpu_memory_utilization: Annotated[
+        float, _d("Share of the GPU's memory one vLLM engine may take (GPU only).", gt=0, le=1)
+    ] = 0.4
+    share_trainer_gpu: Annotated[
+        bool,
+        _d(
+            "Standalone replicas too live on the trainer's GPU (one-GPU machines), each with rollout.num_gpus of it; weights then reach them over IPC. Off: each standalone replica gets a GPU of its own."
+        ),
+    ] = False
+    stream_interval: Annotated[
+        PosInt,
+        _d(
+            "vLLM hands generated tokens to the replica every this many tokens (and at the end of a request, an abort included, so none is lost); 1 streams every token at a large host cost with many concurrent requests."
+        ),
+    ] = 16
+    enable_sleep_mode: Annotated[
+        bool,
+        _d("Start vLLM with sleep mode so SwitchToTrainer frees its GPU memory (GPU only; sleep is a no-op on CPU)."),
+    ] = True
     engine_args: Annotated[dict[str, float | int | str | bool], _d("Extra vLLM engine arguments.")] = {}
-    cpu_bind: Annotated[list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")] = []
+    cpu_bind: Annotated[
+        list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")
+    ] = []
 
 
 class TrainerConfig(_Section):
     ppo_mini_batch_size: Annotated[PosInt, _d("Samples per optimizer step.")] = 128
     parameter_sync_step: Annotated[PosInt, _d("Optimizer steps between weight publishes.")] = 2
-    train_batch_size: Annotated[PosInt, _d("Samples per publish cycle; must equal parameter_sync_step * ppo_mini_batch_size.")] = 256
+    train_batch_size: Annotated[
+        PosInt, _d("Samples per publish cycle; must equal parameter_sync_step * ppo_mini_batch_size.")
+    ] = 256
     lr: Annotated[PosFloat, _d("AdamW learning rate.")] = 2e-4
     weight_decay: Annotated[float, _d("AdamW weight decay.", ge=0)] = 0.0
     clip_ratio: Annotated[PosFloat, _d("PPO clip range epsilon.")] = 0.2
-    kl_coef: Annotated[float, _d("Weight of the KL penalty to the reference (initial) model; 0 disables it and loads no reference.", ge=0)] = 0.0
+    kl_coef: Annotated[
+        float,
+        _d("Weight of the KL penalty to the reference (initial) model; 0 disables it and loads no reference.", ge=0),
+    ] = 0.0
     grad_clip: Annotated[float, _d("Gradient norm clip; 0 disables.", ge=0)] = 1.0
     loss_fn: Annotated[str, _d("Loss override 'module:function'; empty: built-in PPO clip in bypass mode.")] = ""
-    objective: Annotated[Literal["bypass", "decoupled"], _d("'bypass': the rollout's log-probs are the old policy's (PPO ratio pi_theta / mu, no extra forward pass); 'decoupled': decoupled PPO — the trust region around the proximal policy (the weights at the start of the sync cycle, kept in host memory when parameter_sync_step > 1), each token weighted by pi_prox / mu corrected by 'tis' / 'mis'.")] = "bypass"
-    tis: Annotated[Literal["none", "token", "sequence"], _d("Truncated importance sampling of the behaviour weight pi_prox / mu (decoupled only): per token or per sequence (product over its tokens), capped at tis_cap; 'none': uncapped.")] = "token"
+    objective: Annotated[
+        Literal["bypass", "decoupled"],
+        _d(
+            "'bypass': the rollout's log-probs are the old policy's (PPO ratio pi_theta / mu, no extra forward pass); 'decoupled': decoupled PPO — the trust region around the proximal policy (the weights at the start of the sync cycle, kept in host memory when parameter_sync_step > 1), each token weighted by pi_prox / mu corrected by 'tis' / 'mis'."
+        ),
+    ] = "bypass"
+    tis: Annotated[
+        Literal["none", "token", "sequence"],
+        _d(
+            "Truncated importance sampling of the behaviour weight pi_prox / mu (decoupled only): per token or per sequence (product over its tokens), capped at tis_cap; 'none': uncapped."
+        ),
+    ] = "token"
     tis_cap: Annotated[PosFloat, _d("Cap of the TIS weight.")] = 5.0
-    mis: Annotated[Literal["none", "token", "sequence"], _d("Masked importance sampling (IcePop-style): drop tokens whose behaviour ratio (pi_prox / mu; in bypass pi_theta / mu) leaves [mis_low, mis_high], per token or per sequence (geometric mean ratio).")] = "none"
+    mis: Annotated[
+        Literal["none", "token", "sequence"],
+        _d(
+            "Masked importance sampling (IcePop-style): drop tokens whose behaviour ratio (pi_prox / mu; in bypass pi_theta / mu) leaves [mis_low, mis_high], per token or per sequence (geometric mean ratio)."
+        ),
+    ] = "none"
     mis_low: Annotated[PosFloat, _d("Lower edge of the MIS band.")] = 0.5
     mis_high: Annotated[PosFloat, _d("Upper edge of the MIS band.")] = 2.0
-    micro_batch_size: Annotated[NonNegInt, _d("Samples per forward/backward pass (gradients accumulate over a mini-batch); 0: the whole mini-batch at once.")] = 0
+    micro_batch_size: Annotated[
+        NonNegInt,
+        _d(
+            "Samples per forward/backward pass (gradients accumulate over a mini-batch); 0: the whole mini-batch at once."
+        ),
+    ] = 0
     num_threads: Annotated[PosInt, _d("torch intra-op threads of the trainer.")] = 1
     num_cpus: Annotated[float, _d("Ray CPUs reserved for the trainer actor.", ge=0)] = 1.0
     device: Annotated[str, _d("torch device; 'auto': cuda if available else cpu.")] = "auto"
-    num_gpus: Annotated[float, _d("Ray GPUs for the trainer actor (at most 1: it is one process; a fraction leaves room for hybrid replicas on its GPU); 0 on CPU machines.", ge=0, le=1)] = 0.0
-    gpus: Annotated[PosInt, _d("GPUs on the trainer's side of the placement (GPU configs): the trainer process uses the first; hybrid replicas spread over all of them, round robin. More than 1 lets a synchronous run (colocated) generate on every GPU it trains beside.")] = 1
-    precision: Annotated[Literal["auto", "fp32", "bf16"], _d("'bf16': forward/backward under bf16 autocast with fp32 master weights and optimizer state, weights published in bf16; 'auto': bf16 on cuda, fp32 on cpu.")] = "auto"
-    weight_transport: Annotated[Literal["auto", "safetensors", "cuda_ipc", "vllm_ipc", "nccl", "gloo"], _d("How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy, loaded by shunter's worker extension; replicas on the same GPU), 'vllm_ipc' (the same handles in vLLM's packed format, loaded by vLLM's own weight-transfer engine, backend 'ipc'), 'nccl' (a broadcast over an NCCL group of the trainer and each standalone replica, on other GPUs; hybrid replicas on the trainer's GPU map the cuda_ipc handles), 'gloo' (the same over gloo, CPU: the stand-in the tests run); 'auto': cuda_ipc on cuda, else safetensors.")] = "auto"
-    weight_bucket_mb: Annotated[PosFloat, _d("nccl / gloo: the flat weight copy goes over the wire in buckets of at most this many MiB.")] = 256.0
-    weight_group_timeout_s: Annotated[PosFloat, _d("nccl / gloo: deadline of every collective (joining a group, one weight broadcast); past it the group is aborted and the failure reported.")] = 120.0
+    num_gpus: Annotated[
+        float,
+        _d(
+            "Ray GPUs for the trainer actor (at most 1: it is one process; a fraction leaves room for hybrid replicas on its GPU); 0 on CPU machines.",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.0
+    gpus: Annotated[
+        PosInt,
+        _d(
+            "GPUs on the trainer's side of the placement (GPU configs): the trainer process uses the first; hybrid replicas spread over all of them, round robin. More than 1 lets a synchronous run (colocated) generate on every GPU it trains beside."
+        ),
+    ] = 1
+    precision: Annotated[
+        Literal["auto", "fp32", "bf16"],
+        _d(
+            "'bf16': forward/backward under bf16 autocast with fp32 master weights and optimizer state, weights published in bf16; 'auto': bf16 on cuda, fp32 on cpu."
+        ),
+    ] = "auto"
+    weight_transport: Annotated[
+        Literal["auto", "safetensors", "cuda_ipc", "vllm_ipc", "nccl", "gloo"],
+        _d(
+            "How published weights reach replicas: 'safetensors' (a blob through the Ray object store; any device), 'cuda_ipc' (CUDA IPC handles to the trainer's GPU copy, loaded by shunter's worker extension; replicas on the same GPU), 'vllm_ipc' (the same handles in vLLM's packed format, loaded by vLLM's own weight-transfer engine, backend 'ipc'), 'nccl' (a broadcast over an NCCL group of the trainer and each standalone replica, on other GPUs; hybrid replicas on the trainer's GPU map the cuda_ipc handles), 'gloo' (the same over gloo, CPU: the stand-in the tests run); 'auto': cuda_ipc on cuda, else safetensors."
+        ),
+    ] = "auto"
+    weight_bucket_mb: Annotated[
+        PosFloat, _d("nccl / gloo: the flat weight copy goes over the wire in buckets of at most this many MiB.")
+    ] = 256.0
+    weight_group_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "nccl / gloo: deadline of every collective (joining a group, one weight broadcast); past it the group is aborted and the failure reported."
+        ),
+    ] = 120.0
 
 
 class ValidationConfig(_Section):
-    every: Annotated[NonNegInt, _d("Validate at the start and every this many optimizer steps (on the first weights published at or after each multiple), and at the end; 0 disables.")] = 0
+    every: Annotated[
+        NonNegInt,
+        _d(
+            "Validate at the start and every this many optimizer steps (on the first weights published at or after each multiple), and at the end; 0 disables."
+        ),
+    ] = 0
     prompts: Annotated[PosInt, _d("Held-out prompts, generated greedily.")] = 64
 
 
@@ -143,7 +300,7 @@ class EngineConfig(_Section):
         return self.trainer.ppo_mini_batch_size // self.rollout.n_samples_per_prompt
 
 
-def from_dict(data: dict, *, origin: str = "config") -> EngineConfig:
+def from_dict(data: dict[str, Any], *, origin: str = "config") -> EngineConfig:
     """Build and check a config from plain data (e.g. parsed TOML)."""
     try:
         cfg = msgspec.convert(data, EngineConfig)
@@ -153,7 +310,7 @@ def from_dict(data: dict, *, origin: str = "config") -> EngineConfig:
     return cfg
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> EngineConfig:
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> EngineConfig:
     """Load a TOML file; ``overrides`` (nested dict) is merged over it before checking.
 
     Import strings in the config (``run.policy``, ``task.name``, ``task.reward``,
@@ -176,7 +333,7 @@ def load_config(path: str | Path, overrides: dict | None = None) -> EngineConfig
     return from_dict(data, origin=str(p))
 
 
-def merge(base: dict, over: dict) -> dict:
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
@@ -187,8 +344,10 @@ def check(cfg: EngineConfig) -> None:
     """The seed's consistency checks; raise ConfigError naming fields and values."""
     t, r = cfg.trainer, cfg.rollout
     if t.mis != "none" and not t.mis_low < 1.0 < t.mis_high:
-        raise ConfigError(f"trainer.mis_low = {t.mis_low:g} and trainer.mis_high = {t.mis_high:g} must enclose 1 "
-                          "(a ratio of 1 is on-policy and must be kept)")
+        raise ConfigError(
+            f"trainer.mis_low = {t.mis_low:g} and trainer.mis_high = {t.mis_high:g} must enclose 1 "
+            "(a ratio of 1 is on-policy and must be kept)"
+        )
     if t.objective == "decoupled" and t.loss_fn:
         raise ConfigError("trainer.objective = 'decoupled' is the built-in loss; trainer.loss_fn replaces it — set one")
     if t.train_batch_size != t.parameter_sync_step * t.ppo_mini_batch_size:
@@ -220,8 +379,7 @@ def check(cfg: EngineConfig) -> None:
         )
     if r.cpu_bind and len(r.cpu_bind) != r.standalone_replicas + r.hybrid_replicas:
         raise ConfigError(
-            f"rollout.cpu_bind has {len(r.cpu_bind)} entries for "
-            f"{r.standalone_replicas + r.hybrid_replicas} replicas"
+            f"rollout.cpu_bind has {len(r.cpu_bind)} entries for {r.standalone_replicas + r.hybrid_replicas} replicas"
         )
     from shunter.engine.placement import plan  # GPU configs must fit a placement plan
 
@@ -237,5 +395,5 @@ def check(cfg: EngineConfig) -> None:
             raise ConfigError(f"run.policy = {cfg.run.policy!r}: {e}") from None
 
 
-def schema() -> dict:
+def schema() -> dict[str, Any]:
     return msgspec.json.schema(EngineConfig)

@@ -17,8 +17,13 @@ from __future__ import annotations
 import torch
 
 VOCAB = ("embed_tokens.weight", "lm_head.weight")  # parameters whose rows vLLM pads
-FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 Step = tuple[str, int, int, int]  # (parameter name, first row, end row, index of the source tensor)
 
@@ -28,7 +33,7 @@ def _target(name: str) -> tuple[str, int] | None:
     for i, p in enumerate(parts):
         if p in FUSED:
             fused, shard = FUSED[p]
-            return ".".join([*parts[:i], fused, *parts[i + 1:]]), shard
+            return ".".join([*parts[:i], fused, *parts[i + 1 :]]), shard
     return None
 
 
@@ -41,8 +46,9 @@ def build(params: dict[str, torch.Tensor], items: list[tuple[str, tuple[int, ...
         shape = tuple(shape)
         if name in params:
             have = tuple(params[name].shape)
-            padded = name.endswith(VOCAB) and len(have) == len(shape) > 0 and have[1:] == shape[1:] \
-                and have[0] >= shape[0]
+            padded = (
+                name.endswith(VOCAB) and len(have) == len(shape) > 0 and have[1:] == shape[1:] and have[0] >= shape[0]
+            )
             if have != shape and not padded:
                 return None
             direct.append((name, 0, shape[0] if shape else 0, i))
@@ -73,7 +79,7 @@ def build(params: dict[str, torch.Tensor], items: list[tuple[str, tuple[int, ...
 
 def _dst(params: dict[str, torch.Tensor], step: Step) -> torch.Tensor:
     p = params[step[0]].data
-    return p if p.dim() == 0 else p[step[1]:step[2]]
+    return p if p.dim() == 0 else p[step[1] : step[2]]
 
 
 @torch.no_grad()

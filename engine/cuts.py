@@ -24,8 +24,15 @@ from shunter.events import CheckpointSaved, CommandFailed, Event, SaveCheckpoint
 
 
 class CheckpointCuts:
-    def __init__(self, store: CheckpointStore | None, every: int, executor: Executor, *, run_id: str,
-                 emit: Callable[[Event], None]) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore | None,
+        every: int,
+        executor: Executor,
+        *,
+        run_id: str,
+        emit: Callable[[Event], None],
+    ) -> None:
         self.store = store
         self.every = every
         self.executor = executor
@@ -41,11 +48,17 @@ class CheckpointCuts:
     def enabled(self) -> bool:
         return self.store is not None and self.every > 0
 
-    def maybe_cut(self, trainer: TrainerState, snapshot: Callable[[], snapshot_mod.CoordinatorSnapshot], *,
-                  final: bool = False) -> bool:
+    def maybe_cut(
+        self, trainer: TrainerState, snapshot: Callable[[], snapshot_mod.CoordinatorSnapshot], *, final: bool = False
+    ) -> bool:
         """Cut a checkpoint now if one is due (right after a publish); True if one was started."""
-        if (self.store is None or not self.enabled or self.pending or trainer.step <= self.last_step
-                or trainer.steps_since_publish):
+        if (
+            self.store is None
+            or not self.enabled
+            or self.pending
+            or trainer.step <= self.last_step
+            or trainer.steps_since_publish
+        ):
             return False
         if not final and trainer.step - self.last_step < self.every:
             return False
@@ -70,8 +83,15 @@ class CheckpointCuts:
             self.emit(CommandFailed(command_kind="checkpoint.commit", target="coordinator", error=describe(e)))
             return
         self.last_step = ev.step
-        self.emit(CheckpointSaved(step=ev.step, version=ev.version, path=str(path), nbytes=manifest.nbytes,
-                                  duration_s=ev.duration_s + time.perf_counter() - t0))
+        self.emit(
+            CheckpointSaved(
+                step=ev.step,
+                version=ev.version,
+                path=str(path),
+                nbytes=manifest.nbytes,
+                duration_s=ev.duration_s + time.perf_counter() - t0,
+            )
+        )
 
     def failed(self) -> None:
         """The trainer could not write its part: the previous checkpoint stays usable."""

@@ -70,7 +70,9 @@ class Dispatcher:
         if len(self._caps) <= 1:
             return None  # equal capacities: if the least loaded has no room, none has
         # unequal capacities: a bigger replica might still have room
-        fits = [(self._in_flight[r], self._rank[r], r) for r, c in self._capacity.items() if self._in_flight[r] + n <= c]
+        fits = [
+            (self._in_flight[r], self._rank[r], r) for r, c in self._capacity.items() if self._in_flight[r] + n <= c
+        ]
         return min(fits)[2] if fits else None
 
     def started(self, replica_id: str, n: int) -> None:

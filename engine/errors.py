@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import re
 import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shunter.events import IntentRejected, RunEnded
 
 LIMIT = 2048
 """Characters of error text kept in one event or log line."""
@@ -25,7 +29,7 @@ def bounded(text: str, limit: int = LIMIT) -> str:
         return text
     keep = max(0, limit - 40)
     head, tail = keep * 2 // 3, keep - keep * 2 // 3
-    return f"{text[:head]} … [{len(text) - head - tail} characters cut] … {text[len(text) - tail:]}"
+    return f"{text[:head]} … [{len(text) - head - tail} characters cut] … {text[len(text) - tail :]}"
 
 
 def describe(exc: BaseException, *, limit: int = LIMIT) -> str:
@@ -60,7 +64,7 @@ class UserCodeError(Exception):
     @classmethod
     def from_report(cls, spec: str, text: str) -> UserCodeError:
         """Rebuild the error from its reported text (``CommandFailed.error``), in the caller's process."""
-        return cls(spec, text[len(spec):].lstrip() if text.startswith(spec) else text)
+        return cls(spec, text[len(spec) :].lstrip() if text.startswith(spec) else text)
 
     @classmethod
     def raised(cls, spec: str, exc: BaseException) -> UserCodeError:
@@ -74,3 +78,34 @@ def type_name(value: object) -> str:
         return "None"
     text = repr(value)
     return f"{type(value).__name__} {text[:80] + '…' if len(text) > 80 else text}"
+
+
+# -- what the Engine facade raises in the caller ---------------------------------------------
+
+
+class EngineError(RuntimeError):
+    """Base of the errors the ``Engine`` raises in the caller."""
+
+
+class EngineSetupError(EngineError):
+    """A component failed to start; the message names it and the cause."""
+
+
+class RunEndedError(EngineError):
+    """The run is over (``.ended``: its ``RunEnded``); nothing more can be asked of it."""
+
+    def __init__(self, ended: RunEnded) -> None:
+        super().__init__(f"the run ended ({ended.reason}" + (f": {ended.error})" if ended.error else ")"))
+        self.ended = ended
+
+
+class IntentRefused(EngineError):
+    """The coordinator refused an intent (``.rejected``: the ``IntentRejected``, with its reason)."""
+
+    def __init__(self, rejected: IntentRejected) -> None:
+        super().__init__(f"{rejected.intent_kind} refused ({rejected.reason}): {rejected.detail}")
+        self.rejected = rejected
+
+
+class NoBatchError(EngineError, TimeoutError):
+    """No mini-batch became ready in time; the message says why."""

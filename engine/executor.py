@@ -39,16 +39,25 @@ class TaskExecutor:
 
     def __init__(self) -> None:
         self._post: Post | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._targets: dict[asyncio.Task[None], str] = {}
 
     def bind(self, post: Post) -> None:
         self._post = post
 
     def send(self, target: str, command: Order) -> None:
         task = asyncio.get_running_loop().create_task(self._call(target, command))
-        task.target = target  # type: ignore[attr-defined] - for kill()
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._targets[task] = target
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._targets.pop(task, None)
+
+    def tasks_for(self, target: str) -> list[asyncio.Task[None]]:
+        """The calls to ``target`` still running."""
+        return [t for t, tgt in self._targets.items() if tgt == target]
 
     async def _call(self, target: str, command: Order) -> None:
         raise NotImplementedError

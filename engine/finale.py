@@ -26,16 +26,24 @@ from typing import Literal
 from shunter.engine.cuts import CheckpointCuts
 from shunter.engine.intents import Intents
 from shunter.engine.snapshot import CoordinatorSnapshot
-from shunter.engine.state import EngineState
+from shunter.engine.state import EngineState, ReplicaState
 from shunter.events import Message, ReplicaDown, ValidateEnd
-from shunter.events.vocab import DOWN, ROLLOUT, SWITCHING, TRAINER
+from shunter.events.vocab import DOWN, ROLLOUT, SWITCHING, TRAINER, EndReason
 
 Phase = Literal["running", "draining", "publishing", "loading", "validating", "saving", "ended"]
 
 
 class Finale:
-    def __init__(self, state: EngineState, intents: Intents, cuts: CheckpointCuts, *, validate: bool,
-                 snapshot: Callable[[], CoordinatorSnapshot], end: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        state: EngineState,
+        intents: Intents,
+        cuts: CheckpointCuts,
+        *,
+        validate: bool,
+        snapshot: Callable[[], CoordinatorSnapshot],
+        end: Callable[[EndReason], None],
+    ) -> None:
         self.state = state
         self.intents = intents
         self.cuts = cuts
@@ -106,7 +114,7 @@ class Finale:
                 self.end("stopped" if self.stop_reason else "completed")
         return True
 
-    def _validating(self, st: EngineState, serving: list) -> bool:
+    def _validating(self, st: EngineState, serving: list[ReplicaState]) -> bool:
         """True when the final weights are validated, or cannot be (no validation, no replica)."""
         if not self.validate or self._validated or not self.intents.validation_prompts:
             return True

@@ -52,8 +52,15 @@ class Timings:
 
 
 class PolicyGuard:
-    def __init__(self, policy: Policy, *, emit: Callable[[Event], None], max_failures: int = 10,
-                 budget_ms: float = 10.0, timer: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        emit: Callable[[Event], None],
+        max_failures: int = 10,
+        budget_ms: float = 10.0,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.policy = policy
         shown = getattr(policy, "wrapped", policy)  # a recording wrapper names what it wraps
         self.name = shown.name or type(shown).__name__
@@ -92,8 +99,16 @@ class PolicyGuard:
         if ms > self.budget_ms:
             self.slow_calls += 1
             if _milestone(self.slow_calls):
-                self.emit(PolicySlow(policy=self.label, on_kind=tag_of(event), decide_ms=ms, budget_ms=self.budget_ms,
-                                     slow_calls=self.slow_calls, calls=self.decide_ms.calls))
+                self.emit(
+                    PolicySlow(
+                        policy=self.label,
+                        on_kind=tag_of(event),
+                        decide_ms=ms,
+                        budget_ms=self.budget_ms,
+                        slow_calls=self.slow_calls,
+                        calls=self.decide_ms.calls,
+                    )
+                )
 
     @staticmethod
     def _check(out: object) -> str:
@@ -105,8 +120,10 @@ class PolicyGuard:
             return f"returned {type_name(out)}; {expected}"
         for i, c in enumerate(out):
             if isinstance(c, Order):
-                return (f"returned {type(c).__name__} at index {i}, an order only the coordinator gives components; "
-                        f"{expected}")
+                return (
+                    f"returned {type(c).__name__} at index {i}, an order only the coordinator gives components; "
+                    f"{expected}"
+                )
             if not isinstance(c, Intent):
                 return f"returned a list holding {type_name(c)} at index {i}; {expected}"
         return ""
@@ -121,8 +138,10 @@ class PolicyGuard:
         if _milestone(n):
             self.emit(PolicyFailed(policy=self.label, on_kind=tag_of(event), error=text, repeats=n))
         if self.failures_in_a_row >= self.max_failures:
-            self.fatal = (f"policy {self.label} failed {self.failures_in_a_row} times in a row "
-                          f"(run.policy_max_failures = {self.max_failures}); last, on {tag_of(event)}: {text}")
+            self.fatal = (
+                f"policy {self.label} failed {self.failures_in_a_row} times in a row "
+                f"(run.policy_max_failures = {self.max_failures}); last, on {tag_of(event)}: {text}"
+            )
         return []
 
     def metrics(self) -> dict[str, float]:

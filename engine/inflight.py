@@ -27,8 +27,16 @@ from shunter.events import Generate, PromptSpec, Sample, SampleAborted, Sampling
 
 
 class InFlight:
-    def __init__(self, state: EngineState, buffer: SampleBuffer, dispatcher: Dispatcher, executor: Executor,
-                 prompts: Iterator[PromptSpec], sampling: SamplingSpec, group_size: int) -> None:
+    def __init__(
+        self,
+        state: EngineState,
+        buffer: SampleBuffer,
+        dispatcher: Dispatcher,
+        executor: Executor,
+        prompts: Iterator[PromptSpec],
+        sampling: SamplingSpec,
+        group_size: int,
+    ) -> None:
         self.state = state
         self.buffer = buffer
         self.dispatcher = dispatcher
@@ -95,14 +103,23 @@ class InFlight:
                 self.where.pop(sid)
                 continue
             p = partial or self.fresh(sid, gid, g.prompt.prompt_id)
-            out.append(SampleAborted(sample_id=sid, group_id=gid, replica_id=rid, reason="replica_down",
-                                     tokens=len(p.token_ids), partial=p))
+            out.append(
+                SampleAborted(
+                    sample_id=sid,
+                    group_id=gid,
+                    replica_id=rid,
+                    reason="replica_down",
+                    tokens=len(p.token_ids),
+                    partial=p,
+                )
+            )
         return out
 
     def fresh(self, sid: str, gid: int, prompt_id: int) -> Sample:
         """A sample with no tokens yet, to be generated from the start."""
-        return Sample(sample_id=sid, group_id=gid, prompt_id=prompt_id, prompt_token_ids=[],
-                      max_tokens=self.sampling.max_tokens)
+        return Sample(
+            sample_id=sid, group_id=gid, prompt_id=prompt_id, prompt_token_ids=[], max_tokens=self.sampling.max_tokens
+        )
 
     def unfinished(self) -> list[Sample]:
         """Every sample of an in-flight group not finished yet, with the prefix held for it
@@ -144,8 +161,9 @@ class InFlight:
             self.resumes.popleft()
             self._started(g.group_id, rid, 1)
             self.where[p.sample_id] = (rid, p)
-            self.executor.send(rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling,
-                                             resume=[p]))
+            self.executor.send(
+                rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p])
+            )
         while True:
             rid = d.pick(n)
             if rid is None or self.buffer.capacity(self.state.replicas[rid].version) <= 0:

@@ -55,9 +55,19 @@ def _milestone(n: int) -> bool:
 
 
 class Intents:
-    def __init__(self, state: EngineState, dispatcher: Dispatcher, batches: Batches, executor: Executor, *,
-                 emit: Callable[[Event], None], stop: Callable[[str], None], loss_fn: str,
-                 validation_prompts: list[PromptSpec], group_size: int) -> None:
+    def __init__(
+        self,
+        state: EngineState,
+        dispatcher: Dispatcher,
+        batches: Batches,
+        executor: Executor,
+        *,
+        emit: Callable[[Event], None],
+        stop: Callable[[str], None],
+        loss_fn: str,
+        validation_prompts: list[PromptSpec],
+        group_size: int,
+    ) -> None:
         self.state = state
         self.dispatcher = dispatcher
         self.batches = batches
@@ -105,8 +115,16 @@ class Intents:
             n = self._refused[key] = self._refused.get(key, 0) + 1
             if not _milestone(n):
                 return
-        self.emit(IntentRejected(intent_kind=tag_of(intent), reason=reason, detail=detail,
-                                 intent_source=intent.source, intent_seq=intent.seq, repeats=n))
+        self.emit(
+            IntentRejected(
+                intent_kind=tag_of(intent),
+                reason=reason,
+                detail=detail,
+                intent_source=intent.source,
+                intent_seq=intent.seq,
+                repeats=n,
+            )
+        )
 
     # -- replicas --------------------------------------------------------------------------
     def _in(self, ids: list[str], mode: str) -> list[str]:
@@ -200,9 +218,16 @@ class Intents:
             self.reject(intent, "no_batch", f"batch {intent.batch_id} holds no samples")
             return
         batch = self.batches.handed[intent.batch_id]
-        self._send_train(Batch(batch_id=batch.batch_id, samples=intent.samples, group_ids=batch.group_ids,
-                               min_version=batch.min_version, max_staleness=batch.max_staleness),
-                         intent.loss_fn or self.loss_fn)
+        self._send_train(
+            Batch(
+                batch_id=batch.batch_id,
+                samples=intent.samples,
+                group_ids=batch.group_ids,
+                min_version=batch.min_version,
+                max_staleness=batch.max_staleness,
+            ),
+            intent.loss_fn or self.loss_fn,
+        )
 
     def _send_train(self, batch: Batch, loss_fn: str) -> None:
         self.state.trainer.state = "training"

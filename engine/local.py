@@ -8,10 +8,12 @@ backend and trainer core are stand-ins and everything else is the real engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from shunter.engine.errors import describe
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
-from shunter.engine.errors import describe
 from shunter.events import (
     CommandFailed,
     EnterRollout,
@@ -26,8 +28,15 @@ from shunter.events import (
 
 
 class LocalExecutor(TaskExecutor):
-    def __init__(self, run_id: str, trainer: TrainerHost, replicas: dict[str, RolloutCore], *, max_tokens: int = 16,
-                 clock=None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        trainer: TrainerHost,
+        replicas: dict[str, RolloutCore],
+        *,
+        max_tokens: int = 16,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         super().__init__()
         self.trainer = trainer
         self.replicas = replicas
@@ -39,9 +48,8 @@ class LocalExecutor(TaskExecutor):
     def kill(self, replica_id: str, reason: str = "killed") -> None:
         """Fault injection: the replica vanishes mid-call (its calls never answer, like a dead
         actor's) and the executor reports it down, as the Ray executor does on ``RayActorError``."""
-        for t in list(self._tasks):
-            if getattr(t, "target", None) == replica_id:
-                t.cancel()
+        for t in self.tasks_for(replica_id):
+            t.cancel()
         self.replicas.pop(replica_id, None)
         self._dead.add(replica_id)
         self._deliver([self.stamp(ReplicaDown(replica_id=replica_id, reason=reason))])
@@ -61,7 +69,14 @@ class LocalExecutor(TaskExecutor):
                 payload = self.blobs.get(cmd.handle) if isinstance(cmd, InstallWeights | EnterRollout) else None
                 events = await self.replicas[target].handle(cmd, payload, max_tokens=self.max_tokens)
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
-            events = [self.stamp(CommandFailed(command_kind=tag_of(cmd), target=target, error=describe(e),
-                                               group_id=cmd.group_id if isinstance(cmd, Generate) else -1))]
-        self._deliver(events)
-
+            events = [
+                self.stamp(
+                    CommandFailed(
+                        command_kind=tag_of(cmd),
+                        target=target,
+                        error=describe(e),
+                        group_id=cmd.group_id if isinstance(cmd, Generate) else -1,
+                    )
+                )
+            ]
+        self._deliver(list(events))

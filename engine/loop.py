@@ -28,6 +28,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from shunter.engine import snapshot as snapshot_mod
 from shunter.engine.apply import Applier
@@ -52,8 +53,8 @@ from shunter.events import (
     Event,
     EventRejected,
     GroupDropped,
-    LoopIdle,
     Intent,
+    LoopIdle,
     Message,
     PromptSpec,
     RunEnded,
@@ -68,6 +69,7 @@ from shunter.policies import Policy
 
 Sink = Callable[[Message], None]
 _WAKE = object()  # wakes the loop after a direct call ended the run
+E = TypeVar("E", bound=Event)
 
 
 def _sink_name(sink: Sink) -> str:
@@ -75,39 +77,88 @@ def _sink_name(sink: Sink) -> str:
 
 
 class Coordinator:
-    def __init__(self, cfg: EngineConfig, policy: Policy, executor: Executor, prompts: Iterator[PromptSpec], *,
-                 run_id: str, validation_prompts: list[PromptSpec] | None = None, sinks: list[Sink] | None = None,
-                 clock: Callable[[], float] = time.time, checkpoints: CheckpointStore | None = None) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        policy: Policy,
+        executor: Executor,
+        prompts: Iterator[PromptSpec],
+        *,
+        run_id: str,
+        validation_prompts: list[PromptSpec] | None = None,
+        sinks: list[Sink] | None = None,
+        clock: Callable[[], float] = time.time,
+        checkpoints: CheckpointStore | None = None,
+    ) -> None:
         r, t = cfg.rollout, cfg.trainer
         self.cfg, self.policy, self.executor, self.clock = cfg, policy, executor, clock
         self.sinks: list[Sink] = list(sinks or [])
         self.stamp = Stamper(run_id, "coordinator", clock)
         self.policy_stamp = Stamper(run_id, "policy", clock)
-        self.state = EngineState(run_id=run_id, ppo_mini_batch_size=t.ppo_mini_batch_size,
-                                 parameter_sync_step=t.parameter_sync_step, train_batch_size=t.train_batch_size,
-                                 n_samples_per_prompt=r.n_samples_per_prompt, max_staleness=r.max_staleness,
-                                 validate_every=cfg.validation.every, trainer_driver=cfg.run.trainer_driver)
-        self.buffer = SampleBuffer(group_size=r.n_samples_per_prompt, groups_per_batch=cfg.groups_per_mini_batch,
-                                   batches_per_version=t.parameter_sync_step, max_staleness=r.max_staleness,
-                                   on_stale=r.on_stale)
+        self.state = EngineState(
+            run_id=run_id,
+            ppo_mini_batch_size=t.ppo_mini_batch_size,
+            parameter_sync_step=t.parameter_sync_step,
+            train_batch_size=t.train_batch_size,
+            n_samples_per_prompt=r.n_samples_per_prompt,
+            max_staleness=r.max_staleness,
+            validate_every=cfg.validation.every,
+            trainer_driver=cfg.run.trainer_driver,
+        )
+        self.buffer = SampleBuffer(
+            group_size=r.n_samples_per_prompt,
+            groups_per_batch=cfg.groups_per_mini_batch,
+            batches_per_version=t.parameter_sync_step,
+            max_staleness=r.max_staleness,
+            on_stale=r.on_stale,
+        )
         self.dispatcher = Dispatcher()
-        self.sampling = SamplingSpec(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
-                                     top_k=r.top_k, ignore_eos=r.ignore_eos, length_dist=r.length_dist)
+        self.sampling = SamplingSpec(
+            max_tokens=r.max_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            ignore_eos=r.ignore_eos,
+            length_dist=r.length_dist,
+        )
         self.tally = Tally(clock)
-        self.inflight = InFlight(self.state, self.buffer, self.dispatcher, executor, prompts, self.sampling,
-                                 r.n_samples_per_prompt)
+        self.inflight = InFlight(
+            self.state, self.buffer, self.dispatcher, executor, prompts, self.sampling, r.n_samples_per_prompt
+        )
         self.batches = Batches(self.buffer, self.state, self.emit)
-        self.guard = PolicyGuard(policy, emit=self.emit, max_failures=cfg.run.policy_max_failures,
-                                 budget_ms=cfg.run.policy_budget_ms)
+        self.guard = PolicyGuard(
+            policy, emit=self.emit, max_failures=cfg.run.policy_max_failures, budget_ms=cfg.run.policy_budget_ms
+        )
         self.cuts = CheckpointCuts(checkpoints, cfg.run.checkpoint_every, executor, run_id=run_id, emit=self.emit)
-        self.intents = Intents(self.state, self.dispatcher, self.batches, executor, emit=self.emit, stop=self.stop,
-                               loss_fn=t.loss_fn, validation_prompts=list(validation_prompts or []),
-                               group_size=r.n_samples_per_prompt)
-        self.finale = Finale(self.state, self.intents, self.cuts, validate=cfg.validation.every > 0,
-                             snapshot=self.snapshot, end=self.end)
-        self.applier = Applier(cfg, self.state, self.buffer, self.dispatcher, self.inflight, self.batches,
-                               self.intents, self.cuts, self.finale, self.tally, emit=self.emit, end=self.end,
-                               snapshot=self.snapshot)
+        self.intents = Intents(
+            self.state,
+            self.dispatcher,
+            self.batches,
+            executor,
+            emit=self.emit,
+            stop=self.stop,
+            loss_fn=t.loss_fn,
+            validation_prompts=list(validation_prompts or []),
+            group_size=r.n_samples_per_prompt,
+        )
+        self.finale = Finale(
+            self.state, self.intents, self.cuts, validate=cfg.validation.every > 0, snapshot=self.snapshot, end=self.end
+        )
+        self.applier = Applier(
+            cfg,
+            self.state,
+            self.buffer,
+            self.dispatcher,
+            self.inflight,
+            self.batches,
+            self.intents,
+            self.cuts,
+            self.finale,
+            self.tally,
+            emit=self.emit,
+            end=self.end,
+            snapshot=self.snapshot,
+        )
         self.ended: RunEnded | None = None
         self._inbox: asyncio.Queue[Message | object] = asyncio.Queue()
         self._derived: deque[Event] = deque()
@@ -166,8 +217,9 @@ class Coordinator:
             if isinstance(msg, Message):
                 self._step(msg)
             self._drain()
-        opening = self._resumed or RunStarted(policy=self.guard.name, replicas=len(self.state.replicas),
-                                              trainer_driver=self.state.trainer_driver)
+        opening = self._resumed or RunStarted(
+            policy=self.guard.name, replicas=len(self.state.replicas), trainer_driver=self.state.trainer_driver
+        )
         self._opened = True
         self.emit(opening)
         if self._resumed is not None:
@@ -197,8 +249,9 @@ class Coordinator:
         while self._derived and self.ended is None:
             handled += 1
             if handled > limit:
-                raise RuntimeError(f"livelock: one message derived more than {limit} events "
-                                   f"(the last {tag_of(self._derived[0])})")
+                raise RuntimeError(
+                    f"livelock: one message derived more than {limit} events (the last {tag_of(self._derived[0])})"
+                )
             self._step(self._derived.popleft())
 
     def _step(self, msg: Message) -> None:
@@ -213,8 +266,12 @@ class Coordinator:
             if self._opened and self.ended is None:
                 self._decide(msg)
         else:  # an order can only come from this side of the bus
-            self.emit(EventRejected(origin=msg.source or "unknown", error=f"{tag_of(msg)} is an order; only the "
-                                    "coordinator gives orders (submit intents)"))
+            self.emit(
+                EventRejected(
+                    origin=msg.source or "unknown",
+                    error=f"{tag_of(msg)} is an order; only the coordinator gives orders (submit intents)",
+                )
+            )
         if self._opened and not self.finale.finishing and self.ended is None:
             self._stage = "pump"
             self.inflight.pump()
@@ -236,8 +293,11 @@ class Coordinator:
 
     def _stalled(self, stall: float) -> None:
         if self.state.trainer_driver == "engine" and self.executor.pending() == 0 and self._inbox.empty():
-            self.end("error", error=f"stalled: nothing in flight and no message for {stall:.0f}s "
-                                    f"(run.stall_timeout_s); last view: {self.view()}")
+            self.end(
+                "error",
+                error=f"stalled: nothing in flight and no message for {stall:.0f}s "
+                f"(run.stall_timeout_s); last view: {self.view()}",
+            )
 
     # -- a user's loop (run.trainer_driver = "user") --------------------------------------------
     def take_batch(self) -> Batch | None:
@@ -266,39 +326,53 @@ class Coordinator:
             return "the run is ending (total_steps reached or Stop): no new groups start"
         b, t, d = self.buffer, self.state.trainer, self.dispatcher
         if not d.active() and not b.in_flight:
-            return ("no replica is serving rollout (all asleep beside the trainer or down): switch one with "
-                    "SwitchToRollout or add one with add_replica()")
+            return (
+                "no replica is serving rollout (all asleep beside the trainer or down): switch one with "
+                "SwitchToRollout or add one with add_replica()"
+            )
         serving = self.state.serving_version(d.__contains__)
         v = t.version if serving is None else serving
         if b.capacity(v) <= 0 and not b.in_flight:
-            return (f"the staleness gate is closed: {b.dispatched - sum(b.dropped.values())} groups started, the "
-                    f"most rollout.max_staleness = {b.max_staleness} allows on version {v}; it opens when weights "
-                    f"are published (publish_weights() after training; {t.steps_since_publish} steps since version "
-                    f"{t.version})")
+            return (
+                f"the staleness gate is closed: {b.dispatched - sum(b.dropped.values())} groups started, the "
+                f"most rollout.max_staleness = {b.max_staleness} allows on version {v}; it opens when weights "
+                f"are published (publish_weights() after training; {t.steps_since_publish} steps since version "
+                f"{t.version})"
+            )
         ready = b.ready_samples
-        return (f"{b.in_flight} prompt groups are still generating ({ready} of {self.state.ppo_mini_batch_size} "
-                f"samples of the next mini-batch are ready)")
+        return (
+            f"{b.in_flight} prompt groups are still generating ({ready} of {self.state.ppo_mini_batch_size} "
+            f"samples of the next mini-batch are ready)"
+        )
 
     def view(self) -> EngineView:
         b, t = self.buffer, self.state.trainer
         serving = self.state.serving_version(self.dispatcher.__contains__)
         # with no replica serving, whether a replica switched in (on current weights) could start work
         gate = b.capacity(t.version if serving is None else serving) > 0
-        bv = BufferView(ready_samples=b.ready_samples, ready_batches=b.ready_batches(), in_flight_groups=b.in_flight,
-                        in_flight_samples=self.dispatcher.total_in_flight, dispatched_groups=b.dispatched,
-                        trained_groups=b.trained, dropped_groups=sum(b.dropped.values()),
-                        gate_open=gate and not self.finale.finishing, pending_resumes=len(self.inflight.resumes))
+        bv = BufferView(
+            ready_samples=b.ready_samples,
+            ready_batches=b.ready_batches(),
+            in_flight_groups=b.in_flight,
+            in_flight_samples=self.dispatcher.total_in_flight,
+            dispatched_groups=b.dispatched,
+            trained_groups=b.trained,
+            dropped_groups=sum(b.dropped.values()),
+            gate_open=gate and not self.finale.finishing,
+            pending_resumes=len(self.inflight.resumes),
+        )
         return self.state.view(bv, self.dispatcher.in_flight)
 
     # -- the end -------------------------------------------------------------------------------
-    def end(self, reason: EndReason, error: str = "", failed_component: str = "", fault: str = "", *,
-            careful: bool = False) -> None:
+    def end(
+        self, reason: EndReason, error: str = "", failed_component: str = "", fault: str = "", *, careful: bool = False
+    ) -> None:
         """Drop what is still in flight (``GroupDropped(reason="run_end")``) and emit
         ``RunEnded``. ``careful``: after a crash — a sink or a check that fails is skipped."""
         if self.ended is not None:
             return
         self.finale.phase = "ended"
-        notes = []
+        notes: list[str] = []
         for g in self.buffer.drop_all("run_end"):
             self._deliver(GroupDropped(group_id=g.group_id, reason="run_end", samples=len(g.samples)), careful, notes)
         try:
@@ -310,10 +384,17 @@ class Coordinator:
             notes.append(f"the books did not balance: {describe(e)}")
             summary = {}
         text = bounded("; ".join([error, *notes]) if notes else error)
-        ended = RunEnded(reason=reason, steps=self.state.trainer.step, summary=summary, error=text, failed_component=failed_component, fault=fault)
+        ended = RunEnded(
+            reason=reason,
+            steps=self.state.trainer.step,
+            summary=summary,
+            error=text,
+            failed_component=failed_component,
+            fault=fault,
+        )
         self.ended = self._deliver(ended, careful, notes)
 
-    def _deliver(self, event: Event, careful: bool, notes: list[str]) -> Event:
+    def _deliver(self, event: E, careful: bool, notes: list[str]) -> E:
         ev = self.stamp(event)
         for sink in self.sinks:
             try:
@@ -328,10 +409,16 @@ class Coordinator:
         msg = self._current
         on = f"{tag_of(msg)} (seq {msg.seq} from {msg.source or '?'})" if msg is not None else "the opening"
         frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        where = (
+            f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        )
         fault = f"{self._stage} on {on}"
-        self.end("error", error=f"coordinator loop failed in {self._stage} while handling {on}: {describe(exc)}{where}",
-                 fault=fault, careful=True)
+        self.end(
+            "error",
+            error=f"coordinator loop failed in {self._stage} while handling {on}: {describe(exc)}{where}",
+            fault=fault,
+            careful=True,
+        )
 
     def summary(self) -> dict[str, float]:
         t = self.state.trainer
@@ -343,13 +430,23 @@ class Coordinator:
         """The coordinator's state at this cut (see ``shunter.engine.snapshot``)."""
         t, tally = self.state.trainer, self.tally
         return snapshot_mod.CoordinatorSnapshot(
-            run_id=self.state.run_id, step=t.step, version=t.version, prompts_taken=self.inflight.prompts_taken,
-            buffer=self.buffer.snapshot(), in_flight=self.inflight.unfinished(), policy=self.policy.snapshot(),
-            tokens=tally.tokens, wall_s=tally.wall_s(), rewards=list(tally.rewards),
-            validations=list(tally.validations), failed_groups=tally.failed_groups)
+            run_id=self.state.run_id,
+            step=t.step,
+            version=t.version,
+            prompts_taken=self.inflight.prompts_taken,
+            buffer=self.buffer.snapshot(),
+            in_flight=self.inflight.unfinished(),
+            policy=self.policy.snapshot(),
+            tokens=tally.tokens,
+            wall_s=tally.wall_s(),
+            rewards=list(tally.rewards),
+            validations=list(tally.validations),
+            failed_groups=tally.failed_groups,
+        )
 
-    def restore(self, snap: snapshot_mod.CoordinatorSnapshot, *, checkpoint: str = "", attempt: int = 1,
-                reason: str = "") -> None:
+    def restore(
+        self, snap: snapshot_mod.CoordinatorSnapshot, *, checkpoint: str = "", attempt: int = 1, reason: str = ""
+    ) -> None:
         """Continue a run from a snapshot (before :meth:`run`): the buffer, the samples in
         flight (they resume from their prefixes), the prompt stream, the policy's state."""
         self.buffer.restore(snap.buffer)
@@ -361,7 +458,13 @@ class Coordinator:
             self.finale.begin()  # saved at the very end: only the finale is left
         if snap.policy:
             self.policy.restore(snap.policy)
-        self.tally.restore(tokens=snap.tokens, rewards=snap.rewards, validations=snap.validations,
-                           failed_groups=snap.failed_groups, wall_s=snap.wall_s)
-        self._resumed = RunResumed(checkpoint=checkpoint, step=snap.step, version=snap.version, attempt=attempt,
-                                   reason=reason)
+        self.tally.restore(
+            tokens=snap.tokens,
+            rewards=snap.rewards,
+            validations=snap.validations,
+            failed_groups=snap.failed_groups,
+            wall_s=snap.wall_s,
+        )
+        self._resumed = RunResumed(
+            checkpoint=checkpoint, step=snap.step, version=snap.version, attempt=attempt, reason=reason
+        )

@@ -79,15 +79,21 @@ def load_loss(spec: str) -> LossFn:
     if not callable(fn) or isinstance(fn, type):
         raise UserCodeError(spec, f"is {type_name(fn)}, not a function")
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         return fn  # a builtin or C callable: trust it
     if len(params) != 1:
         names = ", ".join(p.name for p in params)
-        raise UserCodeError(spec, f"takes {len(params)} required arguments ({names}); a loss takes one "
-                                  "shunter.engine.loss.LossInput (inp.logp, inp.old_logp, inp.advantages, inp.mask, "
-                                  "inp.rewards, inp.group_ids, inp.ref_logp, inp.cfg ...) and returns (loss, stats)")
+        raise UserCodeError(
+            spec,
+            f"takes {len(params)} required arguments ({names}); a loss takes one "
+            "shunter.engine.loss.LossInput (inp.logp, inp.old_logp, inp.advantages, inp.mask, "
+            "inp.rewards, inp.group_ids, inp.ref_logp, inp.cfg ...) and returns (loss, stats)",
+        )
     return fn
 
 
@@ -105,8 +111,9 @@ def call_loss(fn: Callable[[LossInput], Any], spec: str, inp: LossInput) -> tupl
         raise UserCodeError(spec, f"returned loss {type_name(loss)}; {expected}")
     if not loss.requires_grad:
         raise UserCodeError(spec, "returned a loss with no gradient (computed without inp.logp, or detached)")
-    if not isinstance(stats, dict) or not all(isinstance(k, str) and isinstance(v, int | float | torch.Tensor)
-                                              for k, v in stats.items()):
+    if not isinstance(stats, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float | torch.Tensor) for k, v in stats.items()
+    ):
         raise UserCodeError(spec, f"returned stats {type_name(stats)}; {expected}")
     if not math.isfinite(float(loss.detach())):
         raise UserCodeError(spec, f"returned a non-finite loss ({float(loss.detach())}); no step was taken")

@@ -46,13 +46,16 @@ def plan(cfg: EngineConfig) -> Placement | None:
     if t.num_gpus == 0 and r.num_gpus == 0:
         return None
     if t.num_gpus == 0:
-        raise ConfigError("rollout.num_gpus > 0 but trainer.num_gpus = 0: give the trainer a GPU (a fraction of one "
-                          "when hybrid replicas share it)")
+        raise ConfigError(
+            "rollout.num_gpus > 0 but trainer.num_gpus = 0: give the trainer a GPU (a fraction of one "
+            "when hybrid replicas share it)"
+        )
     if r.num_gpus == 0:
         raise ConfigError("trainer.num_gpus > 0 but rollout.num_gpus = 0: give each replica a GPU or a fraction")
     if r.num_gpus > 1:
-        raise ConfigError(f"rollout.num_gpus = {r.num_gpus:g}: a replica runs on one GPU (tensor parallelism is "
-                          "not supported yet)")
+        raise ConfigError(
+            f"rollout.num_gpus = {r.num_gpus:g}: a replica runs on one GPU (tensor parallelism is not supported yet)"
+        )
     side = t.gpus
     guests = [0] * side  # replicas per trainer-side GPU
     hybrid = []
@@ -68,8 +71,10 @@ def plan(cfg: EngineConfig) -> Placement | None:
         used = (t.num_gpus if g == 0 else 0) + n * r.num_gpus
         if n and used > 1 + 1e-9:
             head = f"trainer.num_gpus ({t.num_gpus:g}) + " if g == 0 else ""
-            raise ConfigError(f"trainer-side GPU {g}: {head}{n} {what} replicas x rollout.num_gpus ({r.num_gpus:g}) "
-                              f"= {used:g} GPUs, more than one — lower the fractions (or raise trainer.gpus)")
+            raise ConfigError(
+                f"trainer-side GPU {g}: {head}{n} {what} replicas x rollout.num_gpus ({r.num_gpus:g}) "
+                f"= {used:g} GPUs, more than one — lower the fractions (or raise trainer.gpus)"
+            )
     bundles = [{"GPU": 1.0, "CPU": (t.num_cpus if g == 0 else 0) + n * r.num_cpus} for g, n in enumerate(guests)]
     trainer = Slot(TRAINER_BUNDLE, t.num_gpus, t.num_cpus)
     if not r.share_trainer_gpu:

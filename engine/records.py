@@ -67,12 +67,15 @@ class EventLog:
         self._f.close()
 
 
-def make_logger(path: Path) -> structlog.BoundLogger:
+def make_logger(path: Path) -> Any:
     f = open(path, "a")  # noqa: SIM115 - lives as long as the process
     return structlog.wrap_logger(
         structlog.WriteLogger(f),
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
-                    structlog.processors.JSONRenderer()],
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.JSONRenderer(),
+        ],
     )
 
 
@@ -107,8 +110,13 @@ class LogSink:
                 return
             if n > 1:
                 fields["repeats"] = n
-        level = ("warning" if tag.endswith("slow") else
-                 "error" if tag.endswith(("failed", "rejected")) or fields.get("reason") == "error" else "info")
+        level = (
+            "warning"
+            if tag.endswith("slow")
+            else "error"
+            if tag.endswith(("failed", "rejected")) or fields.get("reason") == "error"
+            else "info"
+        )
         getattr(self.log, level)(tag, **fields)
 
 
@@ -122,8 +130,9 @@ class MetricsSink:
     """Per-step metrics as JSON lines (and TensorBoard when the package is installed);
     ``extra`` adds figures of the step's moment (``coordinator/decide_ms_p50`` …)."""
 
-    def __init__(self, path: Path, tensorboard_dir: Path | None = None,
-                 extra: Callable[[], dict[str, float]] | None = None) -> None:
+    def __init__(
+        self, path: Path, tensorboard_dir: Path | None = None, extra: Callable[[], dict[str, float]] | None = None
+    ) -> None:
         self.extra = extra
         self._f = open(path, "a")  # noqa: SIM115 - closed in close()
         self._t0 = time.time()
@@ -142,14 +151,18 @@ class MetricsSink:
             self._tokens += len(msg.sample.token_ids)
         elif isinstance(msg, StepEnd):
             wall = msg.wall_time - self._t0
-            row = {"step": msg.step, "wall_s": wall, **msg.metrics,
-                   "rollout/tokens_per_s": self._tokens / wall if wall > 0 else 0.0,
-                   **(self.extra() if self.extra is not None else {})}
+            row = {
+                "step": msg.step,
+                "wall_s": wall,
+                **msg.metrics,
+                "rollout/tokens_per_s": self._tokens / wall if wall > 0 else 0.0,
+                **(self.extra() if self.extra is not None else {}),
+            }
             self._write(msg.step, row)
         elif isinstance(msg, ValidateEnd):
             self._write(None, {"version": msg.version, **{f"validate/{k}": v for k, v in msg.metrics.items()}})
 
-    def _write(self, step: int | None, row: dict) -> None:
+    def _write(self, step: int | None, row: dict[str, Any]) -> None:
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
         if self._tb is not None:

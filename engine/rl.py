@@ -34,7 +34,9 @@ from collections.abc import Sequence
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: Sequence[int], *, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_ids: Sequence[int], *, scale: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """GRPO: reward minus its group's mean, divided by the group's std (if ``scale``)."""
     out = torch.empty_like(rewards)
     groups: dict[int, list[int]] = {}
@@ -55,8 +57,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                  inv_temperature: float = 1.0, budget_bytes: int = 1 << 30) -> torch.Tensor:
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    inv_temperature: float = 1.0,
+    budget_bytes: int = 1 << 30,
+) -> torch.Tensor:
     """log p(target) for selected positions straight from the last hidden states: ``hidden``
     [N, H] through the output head (``weight`` [V, H]) at ``1 / inv_temperature``, ``targets``
     [N] -> [N] in fp32. Equal to ``token_logprobs`` on the full logits, but never holds more
@@ -87,9 +95,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def behaviour_correction(log_rho: torch.Tensor, mask: torch.Tensor, *, tis: str = "none", tis_cap: float = 2.0,
-                         mis: str = "none", mis_low: float = 0.5, mis_high: float = 2.0,
-                         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def behaviour_correction(
+    log_rho: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tis: str = "none",
+    tis_cap: float = 2.0,
+    mis: str = "none",
+    mis_low: float = 0.5,
+    mis_high: float = 2.0,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """TIS weight and MIS keep-mask from the per-token log behaviour ratio ``log_rho``
     ([B, T], padding where ``mask`` is 0). Returns (weight, keep, stats); no gradient flows.
 

@@ -18,6 +18,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable
+from typing import Literal, TypeVar
 
 import msgspec
 
@@ -54,6 +55,9 @@ from shunter.events.data import parse_length_dist
 from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, ServingMode
 
 Reward = Callable[[str, str, str], float]
+E = TypeVar("E", bound=Event)
+Running = Literal["", "weights_update", "reclaimed", "rebalanced", "shutdown"]
+"""A running request's state: "" while it runs, else why it is being cut."""
 
 
 def _now() -> float:
@@ -89,7 +93,7 @@ class RolloutCore:
         self.seed = seed
         self._open = asyncio.Event()
         self._open.set()
-        self._running: dict[str, str] = {}  # request id -> abort reason ("" while running)
+        self._running: dict[str, Running] = {}  # request id -> abort reason ("" while running)
         self._group_of: dict[str, int] = {}  # request id -> prompt group
         self._drained = asyncio.Event()
         self._drained.set()
@@ -114,7 +118,10 @@ class RolloutCore:
             case ShedGroups():
                 return await self.shed(cmd.count)
             case JoinWeightGroup():
-                dt = await self.backend.join_weight_group(cmd.backend, cmd.host, cmd.port, cmd.timeout_s)
+                join = getattr(self.backend, "join_weight_group", None)
+                if join is None:
+                    raise TypeError(f"{type(self.backend).__name__} cannot join weight groups")
+                dt = float(await join(cmd.backend, cmd.host, cmd.port, cmd.timeout_s))
                 return [self._stamp(WeightGroupJoined(replica_id=self.replica_id, backend=cmd.backend, duration_s=dt))]
         raise TypeError(f"a rollout replica does not take {type(cmd).__name__}")
 
@@ -123,17 +130,32 @@ class RolloutCore:
         prompt_ids = self.tok.encode(cmd.prompt.text)
         need = len(prompt_ids) + cmd.sampling.max_tokens
         if self.max_model_len and need > self.max_model_len:  # refuse before vLLM sees it; the group is dropped
-            return [self._stamp(CommandFailed(
-                command_kind=tag_of(cmd), target=self.replica_id, group_id=cmd.group_id,
-                error=(f"prompt {cmd.prompt.prompt_id} is {len(prompt_ids)} tokens; with rollout.max_tokens = "
-                       f"{cmd.sampling.max_tokens} it needs {need} > rollout.max_model_len = {self.max_model_len}")))]
+            return [
+                self._stamp(
+                    CommandFailed(
+                        command_kind=tag_of(cmd),
+                        target=self.replica_id,
+                        group_id=cmd.group_id,
+                        error=(
+                            f"prompt {cmd.prompt.prompt_id} is {len(prompt_ids)} tokens; with rollout.max_tokens = "
+                            f"{cmd.sampling.max_tokens} it needs {need} > rollout.max_model_len = {self.max_model_len}"
+                        ),
+                    )
+                )
+            ]
         if cmd.resume:
-            samples = [s if s.prompt_token_ids else msgspec.structs.replace(s, prompt_token_ids=prompt_ids)
-                       for s in cmd.resume]
+            samples = [
+                s if s.prompt_token_ids else msgspec.structs.replace(s, prompt_token_ids=prompt_ids) for s in cmd.resume
+            ]
         else:
             samples = [
-                Sample(sample_id=sample_id(cmd.group_id, k), group_id=cmd.group_id, prompt_id=cmd.prompt.prompt_id,
-                       prompt_token_ids=prompt_ids, max_tokens=self._budget(cmd.sampling, sample_id(cmd.group_id, k)))
+                Sample(
+                    sample_id=sample_id(cmd.group_id, k),
+                    group_id=cmd.group_id,
+                    prompt_id=cmd.prompt.prompt_id,
+                    prompt_token_ids=prompt_ids,
+                    max_tokens=self._budget(cmd.sampling, sample_id(cmd.group_id, k)),
+                )
                 for k in range(cmd.n)
             ]
         results = await asyncio.gather(*(self._run(s, cmd.prompt, cmd.sampling) for s in samples))
@@ -153,12 +175,28 @@ class RolloutCore:
             self._running[rid] = ""
             self._group_of[rid] = s.group_id
             self._drained.clear()
-            (ev.append(self._stamp(SampleResumed(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
-                                                 prefix_len=len(s.token_ids), remaining_tokens=s.remaining_tokens,
-                                                 version=self.version)))
-             if resumed else
-             ev.append(self._stamp(SampleBegin(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
-                                               version=self.version))))
+            (
+                ev.append(
+                    self._stamp(
+                        SampleResumed(
+                            sample_id=s.sample_id,
+                            group_id=s.group_id,
+                            replica_id=self.replica_id,
+                            prefix_len=len(s.token_ids),
+                            remaining_tokens=s.remaining_tokens,
+                            version=self.version,
+                        )
+                    )
+                )
+                if resumed
+                else ev.append(
+                    self._stamp(
+                        SampleBegin(
+                            sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id, version=self.version
+                        )
+                    )
+                )
+            )
             version = self.version
             try:
                 res = await self.backend.generate(rid, s.prompt_token_ids + s.token_ids, self._params(sp, s))
@@ -168,8 +206,12 @@ class RolloutCore:
                 if not self._running:
                     self._drained.set()
             s = msgspec.structs.replace(
-                s, token_ids=s.token_ids + res.token_ids, logprobs=s.logprobs + res.logprobs,
-                versions=s.versions + [version] * len(res.token_ids), finish_reason=res.finish_reason)
+                s,
+                token_ids=s.token_ids + res.token_ids,
+                logprobs=s.logprobs + res.logprobs,
+                versions=s.versions + [version] * len(res.token_ids),
+                finish_reason=res.finish_reason,
+            )
             if res.finish_reason != "abort" or s.remaining_tokens == 0:
                 break
             if reason == "weights_update":
@@ -194,8 +236,14 @@ class RolloutCore:
         return max(1, min(sp.max_tokens, round(rng.lognormvariate(math.log(median), sigma))))
 
     def _params(self, sp: SamplingSpec, s: Sample) -> GenParams:
-        return GenParams(max_tokens=s.remaining_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
-                         ignore_eos=sp.ignore_eos, stop_token_ids=(self.tok.eos_token_id,))
+        return GenParams(
+            max_tokens=s.remaining_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            ignore_eos=sp.ignore_eos,
+            stop_token_ids=(self.tok.eos_token_id,),
+        )
 
     def _finish(self, s: Sample, prompt: PromptSpec) -> list[Event]:
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
@@ -203,23 +251,45 @@ class RolloutCore:
         try:
             r = float(self.reward(prompt.text, text, prompt.answer))
         except Exception as e:  # noqa: BLE001 - report the user's reward error, drop the group
-            return [self._stamp(SampleAborted(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
-                                              reason="failed", tokens=len(s.token_ids))),
-                    self._stamp(CommandFailed(command_kind=tag_of(Generate), target=self.replica_id,
-                                              group_id=s.group_id,
-                                              error=f"reward function {self.reward_name} raised {describe(e)}",
-                                              user_code=self.reward_name))]
+            return [
+                self._stamp(
+                    SampleAborted(
+                        sample_id=s.sample_id,
+                        group_id=s.group_id,
+                        replica_id=self.replica_id,
+                        reason="failed",
+                        tokens=len(s.token_ids),
+                    )
+                ),
+                self._stamp(
+                    CommandFailed(
+                        command_kind=tag_of(Generate),
+                        target=self.replica_id,
+                        group_id=s.group_id,
+                        error=f"reward function {self.reward_name} raised {describe(e)}",
+                        user_code=self.reward_name,
+                    )
+                ),
+            ]
         s = msgspec.structs.replace(s, reward=r, response_text=text)
         return [self._stamp(SampleEnd(replica_id=self.replica_id, sample=s))]
 
     def _aborted(self, s: Sample, reason: AbortReason, *, partial: bool) -> SampleAborted:
-        return self._stamp(SampleAborted(sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id,
-                                         reason=reason, tokens=len(s.token_ids), partial=s if partial else None))
+        return self._stamp(
+            SampleAborted(
+                sample_id=s.sample_id,
+                group_id=s.group_id,
+                replica_id=self.replica_id,
+                reason=reason,
+                tokens=len(s.token_ids),
+                partial=s if partial else None,
+            )
+        )
 
-    def _stamp(self, e):
+    def _stamp(self, e: E) -> E:
         return self.stamp(e)
 
-    async def _cut(self, reason: str) -> int:
+    async def _cut(self, reason: Running) -> int:
         """Abort every running request with ``reason`` and wait until all have returned."""
         ids = [rid for rid, r in self._running.items() if not r]
         for rid in ids:
@@ -253,12 +323,14 @@ class RolloutCore:
         them (the trainer is sending them now): receive them into the group's buffer."""
         receives = getattr(self.backend, "receives", None)
         if blob is not None and receives is not None and receives(blob):
-            await self.backend.receive_weights(blob)
+            await getattr(self.backend, "receive_weights")(blob)  # noqa: B009 - optional in the protocol
 
-    async def load_weights(self, version: int, blob: bytes) -> list[Event]:
+    async def load_weights(self, version: int, blob: bytes | None) -> list[Event]:
         if version <= self.version:
             await self._consume(blob)
             return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=self.version, duration_s=0.0))]
+        if blob is None:
+            raise LookupError(f"no weights payload for version {version} (its handle is gone)")
         if self.mode != ROLLOUT:  # asleep: load on wake
             await self._consume(blob)
             self._pending_weights = (version, blob)
@@ -277,10 +349,20 @@ class RolloutCore:
             self._stable.release()
         t3 = _now()
         detail = {"wait_s": t1 - t0, "abort_s": t2 - t1, "load_s": t3 - t2}
-        detail.update({f"backend_{k}": float(v) for k, v in (getattr(self.backend, "last_load", None) or {}).items()
-                       if isinstance(v, int | float)})
-        return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=version,
-                                          duration_s=t3 - t0, interrupted=cut, detail=detail))]
+        detail.update(
+            {
+                f"backend_{k}": float(v)
+                for k, v in (getattr(self.backend, "last_load", None) or {}).items()
+                if isinstance(v, int | float)
+            }
+        )
+        return [
+            self._stamp(
+                WeightsLoaded(
+                    replica_id=self.replica_id, version=version, duration_s=t3 - t0, interrupted=cut, detail=detail
+                )
+            )
+        ]
 
     async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
         t0 = _now()
@@ -295,9 +377,22 @@ class RolloutCore:
         finally:
             self._evicting = False
         t2 = _now()
-        return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=TRAINER, previous=ROLLOUT, duration_s=t2 - t0,
-                                        detail={"abort_s": t1 - t0, "sleep_s": t2 - t1, "sleep_level": float(sleep_level),
-                                                "memory_freed_bytes": float(freed)}))]
+        return [
+            self._stamp(
+                ModeChanged(
+                    replica_id=self.replica_id,
+                    mode=TRAINER,
+                    previous=ROLLOUT,
+                    duration_s=t2 - t0,
+                    detail={
+                        "abort_s": t1 - t0,
+                        "sleep_s": t2 - t1,
+                        "sleep_level": float(sleep_level),
+                        "memory_freed_bytes": float(freed),
+                    },
+                )
+            )
+        ]
 
     def _memory(self) -> int:
         """Device memory in use, where the backend can tell (GPU); else 0."""
@@ -321,14 +416,29 @@ class RolloutCore:
             await self._consume(sent)
         t2 = _now()
         previous, self.mode = self.mode, ROLLOUT
-        return [self._stamp(ModeChanged(replica_id=self.replica_id, mode=ROLLOUT, previous=previous, duration_s=t2 - t0,
-                                        detail={"wake_s": t1 - t0, "load_s": t2 - t1, "version": float(self.version),
-                                                "memory_taken_bytes": float(taken)}))]
+        return [
+            self._stamp(
+                ModeChanged(
+                    replica_id=self.replica_id,
+                    mode=ROLLOUT,
+                    previous=previous,
+                    duration_s=t2 - t0,
+                    detail={
+                        "wake_s": t1 - t0,
+                        "load_s": t2 - t1,
+                        "version": float(self.version),
+                        "memory_taken_bytes": float(taken),
+                    },
+                )
+            )
+        ]
 
     # -- validation ----------------------------------------------------------------------
     async def validate(self, cmd: RunValidation, max_tokens: int) -> list[Event]:
         t0 = _now()
-        begin = self._stamp(ValidateBegin(version=self.version, prompts=len(cmd.prompts), replica_ids=[self.replica_id]))
+        begin = self._stamp(
+            ValidateBegin(version=self.version, prompts=len(cmd.prompts), replica_ids=[self.replica_id])
+        )
         params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
 
         errors: list[str] = []
@@ -352,10 +462,17 @@ class RolloutCore:
             metrics["reward_errors"] = float(len(errors))
         out = [begin, self._stamp(ValidateEnd(version=version, duration_s=_now() - t0, metrics=metrics))]
         if errors:
-            out.append(self._stamp(CommandFailed(command_kind=tag_of(RunValidation), target=self.replica_id,
-                                                 user_code=self.reward_name,
-                                                 error=f"reward function {self.reward_name} raised on {len(errors)} "
-                                                       f"held-out prompts (scored 0), first: {errors[0]}")))
+            out.append(
+                self._stamp(
+                    CommandFailed(
+                        command_kind=tag_of(RunValidation),
+                        target=self.replica_id,
+                        user_code=self.reward_name,
+                        error=f"reward function {self.reward_name} raised on {len(errors)} "
+                        f"held-out prompts (scored 0), first: {errors[0]}",
+                    )
+                )
+            )
         return out
 
     async def shutdown(self) -> list[Event]:

@@ -131,8 +131,15 @@ class EngineState:
             r = self.replicas.get(rid)
             if r is None:
                 continue
-            v = ReplicaView(replica_id=rid, kind=r.kind, rank=r.rank, mode=r.mode, in_flight=in_flight(rid),
-                            version=r.version, samples_per_s=r.rate.rate(self.now))
+            v = ReplicaView(
+                replica_id=rid,
+                kind=r.kind,
+                rank=r.rank,
+                mode=r.mode,
+                in_flight=in_flight(rid),
+                version=r.version,
+                samples_per_s=r.rate.rate(self.now),
+            )
             if rid not in self._pos:
                 self._order.append(v)
                 self._order.sort(key=lambda x: x.rank)

@@ -25,16 +25,21 @@ class Tally:
     def wall_s(self) -> float:
         return self.clock() - self.started_at
 
-    def restore(self, *, tokens: int, rewards: list[float], validations: list[ValidateEnd], failed_groups: int,
-                wall_s: float) -> None:
+    def restore(
+        self, *, tokens: int, rewards: list[float], validations: list[ValidateEnd], failed_groups: int, wall_s: float
+    ) -> None:
         self.tokens, self.rewards, self.validations = tokens, list(rewards), list(validations)
         self.failed_groups = failed_groups
         self.started_at = self.clock() - wall_s
 
     def summary(self, *, steps: int, version: int, buffer: dict[str, int], extra: dict[str, float]) -> dict[str, float]:
         wall = self.wall_s()
-        out: dict[str, float] = {"wall_s": wall, "steps": float(steps), "version": float(version),
-                                 "rollout/tokens_per_s": self.tokens / wall if wall > 0 else 0.0}
+        out: dict[str, float] = {
+            "wall_s": wall,
+            "steps": float(steps),
+            "version": float(version),
+            "rollout/tokens_per_s": self.tokens / wall if wall > 0 else 0.0,
+        }
         out.update({f"buffer/{k}_groups": float(v) for k, v in buffer.items()})
         if self.rewards:
             k = max(1, min(5, len(self.rewards) // 4))

@@ -49,18 +49,41 @@ FORMAT_VERSION = 1
 SFT_SEED_OFFSET = 1_000_003  # SFT prompts come from train stream seed + this, not an RL seed
 SFT_BATCH, SFT_LR = 64, 1e-3
 BUILD_THREADS = 1  # the model is tiny; 2+ OpenMP threads crawl (30x) when the CPU is shared
-ARCH = dict(vocab_size=len(SYMBOLS), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, intermediate_size=512, max_position_embeddings=256)
+ARCH = dict(
+    vocab_size=len(SYMBOLS),
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    max_position_embeddings=256,
+)
 # Architectures by name. "tiny" is the CPU policy; "qwen2-0.5b" is Qwen2-0.5B's shape with
 # random weights (same 42-symbol tokenizer; ids the tokenizer lacks decode to nothing), for
 # GPU throughput and weight-sync measurements — it is not expected to learn the task.
 PRESETS = {
     "tiny": ARCH,
-    "qwen2-0.5b": dict(vocab_size=151_936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                       num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=4096),
+    "qwen2-0.5b": dict(
+        vocab_size=151_936,
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        max_position_embeddings=4096,
+    ),
 }
-MODEL_FILES = {MARKER, f"{MARKER}.part", "config.json", "generation_config.json", "model.safetensors",
-               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"}
+MODEL_FILES = {
+    MARKER,
+    f"{MARKER}.part",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+}
 assert len(SYMBOLS) == 42
 
 
@@ -70,15 +93,22 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (EOS, PAD)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS, pad_token=PAD,
-                                   add_bos_token=False, add_eos_token=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=EOS, pad_token=PAD, add_bos_token=False, add_eos_token=False
+    )
 
 
 def build_config(preset: str = "tiny") -> Qwen2Config:
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; known: {sorted(PRESETS)}")
-    return Qwen2Config(**PRESETS[preset], tie_word_embeddings=True, eos_token_id=0, pad_token_id=1,
-                       bos_token_id=None, dtype="float32" if preset == "tiny" else "bfloat16")
+    return Qwen2Config(
+        **PRESETS[preset],
+        tie_word_embeddings=True,
+        eos_token_id=0,
+        pad_token_id=1,
+        bos_token_id=None,
+        dtype="float32" if preset == "tiny" else "bfloat16",
+    )
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -113,8 +143,16 @@ def sft(model: Qwen2ForCausalLM, tokenizer: Any, prompts: Iterator[TaskPrompt], 
 
 
 @torch.no_grad()
-def score(model: Any, tokenizer: Any, task: Task, prompts: list[TaskPrompt], *, temperature: float = 1.0,
-          seed: int = 0, max_new_tokens: int = 12) -> tuple[float, float]:
+def score(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    prompts: list[TaskPrompt],
+    *,
+    temperature: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 12,
+) -> tuple[float, float]:
     """(mean reward, exact-match fraction) of HF ``generate``; temperature 0 is greedy."""
     rewards: list[float] = []
     exact = 0
@@ -128,9 +166,15 @@ def score(model: Any, tokenizer: Any, task: Task, prompts: list[TaskPrompt], *, 
             sampling: dict[str, Any] = dict(do_sample=False)
             if temperature > 0:
                 sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 eos_token_id=0, pad_token_id=1, **sampling)
-            for p, row in zip(group, out[:, ids.shape[1] :].tolist()):
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=0,
+                pad_token_id=1,
+                **sampling,
+            )
+            for p, row in zip(group, out[:, ids.shape[1] :].tolist(), strict=True):
                 row = row[: row.index(0)] if 0 in row else row
                 response = tokenizer.decode(row, skip_special_tokens=True)
                 rewards.append(task.reward(p.text, response, p.answer))
@@ -188,8 +232,15 @@ def _build_into(tmp: Path, task_name: str, seed: int, sft_steps: int, preset: st
     return {"n_parameters": sum(p.numel() for p in model.parameters()), "sft_losses": [round(x, 4) for x in losses]}
 
 
-def build_tiny_model(out_dir: str | Path, task: str = "sort_digits", *, seed: int = 0, sft_steps: int = 25,
-                     force: bool = False, preset: str = "tiny") -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    task: str = "sort_digits",
+    *,
+    seed: int = 0,
+    sft_steps: int = 25,
+    force: bool = False,
+    preset: str = "tiny",
+) -> Path:
     """Build (or reuse) the warm-started tiny model at ``out_dir`` (or, with another
     ``preset``, a random-init model of that shape); returns the path."""
     out_dir = Path(out_dir).expanduser().absolute()
@@ -241,12 +292,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=256, help="prompts for the sampled-reward estimate")
     args = ap.parse_args(argv)
     before = read_marker(args.out_dir)
-    path = build_tiny_model(args.out_dir, args.task, seed=args.seed, sft_steps=args.sft_steps, force=args.force,
-                            preset=args.preset)
+    path = build_tiny_model(
+        args.out_dir, args.task, seed=args.seed, sft_steps=args.sft_steps, force=args.force, preset=args.preset
+    )
     marker = read_marker(path) or {}
     reused = before is not None and before.get("built_at") == marker.get("built_at")
-    print(f"{'reused' if reused else 'built'} {path}: {marker.get('n_parameters')} params, "
-          f"sft_steps={args.sft_steps}, seed={args.seed}, build {marker.get('build_seconds')}s")
+    print(
+        f"{'reused' if reused else 'built'} {path}: {marker.get('n_parameters')} params, "
+        f"sft_steps={args.sft_steps}, seed={args.seed}, build {marker.get('build_seconds')}s"
+    )
     if args.preset != "tiny":
         return
     torch.set_num_threads(BUILD_THREADS)

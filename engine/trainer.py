@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -81,8 +80,16 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, model_dir: str, *, seed: int = 0, pad_token_id: int = 0,
-                 temperature: float = 1.0, init_from: str = "") -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        model_dir: str,
+        *,
+        seed: int = 0,
+        pad_token_id: int = 0,
+        temperature: float = 1.0,
+        init_from: str = "",
+    ) -> None:
         self.cfg = cfg
         self.model_dir = model_dir
         self.init_from = init_from
@@ -117,18 +124,27 @@ class Trainer:
         self.transport = (weight_transport.CUDA_IPC if cuda else weight_transport.SAFETENSORS) if wt == "auto" else wt
         if self.transport in weight_transport.IPC_TRANSPORTS:
             if not cuda:
-                raise ValueError(f"trainer.weight_transport = {self.transport!r} needs a cuda device, the trainer is on {self.device}")
+                raise ValueError(
+                    f"trainer.weight_transport = {self.transport!r} needs a cuda device, "
+                    f"the trainer is on {self.device}"
+                )
             self._publisher = weight_transport.FlatPublisher()
         elif self.transport in weight_transport.COLLECTIVE_TRANSPORTS:
             if self.transport == weight_transport.NCCL and not cuda:
-                raise ValueError(f"trainer.weight_transport = 'nccl' needs a cuda device, the trainer is on {self.device}")
+                raise ValueError(
+                    f"trainer.weight_transport = 'nccl' needs a cuda device, the trainer is on {self.device}"
+                )
             from shunter.engine.weight_group import WeightSender
 
             self._publisher = weight_transport.FlatPublisher()
-            self.sender = WeightSender(self.transport, self._publisher, host=self.weight_host,
-                                       bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
-                                       timeout_s=self.cfg.weight_group_timeout_s,
-                                       device=torch.device(self.device) if cuda else None)
+            self.sender = WeightSender(
+                self.transport,
+                self._publisher,
+                host=self.weight_host,
+                bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
+                timeout_s=self.cfg.weight_group_timeout_s,
+                device=torch.device(self.device) if cuda else None,
+            )
         start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
         self.model = load_causal_lm(start, self.device)
         self.model.train()
@@ -144,10 +160,21 @@ class Trainer:
         root = Path(path)
         self.model.save_pretrained(root / "model", safe_serialization=True)
         for f in Path(self.model_dir).iterdir():  # tokenizer and friends, as the original model had them
-            if f.is_file() and not (root / "model" / f.name).exists() and f.suffix not in (".safetensors", ".bin", ".pt"):
+            if (
+                f.is_file()
+                and not (root / "model" / f.name).exists()
+                and f.suffix not in (".safetensors", ".bin", ".pt")
+            ):
                 shutil.copy2(f, root / "model" / f.name)
-        torch.save({"optimizer": self.opt.state_dict(), "step": self.step, "version": self.version,
-                    "rng": torch.get_rng_state()}, root / "trainer.pt")
+        torch.save(
+            {
+                "optimizer": self.opt.state_dict(),
+                "step": self.step,
+                "version": self.version,
+                "rng": torch.get_rng_state(),
+            },
+            root / "trainer.pt",
+        )
         return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
     def _load_state(self, path: Path) -> None:
@@ -176,10 +203,15 @@ class Trainer:
             old[i, p - 1 : p - 1 + n] = torch.tensor(s.logprobs, dtype=torch.float32)
             versions[i, p - 1 : p - 1 + n] = torch.tensor(s.versions, dtype=torch.long)
         dev = self.device
-        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask.to(dev), "old": old.to(dev),
-                "versions": versions.to(dev),
-                "rewards": torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev),
-                "group_ids": torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev)}
+        return {
+            "ids": ids.to(dev),
+            "attn": attn.to(dev),
+            "mask": mask.to(dev),
+            "old": old.to(dev),
+            "versions": versions.to(dev),
+            "rewards": torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev),
+            "group_ids": torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev),
+        }
 
     def _logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the response tokens, [B, T-1] fp32; 0 outside ``b["mask"]``.
@@ -208,17 +240,29 @@ class Trainer:
                 ref_logp = self._logp(self.ref, b)
         if user is not None:
             fn, spec = user
-            inp = LossInput(logp=logp, old_logp=b["old"], advantages=adv_tok, mask=b["mask"], rewards=b["rewards"],
-                            group_ids=b["group_ids"], versions=b["versions"], ref_logp=ref_logp,
-                            trainer_version=self.version, token_share=share, cfg=self.cfg)
+            inp = LossInput(
+                logp=logp,
+                old_logp=b["old"],
+                advantages=adv_tok,
+                mask=b["mask"],
+                rewards=b["rewards"],
+                group_ids=b["group_ids"],
+                versions=b["versions"],
+                ref_logp=ref_logp,
+                trainer_version=self.version,
+                token_share=share,
+                cfg=self.cfg,
+            )
             return call_loss(fn, spec, inp)
         c = self.cfg
         band = {"mis": c.mis, "mis_low": c.mis_low, "mis_high": c.mis_high}
         if c.objective == "decoupled":
-            weight, keep, is_stats = rl.behaviour_correction(b["prox"] - b["old"], b["mask"], tis=c.tis,
-                                                             tis_cap=c.tis_cap, **band)
-            loss, stats = rl.ppo_clip_loss(logp, b["prox"], adv_tok, b["mask"], clip=c.clip_ratio,
-                                           weight=weight, keep=keep)
+            weight, keep, is_stats = rl.behaviour_correction(
+                b["prox"] - b["old"], b["mask"], tis=c.tis, tis_cap=c.tis_cap, **band
+            )
+            loss, stats = rl.ppo_clip_loss(
+                logp, b["prox"], adv_tok, b["mask"], clip=c.clip_ratio, weight=weight, keep=keep
+            )
         else:  # bypass: the PPO ratio already is pi_theta / mu; MIS may still drop tokens
             _, keep, is_stats = rl.behaviour_correction(logp.detach() - b["old"], b["mask"], tis="off", **band)
             loss, stats = rl.ppo_clip_loss(logp, b["old"], adv_tok, b["mask"], clip=c.clip_ratio, keep=keep)
@@ -237,9 +281,11 @@ class Trainer:
                 self._prox_host = {n: _host_copy(p) for n, p in self.model.named_parameters()}
             return [self._logp(self.model, b) for b in batches]
         if self._prox_host is None:
-            raise RuntimeError(f"decoupled PPO: step {self.step + 1} is {self.steps_since_publish} steps after the "
-                               "last publish but no proximal weights were kept (trainer.parameter_sync_step = "
-                               f"{self.cfg.parameter_sync_step}; is something publishing less often?)")
+            raise RuntimeError(
+                f"decoupled PPO: step {self.step + 1} is {self.steps_since_publish} steps after the "
+                "last publish but no proximal weights were kept (trainer.parameter_sync_step = "
+                f"{self.cfg.parameter_sync_step}; is something publishing less often?)"
+            )
         params = dict(self.model.named_parameters())
         live = {n: p.data for n, p in params.items()}
         try:
@@ -265,9 +311,14 @@ class Trainer:
         adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
         size = self.cfg.micro_batch_size or len(samples)
         total = max(1, sum(len(s.token_ids) for s in samples))
-        chunks = [(self.collate(samples[i : i + size]), adv[i : i + size],
-                   max(1, sum(len(s.token_ids) for s in samples[i : i + size])) / total)
-                  for i in range(0, len(samples), size)]
+        chunks = [
+            (
+                self.collate(samples[i : i + size]),
+                adv[i : i + size],
+                max(1, sum(len(s.token_ids) for s in samples[i : i + size])) / total,
+            )
+            for i in range(0, len(samples), size)
+        ]
         if self.cfg.objective == "decoupled" and user is None:
             for (b, _, _), prox in zip(chunks, self._prox_logps([b for b, _, _ in chunks]), strict=True):
                 b["prox"] = prox
@@ -294,18 +345,20 @@ class Trainer:
         stale = [self.version - s.min_version for s in samples]
         lens = [len(s.token_ids) for s in samples]
         out = {f"trainer/{k}": float(v) for k, v in stats.items()}
-        out.update({
-            "trainer/loss": float(loss.detach()),
-            "trainer/grad_norm": grad_norm,
-            "trainer/step_s": time.perf_counter() - t0,
-            "trainer/tokens": float(sum(lens)),
-            "batch/reward_mean": float(rewards.mean()),
-            "batch/reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
-            "batch/response_len_mean": sum(lens) / len(lens),
-            "batch/staleness_mean": sum(stale) / len(stale),
-            "batch/staleness_max": float(max(stale)),
-            "batch/multi_version_samples": float(sum(len(set(s.versions)) > 1 for s in samples)),
-        })
+        out.update(
+            {
+                "trainer/loss": float(loss.detach()),
+                "trainer/grad_norm": grad_norm,
+                "trainer/step_s": time.perf_counter() - t0,
+                "trainer/tokens": float(sum(lens)),
+                "batch/reward_mean": float(rewards.mean()),
+                "batch/reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
+                "batch/response_len_mean": sum(lens) / len(lens),
+                "batch/staleness_mean": sum(stale) / len(stale),
+                "batch/staleness_max": float(max(stale)),
+                "batch/multi_version_samples": float(sum(len(set(s.versions)) > 1 for s in samples)),
+            }
+        )
         for k in range(int(max(stale)) + 1):  # staleness histogram: samples per staleness
             out[f"batch/staleness_{k}"] = float(sum(x == k for x in stale))
         return out

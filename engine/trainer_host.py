@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from shunter.engine.errors import UserCodeError
@@ -27,10 +28,10 @@ from shunter.events import (
     Event,
     JoinWeightGroup,
     LeaveWeightGroup,
-    OffloadState,
     Offloaded,
-    OnloadState,
+    OffloadState,
     Onloaded,
+    OnloadState,
     Order,
     Publish,
     SaveCheckpoint,
@@ -54,14 +55,16 @@ def _now() -> float:
 
 
 class TrainerHost:
-    def __init__(self, core: Any, stamp: Stamper, *, transport: str = "ray_object_store", threaded: bool = True) -> None:
+    def __init__(
+        self, core: Any, stamp: Stamper, *, transport: str = "ray_object_store", threaded: bool = True
+    ) -> None:
         self.core = core
         self.stamp = stamp
         self.transport = transport
         self.threaded = threaded
         self._lock = asyncio.Lock()
 
-    async def _run(self, fn, *args):
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         if inspect.iscoroutinefunction(fn):  # a simulated core spends (virtual) time by awaiting
             return await fn(*args)
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
@@ -74,29 +77,61 @@ class TrainerHost:
             t0 = _now()
             match cmd:
                 case Train():
-                    begin = self.stamp(StepBegin(step=core.step + 1, batch_id=cmd.batch_id, samples=len(cmd.samples),
-                                                 version=core.version,
-                                                 group_ids=sorted({s.group_id for s in cmd.samples})))
+                    begin = self.stamp(
+                        StepBegin(
+                            step=core.step + 1,
+                            batch_id=cmd.batch_id,
+                            samples=len(cmd.samples),
+                            version=core.version,
+                            group_ids=sorted({s.group_id for s in cmd.samples}),
+                        )
+                    )
                     try:
                         metrics = await self._run(core.train_step, cmd.samples, cmd.loss_fn)
                     except UserCodeError as e:  # the user's loss: reported, the trainer stays usable
-                        return [self.stamp(CommandFailed(command_kind=tag_of(cmd), target="trainer", error=str(e),
-                                                         batch_id=cmd.batch_id, user_code=e.spec))], None
-                    return [begin, self.stamp(StepEnd(step=core.step, batch_id=cmd.batch_id,
-                                                      duration_s=_now() - t0, metrics=metrics))], None
+                        return [
+                            self.stamp(
+                                CommandFailed(
+                                    command_kind=tag_of(cmd),
+                                    target="trainer",
+                                    error=str(e),
+                                    batch_id=cmd.batch_id,
+                                    user_code=e.spec,
+                                )
+                            )
+                        ], None
+                    return [
+                        begin,
+                        self.stamp(
+                            StepEnd(step=core.step, batch_id=cmd.batch_id, duration_s=_now() - t0, metrics=metrics)
+                        ),
+                    ], None
                 case Publish():
                     blob = await self._run(core.publish)
                     nbytes = getattr(core, "published_nbytes", None) or len(blob)  # a simulator models the size
                     transport = getattr(core, "transport", None) or self.transport
-                    return [self.stamp(WeightsReady(version=core.version, handle=f"{transport}:{core.version}",
-                                                    transport=transport, nbytes=nbytes,
-                                                    duration_s=_now() - t0))], blob
+                    return [
+                        self.stamp(
+                            WeightsReady(
+                                version=core.version,
+                                handle=f"{transport}:{core.version}",
+                                transport=transport,
+                                nbytes=nbytes,
+                                duration_s=_now() - t0,
+                            )
+                        )
+                    ], blob
                 case SaveCheckpoint():
                     if not callable(getattr(core, "save", None)):
                         raise TypeError(f"{type(core).__name__} cannot save checkpoints (it has no save(path))")
                     n = await self._run(core.save, cmd.path)
-                    return [self.stamp(TrainerStateSaved(step=core.step, version=core.version, path=cmd.path,
-                                                         nbytes=n, duration_s=_now() - t0))], None
+                    return [
+                        self.stamp(
+                            TrainerStateSaved(
+                                step=core.step, version=core.version, path=cmd.path, nbytes=n, duration_s=_now() - t0
+                            )
+                        )
+                    ], None
                 case OffloadState() | OnloadState():
                     off = isinstance(cmd, OffloadState)
                     n = await self._run(core.offload if off else core.onload, cmd.parts)
@@ -104,7 +139,7 @@ class TrainerHost:
                     return [self.stamp(cls(parts=cmd.parts, nbytes=n, duration_s=_now() - t0))], None
         raise TypeError(f"the trainer does not take {type(cmd).__name__}")
 
-    async def _weight_group(self, cmd) -> list[Event]:
+    async def _weight_group(self, cmd: JoinWeightGroup | SendWeights | LeaveWeightGroup) -> list[Event]:
         """Weight-group commands, one replica each (the executor sends them per replica)."""
         core, (rid,) = self.core, cmd.replica_ids
         t0 = _now()
@@ -114,8 +149,17 @@ class TrainerHost:
                 return [self.stamp(WeightGroupOpened(replica_id=rid, backend=cmd.backend, host=host, port=port))]
             case SendWeights():
                 out = await asyncio.to_thread(core.send_weights, rid, cmd.version)
-                return [self.stamp(WeightsSent(replica_id=rid, version=cmd.version, nbytes=out["nbytes"],
-                                               buckets=out["buckets"], duration_s=_now() - t0))]
+                return [
+                    self.stamp(
+                        WeightsSent(
+                            replica_id=rid,
+                            version=cmd.version,
+                            nbytes=out["nbytes"],
+                            buckets=out["buckets"],
+                            duration_s=_now() - t0,
+                        )
+                    )
+                ]
             case _:
                 core.drop_weight_group(rid)
                 return []

@@ -15,16 +15,18 @@ Invariants:
   counts); a receiver expecting another version or size raises instead of loading the wrong
   bytes.
 
-NCCL groups are built the way vLLM's NCCL weight-transfer engine builds its own: vLLM's
-``StatelessProcessGroup`` (a TCP store, outside ``torch.distributed``'s global state) and
-its ``PyNcclCommunicator``. Gloo groups use torch's ``ProcessGroupGloo`` with its timeout.
+NCCL groups (``shunter.actors.vllm_nccl``) are built the way vLLM's NCCL weight-transfer engine
+builds its own: vLLM's ``StatelessProcessGroup`` and its ``PyNcclCommunicator``. Gloo groups use
+torch's ``ProcessGroupGloo`` with its timeout.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -51,8 +53,9 @@ class GlooGroup:
 
     backend = "gloo"
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-                 sock: socket.socket | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, rank: int, world_size: int, timeout_s: float, sock: socket.socket | None = None
+    ) -> None:
         import torch.distributed as dist
 
         self.name = f"gloo://{host}:{port}"
@@ -83,59 +86,31 @@ class GlooGroup:
         self.pg = None
 
 
-class NcclGroup:
-    """Two (or more) GPUs over NCCL (vLLM's stateless group + PyNcclCommunicator)."""
-
-    backend = "nccl"
-
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-                 sock: socket.socket | None = None, device: torch.device | None = None) -> None:
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        self.name = f"nccl://{host}:{port}"
-        if device is None or device.index is None:  # the communicator compares devices with their index
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
-        try:
-            pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
-                                              store_timeout=max(1, int(timeout_s)), listen_socket=sock)
-            self.comm = PyNcclCommunicator(pg, device=self.device)
-        except Exception as e:  # noqa: BLE001
-            raise WeightGroupError(f"{self.name}: rank {rank} could not join within {timeout_s:g}s: {e}") from e
-        self.stream = torch.cuda.Stream(self.device)
-        self.rank = rank
-
-    def broadcast(self, tensors: list[torch.Tensor], src: int, deadline: float) -> None:
-        """Enqueue every bucket on the group's stream, then wait for the last one until
-        ``deadline``; past it, abort the communicator (the kernel ends) and raise."""
-        if self.comm is None:
-            raise WeightGroupError(f"{self.name}: the group was aborted; join again")
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the buffer is filled
-        with torch.cuda.stream(self.stream):
-            for t in tensors:
-                self.comm.broadcast(t, src=src, stream=self.stream)
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        while not done.query():
-            if time.monotonic() > deadline:
-                self.close()
-                raise WeightGroupError(f"{self.name}: the broadcast did not finish in time; communicator aborted")
-            time.sleep(0.0001)
-
-    def close(self) -> None:
-        if getattr(self, "comm", None) is not None:
-            self.comm.destroy()
-            self.comm = None
+GROUPS: dict[str, Callable[..., Any]] = {"gloo": GlooGroup}
+"""Group classes by backend. ``nccl`` is vLLM's (``shunter.actors.vllm_nccl.register()`` adds it:
+vLLM is imported only by the vLLM adapter modules)."""
 
 
-def make_group(backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-               sock: socket.socket | None = None, device: torch.device | None = None):
-    if backend == "nccl":
-        return NcclGroup(host, port, rank, world_size, timeout_s, sock, device)
+def make_group(
+    backend: str,
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    sock: socket.socket | None = None,
+    device: torch.device | None = None,
+) -> Any:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown weight group backend {backend!r}; expected one of {BACKENDS}")
+    if backend not in GROUPS:
+        raise WeightGroupError(
+            f"no {backend} weight group in this process: call shunter.actors.vllm_nccl.register() "
+            "(the trainer and replica actors do)"
+        )
     if backend == "gloo":
-        return GlooGroup(host, port, rank, world_size, timeout_s, sock)
-    raise ValueError(f"unknown weight group backend {backend!r}; expected one of {BACKENDS}")
+        return GROUPS[backend](host, port, rank, world_size, timeout_s, sock)
+    return GROUPS[backend](host, port, rank, world_size, timeout_s, sock, device)
 
 
 def _buckets(flat: torch.Tensor, bucket_bytes: int) -> list[torch.Tensor]:
@@ -166,8 +141,10 @@ def recv_flat(group, flat: torch.Tensor, version: int, *, timeout_s: float) -> d
     got_v, got_n, bucket_bytes = (int(x) for x in header.tolist())
     if (got_v, got_n) != (version, nbytes):
         group.close()
-        raise WeightGroupError(f"{group.name}: expected version {version} ({nbytes} bytes), the trainer sent "
-                               f"version {got_v} ({got_n} bytes); group closed")
+        raise WeightGroupError(
+            f"{group.name}: expected version {version} ({nbytes} bytes), the trainer sent "
+            f"version {got_v} ({got_n} bytes); group closed"
+        )
     buckets = _buckets(flat, bucket_bytes)
     group.broadcast(buckets, SENDER, deadline)
     return {"recv_s": time.perf_counter() - t0, "nbytes": nbytes, "buckets": len(buckets)}
@@ -178,8 +155,16 @@ class WeightSender:
     buffer a publisher keeps for a version. Thread-safe: a join runs in a thread of its own
     (it waits for the replica), sends run in the caller's thread."""
 
-    def __init__(self, backend: str, publisher, *, host: str = "127.0.0.1", bucket_bytes: int = 256 << 20,
-                 timeout_s: float = 120.0, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        publisher,
+        *,
+        host: str = "127.0.0.1",
+        bucket_bytes: int = 256 << 20,
+        timeout_s: float = 120.0,
+        device: torch.device | None = None,
+    ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         if backend not in BACKENDS:
@@ -193,8 +178,9 @@ class WeightSender:
         """Open the replica's group (dropping an older one): returns (host, port) for it to join."""
         self.drop(replica_id)
         sock, port = listen_socket()
-        self._groups[replica_id] = self._pool.submit(make_group, self.backend, self.host, port, SENDER, 2,
-                                                     self.timeout_s, sock, self.device)
+        self._groups[replica_id] = self._pool.submit(
+            make_group, self.backend, self.host, port, SENDER, 2, self.timeout_s, sock, self.device
+        )
         return self.host, port
 
     def send(self, replica_id: str, version: int) -> dict:

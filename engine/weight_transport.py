@@ -83,8 +83,9 @@ class FlatPublisher:
         self._locks = [threading.Lock(), threading.Lock()]
         self._next = 0
 
-    def publish(self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype, wire: str = CUDA_IPC,
-                version: int = -1) -> bytes:
+    def publish(
+        self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype, wire: str = CUDA_IPC, version: int = -1
+    ) -> bytes:
         """Copy ``unique_tensors`` output into the next buffer; return the package in the
         ``wire`` format (``cuda_ipc``, ``vllm_ipc`` or ``flat``)."""
         from torch.multiprocessing.reductions import reduce_tensor
@@ -121,8 +122,9 @@ class FlatPublisher:
         for k in (0, 1):
             if self._versions[k] == version and self._bufs[k] is not None:
                 return self._bufs[k], self._locks[k]
-        raise LookupError(f"weights version {version} are no longer kept (kept: "
-                          f"{sorted(v for v in self._versions if v >= 0)})")
+        raise LookupError(
+            f"weights version {version} are no longer kept (kept: {sorted(v for v in self._versions if v >= 0)})"
+        )
 
 
 def pack_into(buf: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple, int, int]]:
@@ -142,9 +144,14 @@ def vllm_update_info(entries: list[tuple[str, tuple, int, int]], dtype: torch.dt
     """vLLM's packed ``IPCWeightTransferUpdateInfo`` fields for a flat buffer of ``dtype``
     laid out as ``entries`` ((name, shape, element offset, numel), back to back)."""
     size = dtype.itemsize
-    return {"names": [n for n, *_ in entries], "dtype_names": [str(dtype).split(".")[-1]] * len(entries),
-            "shapes": [list(shape) for _, shape, _, _ in entries], "ipc_handles": handle,
-            "tensor_sizes": [n * size for *_, n in entries], "packed": True}
+    return {
+        "names": [n for n, *_ in entries],
+        "dtype_names": [str(dtype).split(".")[-1]] * len(entries),
+        "shapes": [list(shape) for _, shape, _, _ in entries],
+        "ipc_handles": handle,
+        "tensor_sizes": [n * size for *_, n in entries],
+        "packed": True,
+    }
 
 
 def payload_kind(payload: bytes) -> str:
@@ -159,7 +166,7 @@ def package_layout(payload: bytes) -> dict:
     kind = payload_kind(payload)
     if kind not in (CUDA_IPC, FLAT):
         raise ValueError(f"a {kind} payload carries no flat-buffer layout")
-    pkg = pickle.loads(bytes(payload[len(MAGIC):]))  # noqa: S301 - produced by this run's trainer only
+    pkg = pickle.loads(bytes(payload[len(MAGIC) :]))  # noqa: S301 - produced by this run's trainer only
     return {k: pkg[k] for k in ("entries", "nbytes", "dtype", "version")}
 
 
@@ -176,13 +183,13 @@ def open_vllm_ipc(payload: bytes) -> dict:
     """The ``update_info`` dict of a ``vllm_ipc`` payload (for vLLM's ``update_weights``)."""
     if payload_kind(payload) != VLLM_IPC:
         raise ValueError("not a vllm_ipc weight package")
-    return pickle.loads(bytes(payload[len(VLLM_MAGIC):]))  # noqa: S301 - produced by this run's trainer only
+    return pickle.loads(bytes(payload[len(VLLM_MAGIC) :]))  # noqa: S301 - produced by this run's trainer only
 
 
 def open_cuda_ipc(payload: bytes) -> tuple[list[tuple[str, torch.Tensor]], int]:
     """Map the tensors of an IPC package in this process: ((name, view) list, nbytes)."""
     if not is_cuda_ipc(payload):
         raise ValueError("not a cuda_ipc weight package")
-    pkg = pickle.loads(payload[len(MAGIC):])  # noqa: S301 - produced by this run's trainer only
+    pkg = pickle.loads(payload[len(MAGIC) :])  # noqa: S301 - produced by this run's trainer only
     fn, args = pkg["handle"]
     return flat_views(fn(*args), pkg["entries"]), pkg["nbytes"]

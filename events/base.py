@@ -96,8 +96,9 @@ class Stamper:
 
     def __call__(self, msg: M) -> M:
         self._seq += 1
-        return msgspec.structs.replace(msg, run_id=self.run_id, source=self.source, seq=self._seq,
-                                       wall_time=self.clock())
+        return msgspec.structs.replace(
+            msg, run_id=self.run_id, source=self.source, seq=self._seq, wall_time=self.clock()
+        )
 
     @property
     def seq(self) -> int:

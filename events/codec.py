@@ -17,9 +17,9 @@ one encoded message), readable with :func:`read_log` even if the writer crashed 
 from __future__ import annotations
 
 import struct
-from types import ModuleType
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Union
 
 import msgspec
@@ -30,8 +30,11 @@ from shunter.events.base import Command, Event, Intent, Message, Order, tag_of
 
 def _subclasses(module: ModuleType, base: type) -> list[type]:
     bases = (Event, Command, Intent, Order, Message)
-    return [obj for obj in vars(module).values()
-            if isinstance(obj, type) and issubclass(obj, base) and obj not in bases and obj.__module__ == module.__name__]
+    return [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, base) and obj not in bases and obj.__module__ == module.__name__
+    ]
 
 
 EVENT_TYPES: tuple[type[Event], ...] = tuple(
@@ -46,7 +49,7 @@ BY_TAG: dict[str, type[Message]] = {tag_of(cls): cls for cls in MESSAGE_TYPES}
 if len(BY_TAG) != len(MESSAGE_TYPES):  # pragma: no cover - guards a programming error
     raise RuntimeError("two message classes share a tag")
 
-AnyMessage = Union[MESSAGE_TYPES]  # type: ignore[valid-type]
+AnyMessage = Union[MESSAGE_TYPES]  # type: ignore[valid-type]  # noqa: UP007 - a union built from a tuple
 
 _FRAME = struct.Struct(">I")
 

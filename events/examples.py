@@ -7,12 +7,24 @@ contract (``shunter.contract``) feeds every event among them to a policy.
 
 from __future__ import annotations
 
+from typing import Any
+
 from shunter import events as e
 
-ENV = {"run_id": "golden-run", "source": "golden", "seq": 7, "wall_time": 1795950000.25}
-SAMPLE = e.Sample(sample_id="3.1", group_id=3, prompt_id=42, prompt_token_ids=[30, 31, 40], token_ids=[29, 30, 0],
-                  logprobs=[-0.5, -0.25, -1.0], versions=[1, 1, 2], finish_reason="stop", max_tokens=8, reward=0.9,
-                  response_text="34")
+ENV: dict[str, Any] = {"run_id": "golden-run", "source": "golden", "seq": 7, "wall_time": 1795950000.25}
+SAMPLE = e.Sample(
+    sample_id="3.1",
+    group_id=3,
+    prompt_id=42,
+    prompt_token_ids=[30, 31, 40],
+    token_ids=[29, 30, 0],
+    logprobs=[-0.5, -0.25, -1.0],
+    versions=[1, 1, 2],
+    finish_reason="stop",
+    max_tokens=8,
+    reward=0.9,
+    response_text="34",
+)
 PROMPT = e.PromptSpec(prompt_id=42, text="43>", answer="34")
 SAMPLING = e.SamplingSpec(max_tokens=8, temperature=1.0)
 
@@ -27,9 +39,12 @@ CASES: list[e.Message] = [
     e.CommandFailed(command_kind="rollout.generate", target="standalone-0", error="died", group_id=3, **ENV),
     e.SampleBegin(sample_id="3.1", group_id=3, replica_id="standalone-0", version=1, **ENV),
     e.SampleEnd(replica_id="standalone-0", sample=SAMPLE, **ENV),
-    e.SampleAborted(sample_id="3.1", group_id=3, replica_id="hybrid-1", reason="reclaimed", tokens=2, partial=SAMPLE, **ENV),
-    e.SampleResumed(sample_id="3.1", group_id=3, replica_id="standalone-0", prefix_len=2, remaining_tokens=6,
-                    version=2, **ENV),
+    e.SampleAborted(
+        sample_id="3.1", group_id=3, replica_id="hybrid-1", reason="reclaimed", tokens=2, partial=SAMPLE, **ENV
+    ),
+    e.SampleResumed(
+        sample_id="3.1", group_id=3, replica_id="standalone-0", prefix_len=2, remaining_tokens=6, version=2, **ENV
+    ),
     e.GroupDropped(group_id=4, reason="stale", samples=8, **ENV),
     e.BatchReady(batch_id=2, samples=16, groups=2, min_version=1, max_staleness=1, **ENV),
     e.StepBegin(step=3, batch_id=2, samples=16, version=1, **ENV),
@@ -39,7 +54,9 @@ CASES: list[e.Message] = [
     e.WeightsSent(replica_id="standalone-0", version=2, nbytes=2_000_000, buckets=1, duration_s=0.003, **ENV),
     e.WeightGroupOpened(replica_id="standalone-0", backend="nccl", host="10.0.0.1", port=29500, **ENV),
     e.WeightGroupJoined(replica_id="standalone-0", backend="nccl", duration_s=0.8, **ENV),
-    e.ModeChanged(replica_id="hybrid-1", mode="rollout", previous="trainer", duration_s=0.3, detail={"wake_s": 0.1}, **ENV),
+    e.ModeChanged(
+        replica_id="hybrid-1", mode="rollout", previous="trainer", duration_s=0.3, detail={"wake_s": 0.1}, **ENV
+    ),
     e.Offloaded(parts=["optimizer"], nbytes=1024, duration_s=0.01, **ENV),
     e.Onloaded(parts=["optimizer"], nbytes=1024, duration_s=0.01, **ENV),
     e.RankAssigned(replica_id="hybrid-1", replica_kind="hybrid", rank=1, actor_name="shunter.r.rollout.r1.g2", **ENV),
@@ -48,10 +65,17 @@ CASES: list[e.Message] = [
     e.ReplicaDown(replica_id="hybrid-1", reason="actor died", **ENV),
     e.ValidateBegin(version=2, prompts=64, replica_ids=["standalone-0"], **ENV),
     e.ValidateEnd(version=2, duration_s=0.5, metrics={"exact": 0.5}, **ENV),
-    e.IntentRejected(intent_kind="trainer.train_batch", reason="already_trained", detail="batch 2 trained at step 3",
-                     intent_source="user", intent_seq=4, **ENV),
-    e.PolicySlow(policy="MyPolicy", on_kind="rollout.sample_end", decide_ms=52.5, budget_ms=10.0, slow_calls=10,
-                 calls=40, **ENV),
+    e.IntentRejected(
+        intent_kind="trainer.train_batch",
+        reason="already_trained",
+        detail="batch 2 trained at step 3",
+        intent_source="user",
+        intent_seq=4,
+        **ENV,
+    ),
+    e.PolicySlow(
+        policy="MyPolicy", on_kind="rollout.sample_end", decide_ms=52.5, budget_ms=10.0, slow_calls=10, calls=40, **ENV
+    ),
     e.LoopIdle(in_flight=0, **ENV),
     # intents
     e.SwitchToRollout(replica_ids=["hybrid-1"], **ENV),
@@ -80,10 +104,11 @@ CASES: list[e.Message] = [
     e.SendWeights(replica_ids=["standalone-0"], version=2, handle="nccl:2", **ENV),
     e.LeaveWeightGroup(replica_ids=["standalone-0"], **ENV),
     e.SaveCheckpoint(step=10, path="runs/r/checkpoints/.step-00000010.tmp", **ENV),
-    e.TrainerStateSaved(step=10, version=5, path="runs/r/checkpoints/.step-00000010.tmp", nbytes=4096,
-                        duration_s=0.1, **ENV),
+    e.TrainerStateSaved(
+        step=10, version=5, path="runs/r/checkpoints/.step-00000010.tmp", nbytes=4096, duration_s=0.1, **ENV
+    ),
     e.CheckpointSaved(step=10, version=5, path="runs/r/checkpoints/step-00000010", nbytes=8192, duration_s=0.2, **ENV),
-    e.RunResumed(checkpoint="runs/r/checkpoints/step-00000010", step=10, version=5, attempt=1,
-                 reason="trainer died", **ENV),
+    e.RunResumed(
+        checkpoint="runs/r/checkpoints/step-00000010", step=10, version=5, attempt=1, reason="trainer died", **ENV
+    ),
 ]
-

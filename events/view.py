@@ -23,8 +23,18 @@ from shunter.events.vocab import (
     TrainerDriver,
 )
 
-__all__ = ["DOWN", "HYBRID", "ROLLOUT", "STANDALONE", "SWITCHING", "TRAINER", "BufferView", "EngineView",
-           "ReplicaView", "TrainerView"]
+__all__ = [
+    "DOWN",
+    "HYBRID",
+    "ROLLOUT",
+    "STANDALONE",
+    "SWITCHING",
+    "TRAINER",
+    "BufferView",
+    "EngineView",
+    "ReplicaView",
+    "TrainerView",
+]
 
 
 class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,5 +121,6 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
 
     def ids(self, *, kind: str | None = None, mode: str | None = None) -> list[str]:
         """Replica ids filtered by kind and/or mode, in rank order."""
-        return [r.replica_id for r in self.replicas
-                if (kind is None or r.kind == kind) and (mode is None or r.mode == mode)]
+        return [
+            r.replica_id for r in self.replicas if (kind is None or r.kind == kind) and (mode is None or r.mode == mode)
+        ]

@@ -34,8 +34,7 @@ FinishReason = Literal["", "stop", "length", "abort"]
 """How a sample's generation ended (``abort``: a partial, cut before its end)."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
-RejectReason = Literal["busy", "no_batch", "unknown_batch", "already_trained", "nothing_new", "not_current",
-                       "ending"]
+RejectReason = Literal["busy", "no_batch", "unknown_batch", "already_trained", "nothing_new", "not_current", "ending"]
 """Why the coordinator refused an intent (``IntentRejected``)."""
 
 ROLLOUT: Final = "rollout"
@@ -47,8 +46,16 @@ STANDALONE: Final = "standalone"
 
 VOCABULARIES: dict[str, tuple[str, ...]] = {
     name: get_args(t)
-    for name, t in (("Mode", Mode), ("ReplicaKind", ReplicaKind), ("TrainerActivity", TrainerActivity),
-                    ("TrainerDriver", TrainerDriver), ("EndReason", EndReason), ("AbortReason", AbortReason),
-                    ("DropReason", DropReason), ("FinishReason", FinishReason), ("StatePart", StatePart),
-                    ("RejectReason", RejectReason))
+    for name, t in (
+        ("Mode", Mode),
+        ("ReplicaKind", ReplicaKind),
+        ("TrainerActivity", TrainerActivity),
+        ("TrainerDriver", TrainerDriver),
+        ("EndReason", EndReason),
+        ("AbortReason", AbortReason),
+        ("DropReason", DropReason),
+        ("FinishReason", FinishReason),
+        ("StatePart", StatePart),
+        ("RejectReason", RejectReason),
+    )
 }

@@ -4,8 +4,9 @@
 
 The engine generates continuously (``run.trainer_driver = "user"``: no built-in train
 steps); this loop takes each ready mini-batch, trains it on the trainer actor with its own
-loss (plain REINFORCE with GRPO advantages, below), and publishes weights every second
-step — exactly when it decides to.
+loss (REINFORCE with a per-prompt baseline, below), and publishes weights every second
+step — exactly when it decides to. A loss that fails raises ``UserCodeError`` here with the
+loss's own error first; the run goes on and the batch can be trained again.
 """
 
 from __future__ import annotations
@@ -14,17 +15,25 @@ import asyncio
 import sys
 from pathlib import Path
 
+import torch
+
 from shunter import Engine
 from shunter.engine.config import load_config, merge
+from shunter.engine.loss import LossInput
 
 CONFIG = Path(__file__).with_name("sort_separate.toml")
 
 
-def reinforce_loss(logp, old_logp, advantages, mask, ref_logp, cfg):
-    """Token-level REINFORCE: -A * log pi(token). Same signature as the built-in loss."""
-    per_token = -(advantages * logp) * mask
-    loss = per_token.sum() / mask.sum().clamp(min=1)
-    return loss, {"reinforce_loss": float(loss.detach())}
+def reinforce_loss(inp: LossInput) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-level REINFORCE with each prompt's mean reward as the baseline:
+    -(r - mean_group(r)) * log pi(token), averaged over the response tokens."""
+    groups, index = torch.unique(inp.group_ids, return_inverse=True)
+    sums = torch.zeros(len(groups), device=inp.rewards.device).index_add_(0, index, inp.rewards)
+    counts = torch.zeros(len(groups), device=inp.rewards.device).index_add_(0, index, torch.ones_like(inp.rewards))
+    baseline = (sums / counts)[index]
+    advantage = (inp.rewards - baseline)[:, None]
+    loss = -(advantage * inp.logp * inp.mask).sum() / inp.mask.sum().clamp(min=1)
+    return loss, {"reinforce_loss": float(loss.detach()), "baseline_mean": float(baseline.mean())}
 
 
 async def main(steps: int = 6, overrides: dict | None = None) -> list[float]:

@@ -1,4 +1,6 @@
-"""An out-of-tree policy: select it with ``run.policy = "examples.custom_policy:EagerLendPolicy"``.
+"""An out-of-tree policy: select it with ``run.policy = "examples.custom_policy:EagerLendPolicy"``
+(import strings resolve from the config file's folder and the working directory), and check it
+with ``shunter check-policy examples.custom_policy:EagerLendPolicy``.
 
 It behaves like ``separate`` but lends every hybrid replica to rollout as soon as the
 trainer is idle with nothing to train, without weighing the switch cost, and takes them
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shunter.events import Intent, EngineView, Event, SwitchToRollout, SwitchToTrainer
+from shunter.events import EngineView, Event, Intent, SwitchToRollout, SwitchToTrainer
 from shunter.events.view import HYBRID, ROLLOUT, TRAINER
 from shunter.policies import Policy
 from shunter.policies.base import load_on_ready, train_or_publish
@@ -31,23 +33,23 @@ class EagerLendPolicy(Policy):
             raise ValueError("needs a standalone replica")
 
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
-        cmds = load_on_ready(event, view)
+        intents = load_on_ready(event, view)
         hybrids = view.ids(kind=HYBRID)
         if self.state.lent:
             lent = view.ids(kind=HYBRID, mode=ROLLOUT)
             if view.buffer.ready_batches > 0 or view.done:
                 if lent:
-                    cmds.append(SwitchToTrainer(replica_ids=lent))
+                    intents.append(SwitchToTrainer(replica_ids=lent))
                 if len(view.ids(kind=HYBRID, mode=TRAINER)) == len(hybrids):
                     self.state.lent = False  # all back: fall through and train
             if self.state.lent:
-                return cmds
+                return intents
         if view.ids(kind=HYBRID, mode=TRAINER) != hybrids:
-            return cmds  # a switch is still under way
-        cmds += train_or_publish(event, view)
+            return intents  # a switch is still under way
+        intents += train_or_publish(event, view)
         idle = view.trainer.state == "idle" and view.buffer.ready_batches == 0 and not view.done
-        if not cmds and idle and hybrids and view.buffer.gate_open and view.trainer_driver == "engine":
+        if not intents and idle and hybrids and view.buffer.gate_open and view.trainer_driver == "engine":
             self.state.lent = True
             self.state.lends += 1
-            cmds.append(SwitchToRollout(replica_ids=hybrids))
-        return cmds
+            intents.append(SwitchToRollout(replica_ids=hybrids))
+        return intents

@@ -1,6 +1,6 @@
 """Run the out-of-tree policy in ``examples/custom_policy.py`` by its import string.
 
-    python -m examples.custom_policy_run [STEPS]
+python -m examples.custom_policy_run [STEPS]
 """
 
 from __future__ import annotations

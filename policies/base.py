@@ -90,8 +90,10 @@ class Policy:
         """Replace the state with a snapshot; ValueError naming keys the ``State`` lacks."""
         unknown = unknown_keys(state, type(self.state))
         if unknown:
-            raise ValueError(f"{type(self).__name__}.restore(): the snapshot has keys its State does not know: "
-                             f"{', '.join(unknown)} (renamed or removed fields?)")
+            raise ValueError(
+                f"{type(self).__name__}.restore(): the snapshot has keys its State does not know: "
+                f"{', '.join(unknown)} (renamed or removed fields?)"
+            )
         self.state = msgspec.convert(state, type(self.state))
 
 

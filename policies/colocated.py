@@ -12,9 +12,9 @@ from __future__ import annotations
 import msgspec
 
 from shunter.events import (
-    Intent,
     EngineView,
     Event,
+    Intent,
     Offload,
     Onload,
     PublishWeights,
@@ -63,15 +63,14 @@ class ColocatedPolicy(Policy):
             cmds += self._to_rollout(hybrids)
         elif st.phase == "rollout":
             full = view.buffer.ready_batches >= view.parameter_sync_step
-            settled = all(view.replica(i).mode == ROLLOUT for i in hybrids)  # a switch still under way: next event
+            settled = set(hybrids) <= set(view.ids(mode=ROLLOUT))  # a switch still under way: next event
             if full and settled and view.trainer_driver == "engine":
                 st.phase = "to_trainer"
                 cmds.append(SwitchToTrainer(replica_ids=hybrids, sleep_level=self.sleep_level))
                 if self.offload_optimizer:
                     cmds.append(Onload(parts=["optimizer"]))
-        elif st.phase == "to_trainer":
-            if all(view.replica(i).mode == TRAINER for i in hybrids):
-                st.phase = "train"
+        elif st.phase == "to_trainer" and set(hybrids) <= set(view.ids(mode=TRAINER)):
+            st.phase = "train"
         if st.phase == "train" and view.trainer.state == "idle":
             if view.trainer.steps_since_publish >= view.parameter_sync_step:
                 st.phase = "publish"
@@ -86,4 +85,3 @@ class ColocatedPolicy(Policy):
     def _to_rollout(self, hybrids: list[str]) -> list[Intent]:
         cmds: list[Intent] = [Offload(parts=["optimizer"])] if self.offload_optimizer else []
         return cmds + [SwitchToRollout(replica_ids=hybrids)]
-

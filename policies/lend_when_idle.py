@@ -31,9 +31,9 @@ import msgspec
 
 from shunter.events import (
     BatchReady,
-    Intent,
     EngineView,
     Event,
+    Intent,
     ModeChanged,
     Rebalance,
     RunResumed,
@@ -63,8 +63,9 @@ class LendWhenIdlePolicy(Policy):
     name = "lend_when_idle"
     State = LendState
 
-    def __init__(self, *, switch_cost_prior_s: float = 1.0, min_gain_s: float = 0.0, sleep_level: int = 1,
-                 rebalance: bool = True) -> None:
+    def __init__(
+        self, *, switch_cost_prior_s: float = 1.0, min_gain_s: float = 0.0, sleep_level: int = 1, rebalance: bool = True
+    ) -> None:
         super().__init__()
         self.rebalance = bool(rebalance)
         self.switch_cost_prior_s = float(switch_cost_prior_s)
@@ -85,19 +86,24 @@ class LendWhenIdlePolicy(Policy):
         cmds += validate_when_due(event, view, self.state.validation)
         lent = [i for i in self.state.lent if (r := view.replica(i)) is not None and r.mode != DOWN]
         if lent and (view.buffer.ready_batches > 0 or isinstance(event, BatchReady) or view.done):
-            back = [i for i in lent if view.replica(i).mode == ROLLOUT]  # still switching: next event
+            back = [i for i in lent if _mode(view, i) == ROLLOUT]  # still switching: next event
             lent = [i for i in lent if i not in back]
             if back:
                 cmds.append(SwitchToTrainer(replica_ids=back, sleep_level=self.sleep_level))
         self.state.lent = lent
-        if (self.rebalance and isinstance(event, ModeChanged) and event.mode == ROLLOUT and event.replica_id in lent
-                and not view.buffer.ready_batches):
+        if (
+            self.rebalance
+            and isinstance(event, ModeChanged)
+            and event.mode == ROLLOUT
+            and event.replica_id in lent
+            and not view.buffer.ready_batches
+        ):
             cmds.append(Rebalance())  # let the lent replica take over part of the queued work
         if lent or any(r.kind == HYBRID and r.mode in (ROLLOUT, SWITCHING) for r in view.replicas):
             return cmds  # never train while replicas on trainer resources are lent or switching
         cmds += train_or_publish(event, view)
         if not cmds and self._should_lend(view):
-            ids = [i for i in live_ids(view, HYBRID) if view.replica(i).mode == TRAINER]
+            ids = [i for i in live_ids(view, HYBRID) if _mode(view, i) == TRAINER]
             if ids:
                 self.state.lent = ids
                 self.state.lends += 1
@@ -137,3 +143,8 @@ class LendWhenIdlePolicy(Policy):
             return True
         self.state.skipped += 1
         return False
+
+
+def _mode(view: EngineView, replica_id: str) -> str:
+    r = view.replica(replica_id)
+    return r.mode if r is not None else DOWN

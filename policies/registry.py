@@ -19,9 +19,7 @@ from shunter.policies.colocated import ColocatedPolicy
 from shunter.policies.lend_when_idle import LendWhenIdlePolicy
 from shunter.policies.separate import SeparatePolicy
 
-BUILTIN: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (SeparatePolicy, LendWhenIdlePolicy, ColocatedPolicy)
-}
+BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (SeparatePolicy, LendWhenIdlePolicy, ColocatedPolicy)}
 
 
 def use_import_paths(paths: Sequence[str]) -> None:
@@ -53,12 +51,15 @@ def import_object(spec: str, what: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as e:
         where = ", ".join(p for p in sys.path[:3] if p) or "sys.path"
-        raise ValueError(f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {where} "
-                         "first — import strings resolve from the config file's folder and the working "
-                         "directory, then installed packages)") from e
+        raise ValueError(
+            f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {where} "
+            "first — import strings resolve from the config file's folder and the working "
+            "directory, then installed packages)"
+        ) from e
     except Exception as e:  # noqa: BLE001 - the module itself raised while importing: the user's code
-        raise ValueError(f"{what} spec {spec!r}: importing module {module_name!r} raised "
-                         f"{type(e).__name__}: {e}") from e
+        raise ValueError(
+            f"{what} spec {spec!r}: importing module {module_name!r} raised {type(e).__name__}: {e}"
+        ) from e
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -91,6 +92,8 @@ def make_policy(spec: str, options: dict[str, Any] | None = None) -> Policy:
     try:
         policy.snapshot()
     except Exception as e:  # noqa: BLE001 - a State that cannot be snapshot breaks every checkpoint
-        raise ValueError(f"policy {spec!r}: {cls.__name__}.snapshot() fails ({type(e).__name__}: {e}); "
-                         "State must be a msgspec Struct of plain fields") from e
+        raise ValueError(
+            f"policy {spec!r}: {cls.__name__}.snapshot() fails ({type(e).__name__}: {e}); "
+            "State must be a msgspec Struct of plain fields"
+        ) from e
     return policy

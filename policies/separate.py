@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shunter.events import Intent, EngineView, Event
+from shunter.events import EngineView, Event, Intent
 from shunter.policies.base import (
     Policy,
     ValidationState,

@@ -20,7 +20,13 @@ def ray_cluster():
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # three simulated GPUs: resources only (nothing here runs CUDA), for the placement tests
-    ray.init(num_cpus=4, num_gpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", namespace="shunter",
-             log_to_driver=False)
+    ray.init(
+        num_cpus=4,
+        num_gpus=3,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        namespace="shunter",
+        log_to_driver=False,
+    )
     yield ray
     ray.shutdown()

@@ -20,6 +20,9 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from shunter.engine.backend import GenParams, GenResult
+from shunter.events import Sample
+
 T = TypeVar("T")
 
 
@@ -38,6 +41,7 @@ def virtual(make: Callable[[], Awaitable[T]], timeout: float = 3600.0) -> T:
 
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
     try:
+
         async def bounded() -> T:
             async with asyncio.timeout(timeout):
                 return await make()
@@ -58,9 +62,6 @@ def round_trip(msg: Any) -> None:
 
 
 _CODEC: dict[str, Any] = {}
-
-from shunter.engine.backend import GenParams, GenResult
-from shunter.events import Sample
 
 ALPHABET = "\0" + "0123456789abcdefghijklmnopqrstuvwxyz>+=,"
 
@@ -98,7 +99,7 @@ class FakeBackend:
         text = tok.decode(prompt_token_ids)
         prompt, _, done = text.partition(">")
         target = "".join(sorted(prompt)) if self.answer_len is None else "1" * self.answer_len
-        rest = [tok.encode(c)[0] for c in target[len(done):]] + [0]
+        rest = [tok.encode(c)[0] for c in target[len(done) :]] + [0]
         out: list[int] = []
         for t in rest[: params.max_tokens]:
             if request_id in self._aborted:
@@ -168,8 +169,13 @@ class FakeTrainerCore:
         import json
         from pathlib import Path
 
-        data = json.dumps({"step": self.step, "version": self.version,
-                           "trained": self.restored_batches + [[s.prompt_id for s in b] for b in self.seen]}).encode()
+        data = json.dumps(
+            {
+                "step": self.step,
+                "version": self.version,
+                "trained": self.restored_batches + [[s.prompt_id for s in b] for b in self.seen],
+            }
+        ).encode()
         (Path(path) / "trainer.json").write_bytes(data)
         return len(data)
 
@@ -193,15 +199,35 @@ def _run_user_loss(samples: list[Sample], spec: str, version: int) -> None:
     mask = torch.tensor([[1.0] * len(s.token_ids) + [0.0] * (width - len(s.token_ids)) for s in samples])
     old = torch.tensor([s.logprobs + [0.0] * (width - len(s.logprobs)) for s in samples])
     logp = (old + 0.0).requires_grad_(True)
-    inp = LossInput(logp=logp, old_logp=old, advantages=torch.zeros_like(mask), mask=mask,
-                    rewards=torch.tensor([s.reward for s in samples]),
-                    group_ids=torch.tensor([s.group_id for s in samples]), versions=torch.zeros_like(mask).long(),
-                    ref_logp=None, trainer_version=version, token_share=1.0, cfg=TrainerConfig())
+    inp = LossInput(
+        logp=logp,
+        old_logp=old,
+        advantages=torch.zeros_like(mask),
+        mask=mask,
+        rewards=torch.tensor([s.reward for s in samples]),
+        group_ids=torch.tensor([s.group_id for s in samples]),
+        versions=torch.zeros_like(mask).long(),
+        ref_logp=None,
+        trainer_version=version,
+        token_share=1.0,
+        cfg=TrainerConfig(),
+    )
     call_loss(load_loss(spec), spec, inp)
 
 
-def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None, run_id: str = "test",
-              answer_len: int | None = None, reward=None, checkpoints=None, resume=None, check_codec: bool = True):
+def local_run(
+    cfg,
+    *,
+    token_s: float = 0.0005,
+    step_s: float = 0.0,
+    policy=None,
+    run_id: str = "test",
+    answer_len: int | None = None,
+    reward=None,
+    checkpoints=None,
+    resume=None,
+    check_codec: bool = True,
+):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
     and a ``TrainerHost`` around ``FakeTrainerCore``, on the loop's clock (run it under
     ``virtual()``). Returns (coordinator, backends, trainer core).
@@ -213,8 +239,8 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
 
     from shunter.engine import snapshot
     from shunter.engine.checkpoint import CheckpointStore
-    from shunter.engine.loop import Coordinator
     from shunter.engine.local import LocalExecutor
+    from shunter.engine.loop import Coordinator
     from shunter.engine.rollout import RolloutCore
     from shunter.engine.tasks import load_task
     from shunter.engine.trainer_host import TrainerHost
@@ -234,23 +260,48 @@ def local_run(cfg, *, token_s: float = 0.0005, step_s: float = 0.0, policy=None,
         backends[rid] = FakeBackend(token_s=token_s, answer_len=answer_len)
         if mode == TRAINER:
             backends[rid].sleeping = True
-        cores[rid] = RolloutCore(rid, backends[rid], CharTokenizer(), reward or task.reward,
-                                 Stamper(run_id, rid, loop_clock), mode=mode,
-                                 reward_name=getattr(reward, "__name__", "task.reward"), version=version)
-        ups.append(ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version,
-                             wall_time=loop_clock()))
+        cores[rid] = RolloutCore(
+            rid,
+            backends[rid],
+            CharTokenizer(),
+            reward or task.reward,
+            Stamper(run_id, rid, loop_clock),
+            mode=mode,
+            reward_name=getattr(reward, "__name__", "task.reward"),
+            version=version,
+        )
+        ups.append(
+            ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version, wall_time=loop_clock())
+        )
     trainer = FakeTrainerCore(step_s=step_s)
     if resume is not None:
         trainer.load(resume)
-    executor = LocalExecutor(run_id, TrainerHost(trainer, Stamper(run_id, "trainer", loop_clock), threaded=False),
-                             cores, max_tokens=cfg.rollout.max_tokens, clock=loop_clock)
-    prompts = (PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed)))
-    val = [PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
-           for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))]
+    executor = LocalExecutor(
+        run_id,
+        TrainerHost(trainer, Stamper(run_id, "trainer", loop_clock), threaded=False),
+        cores,
+        max_tokens=cfg.rollout.max_tokens,
+        clock=loop_clock,
+    )
+    prompts = (
+        PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed))
+    )
+    val = [
+        PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
+        for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))
+    ]
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
-    coord = Coordinator(cfg, policy or make_policy(cfg.run.policy, cfg.run.policy_options), executor, prompts,
-                        run_id=run_id, validation_prompts=val, checkpoints=store, clock=loop_clock,
-                        sinks=[round_trip] if check_codec else [])
+    coord = Coordinator(
+        cfg,
+        policy or make_policy(cfg.run.policy, cfg.run.policy_options),
+        executor,
+        prompts,
+        run_id=run_id,
+        validation_prompts=val,
+        checkpoints=store,
+        clock=loop_clock,
+        sinks=[round_trip] if check_codec else [],
+    )
     if resume is not None:
         coord.restore(snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(ups)
@@ -318,8 +369,6 @@ async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: flo
         resume = found[0] if found else None
         if resume is None:  # lost before the first checkpoint: start over
             shutil.rmtree(root, ignore_errors=True)
-
-
 
 
 def virtual_time(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:

@@ -34,18 +34,31 @@ def soak(runs: int, seed: int, total_steps: int = 10) -> dict:
     for _ in range(runs):
         schedule = [(rng.randint(1, total_steps), rng.choice(ACTIONS)) for _ in range(rng.randint(1, 4))]
         staleness, on_stale = rng.randint(0, 2), rng.choice(["wait", "drop"])
-        policy, replicas = rng.choice([("separate", {"standalone_replicas": 3}),
-                                       ("lend_when_idle", {"standalone_replicas": 2, "hybrid_replicas": 1}),
-                                       ("colocated", {"standalone_replicas": 0, "hybrid_replicas": 3})])
-        c = cfg(run={"total_steps": total_steps, "checkpoint_every": 2, "policy": policy,
-                     "policy_options": {"switch_cost_prior_s": 0.0} if policy == "lend_when_idle" else {}},
-                validation={"every": 0}, rollout={**replicas, "max_staleness": staleness, "on_stale": on_stale})
+        policy, replicas = rng.choice(
+            [
+                ("separate", {"standalone_replicas": 3}),
+                ("lend_when_idle", {"standalone_replicas": 2, "hybrid_replicas": 1}),
+                ("colocated", {"standalone_replicas": 0, "hybrid_replicas": 3}),
+            ]
+        )
+        c = cfg(
+            run={
+                "total_steps": total_steps,
+                "checkpoint_every": 2,
+                "policy": policy,
+                "policy_options": {"switch_cost_prior_s": 0.0} if policy == "lend_when_idle" else {},
+            },
+            validation={"every": 0},
+            rollout={**replicas, "max_staleness": staleness, "on_stale": on_stale},
+        )
         root = Path(tempfile.mkdtemp())
         try:
             batches, steps, attempts, coord = asyncio.run(run_with_faults(c, schedule, root, fired=fired))
         except Exception as e:
-            raise RuntimeError(f"run {out['runs']}: policy {policy}, max_staleness {staleness}, on_stale {on_stale}, "
-                               f"faults {schedule}: {type(e).__name__}: {e}") from e
+            raise RuntimeError(
+                f"run {out['runs']}: policy {policy}, max_staleness {staleness}, on_stale {on_stale}, "
+                f"faults {schedule}: {type(e).__name__}: {e}"
+            ) from e
         finally:
             shutil.rmtree(root, ignore_errors=True)
         out["runs"] += 1
@@ -74,8 +87,14 @@ def main() -> int:
     a = p.parse_args()
     res = soak(a.runs, a.seed)
     print(json.dumps(res, indent=1))
-    lost = (res["groups_trained_twice_or_in_part"] + res["groups_unaccounted"] + res["steps_missing"]
-            + res["samples_over_staleness_bound"] + res["groups_dropped_failed"] + res.get("wait_mode_prompts_skipped", 0))
+    lost = (
+        res["groups_trained_twice_or_in_part"]
+        + res["groups_unaccounted"]
+        + res["steps_missing"]
+        + res["samples_over_staleness_bound"]
+        + res["groups_dropped_failed"]
+        + res.get("wait_mode_prompts_skipped", 0)
+    )
     return 0 if lost == 0 and res["runs_completed"] == res["runs"] else 1
 
 

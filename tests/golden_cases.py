@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 from shunter import events as e
-
 from shunter.events.examples import CASES, ENV
 
 GOLDEN = Path(__file__).parent / "golden"

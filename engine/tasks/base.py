@@ -94,7 +94,7 @@ def load_task(name_or_import: str) -> Task:
     cls = import_object(spec, "task")
     if not isinstance(cls, type):
         raise ValueError(f"task spec {spec!r}: {cls!r} is not a class")
-    task = cls()
+    task: Task = cls()
     missing = [m for m in ("train_prompts", "validation_prompts", "reward") if not callable(getattr(task, m, None))]
     if missing:
         raise ValueError(f"task spec {spec!r}: {cls.__name__} lacks {', '.join(missing)}")
@@ -106,4 +106,5 @@ def load_reward(spec: str) -> RewardFn:
     fn = import_object(spec, "reward")
     if not callable(fn) or isinstance(fn, type):
         raise ValueError(f"reward spec {spec!r}: {fn!r} is not a callable function")
-    return fn
+    reward: RewardFn = fn
+    return reward

@@ -31,7 +31,7 @@ def reward(prompt: str, response: str, answer: str) -> float:
     longest = max(len(out), len(target))
     if longest == 0:
         return 1.0
-    matches = sum(1 for a, b in zip(out, target) if a == b)
+    matches = sum(1 for a, b in zip(out, target, strict=False) if a == b)
     score = 0.8 * matches / longest + 0.1 * (len(out) == len(target)) + 0.1 * (out == target)
     return min(1.0, max(0.0, score))
 

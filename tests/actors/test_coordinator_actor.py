@@ -36,3 +36,30 @@ async def test_bad_bytes_are_rejected_with_their_cause_and_the_loop_survives(ray
     assert "got event RunStarted" in rejected[3].error
     assert ended.reason in ("completed", "stopped") and missed == 0
     ray_cluster.kill(actor)
+
+
+async def test_a_full_disk_ends_the_run_and_every_reader_hears_of_it(ray_cluster, tmp_path):
+    """The event log's disk is full (``events.bin`` -> /dev/full): the loop's fault barrier ends
+    the run naming the sink and the cause, ``fetch`` hands that ``RunEnded`` out and
+    ``wait_ended`` returns it — no reader polls a dead loop."""
+    from shunter.events import SampleBegin
+
+    cfg = from_dict({"run": {"output_dir": str(tmp_path)}, "validation": {"every": 0}})
+    (tmp_path / "events.bin").symlink_to("/dev/full")
+    codec = Codec()
+    actor = coordinator.remote_class().remote(msgspec.msgpack.encode(cfg), "disk-full", None, {}, str(tmp_path))
+    noise = codec.encode_batch(
+        [SampleBegin(sample_id=f"{i}.0", group_id=i, replica_id="r", version=0) for i in range(300)]
+    )  # past the log's 256-frame flush
+    async with asyncio.timeout(60):
+        await actor.start.remote(codec.encode_batch([]))
+        await actor.ingest.remote(noise, "test")
+        ended = codec.decode(await actor.wait_ended.remote())
+        cursor, seen = 0, []
+        while not any(type(m).__name__ == "RunEnded" for m in seen):
+            items, cursor, _ = await actor.fetch.remote(cursor, 1000, 0.5)
+            seen += [codec.decode(b) for b in items]
+    assert ended.reason == "error" and ended.fault.startswith("sink:EventLog on ")
+    assert "No space left on device" in ended.error
+    assert seen[-1] == ended
+    ray_cluster.kill(actor)

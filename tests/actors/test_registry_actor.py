@@ -15,8 +15,9 @@ pytestmark = pytest.mark.actors
 
 async def test_64_concurrent_registrations_get_unique_ranks(ray_cluster):
     reg = registry.remote_class().options(name=registry.registry_name("reg-a"), namespace="shunter").remote("reg-a")
-    ids = [(f"{'hybrid' if i % 3 == 0 else 'standalone'}-{i}", "hybrid" if i % 3 == 0 else "standalone")
-           for i in range(64)]
+    ids = [
+        (f"{'hybrid' if i % 3 == 0 else 'standalone'}-{i}", "hybrid" if i % 3 == 0 else "standalone") for i in range(64)
+    ]
     async with asyncio.timeout(60):
         out = await asyncio.gather(*(reg.register.remote(i, k) for i, k in ids))
         again = await asyncio.gather(*(reg.register.remote(i, k) for i, k in ids[:8]))
@@ -53,8 +54,9 @@ async def test_two_runs_in_one_cluster_have_distinct_registry_names(ray_cluster)
     a = registry.remote_class().options(name=registry.registry_name("run-x"), namespace="shunter").remote("run-x")
     b = registry.remote_class().options(name=registry.registry_name("run-y"), namespace="shunter").remote("run-y")
     async with asyncio.timeout(60):
-        (_, na, _), (_, nb, _) = await asyncio.gather(a.register.remote("s0", "standalone"),
-                                                      b.register.remote("s0", "standalone"))
+        (_, na, _), (_, nb, _) = await asyncio.gather(
+            a.register.remote("s0", "standalone"), b.register.remote("s0", "standalone")
+        )
     assert na != nb
     ray_cluster.kill(a)
     ray_cluster.kill(b)
@@ -67,8 +69,10 @@ async def test_a_registry_that_crashes_mid_registration_comes_back_with_its_tabl
     async with asyncio.timeout(120):
         first = await asyncio.gather(*(reg.register.remote(f"s{i}", "standalone") for i in range(8)))
         ray_cluster.kill(reg, no_restart=False)  # a crash; Ray brings it back
-        more = await asyncio.gather(*(reg.register.remote(f"h{i}", "hybrid") for i in range(8)),
-                                    *(reg.register.remote(f"s{i}", "standalone") for i in range(8)))
+        more = await asyncio.gather(
+            *(reg.register.remote(f"h{i}", "hybrid") for i in range(8)),
+            *(reg.register.remote(f"s{i}", "standalone") for i in range(8)),
+        )
         leases = await reg.leases.remote()
         assert await reg.check.remote()
     assert [r for r, _, _ in more[8:]] == [r for r, _, _ in first]  # the table survived: same ranks again

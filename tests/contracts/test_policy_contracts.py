@@ -58,12 +58,14 @@ def test_a_broken_policy_does_not_touch_the_checks_of_another():
 
 def test_a_policy_that_re_derives_state_on_resume_resumes():
     """The issue-13 case: setup events reached the policy before RunResumed."""
-    results = contract.run_checks(contract.subject_for("broken_policies:ForgetsOnResume", standalone=1, hybrid=0),
-                                  only=["resume"])
+    results = contract.run_checks(
+        contract.subject_for("broken_policies:ForgetsOnResume", standalone=1, hybrid=0), only=["resume"]
+    )
     assert results[0].ok, results[0].detail
 
 
 def test_calling_super_init_is_optional():
-    results = contract.run_checks(contract.subject_for("broken_policies:NoSuper", {"patience": 5}),
-                                  only=["run", "snapshot_restore"])
+    results = contract.run_checks(
+        contract.subject_for("broken_policies:NoSuper", {"patience": 5}), only=["run", "snapshot_restore"]
+    )
     assert all(r.ok for r in results), results

@@ -8,8 +8,11 @@ pytestmark = pytest.mark.e2e
 
 
 def over(tiny_model, tmp_path):
-    return {"run": {"output_dir": str(tmp_path), "progress": False},
-            "model": {"path": tiny_model, "build_tiny": ""}, "validation": {"every": 0}}
+    return {
+        "run": {"output_dir": str(tmp_path), "progress": False},
+        "model": {"path": tiny_model, "build_tiny": ""},
+        "validation": {"every": 0},
+    }
 
 
 async def test_custom_loop_with_its_own_loss(ray_cluster, tiny_model, tmp_path):

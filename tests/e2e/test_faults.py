@@ -26,8 +26,13 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluster, tiny_model, tmp_path):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 160}, validation={"every": 0},
-                 rollout={"standalone_replicas": 2, "max_staleness": 1, "max_tokens": 12})
+    cfg = config(
+        tiny_model,
+        tmp_path,
+        run={"total_steps": 160},
+        validation={"every": 0},
+        rollout={"standalone_replicas": 2, "max_staleness": 1, "max_tokens": 12},
+    )
     events = []
     async with asyncio.timeout(400):
         async with Engine(cfg) as engine:
@@ -57,7 +62,8 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
     up = [e for e in events if isinstance(e, ModeChanged) and e.replica_id == replacement]
     assert up and up[0].mode == "rollout" and up[0].detail["version"] >= 1
     last_step = max(e.step for e in events[: events.index(up[0])] if isinstance(e, StepEnd))
-    first_sample = next((i for i, e in enumerate(events) if isinstance(e, SampleEnd) and e.replica_id == replacement),
-                        None)
+    first_sample = next(
+        (i for i, e in enumerate(events) if isinstance(e, SampleEnd) and e.replica_id == replacement), None
+    )
     assert first_sample is not None, f"the replacement served from step {last_step} of 160 and generated nothing"
     assert first_sample > events.index(up[0])

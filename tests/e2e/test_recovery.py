@@ -29,9 +29,15 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_group_once(
-        ray_cluster, tiny_model, tmp_path):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 16, "checkpoint_every": 2, "max_restarts": 2},
-                 validation={"every": 0}, rollout={"standalone_replicas": 2, "max_staleness": 1, "max_tokens": 12})
+    ray_cluster, tiny_model, tmp_path
+):
+    cfg = config(
+        tiny_model,
+        tmp_path,
+        run={"total_steps": 16, "checkpoint_every": 2, "max_restarts": 2},
+        validation={"every": 0},
+        rollout={"standalone_replicas": 2, "max_staleness": 1, "max_tokens": 12},
+    )
     events, kills = [], []
     async with asyncio.timeout(600):
         async with Engine(cfg) as engine:

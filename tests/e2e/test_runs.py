@@ -77,9 +77,12 @@ async def test_separate_run_learns_with_partial_rollout(ray_cluster, tiny_model,
 
 
 async def test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide(ray_cluster, tiny_model, tmp_path):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 30, "policy": "lend_when_idle",
-                                           "policy_options": {"switch_cost_prior_s": 0.05}},
-                 rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 0})
+    cfg = config(
+        tiny_model,
+        tmp_path,
+        run={"total_steps": 30, "policy": "lend_when_idle", "policy_options": {"switch_cost_prior_s": 0.05}},
+        rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 0},
+    )
     events, _ = await run_collect(cfg, timeout=400)
     ended = events[-1]
     assert ended.reason == "completed", ended

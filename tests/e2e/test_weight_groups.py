@@ -32,13 +32,22 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests(
-        ray_cluster, tiny_model, tmp_path):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 80, "policy": "lend_when_idle",
-                                           "policy_options": {"switch_cost_prior_s": 0.05}},
-                 rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 0, "num_gpus": 0.4},
-                 trainer={"weight_transport": "gloo", "weight_bucket_mb": 1.0, "weight_group_timeout_s": 60,
-                          "num_gpus": 0.5, "device": "cpu"},
-                 validation={"every": 0})
+    ray_cluster, tiny_model, tmp_path
+):
+    cfg = config(
+        tiny_model,
+        tmp_path,
+        run={"total_steps": 80, "policy": "lend_when_idle", "policy_options": {"switch_cost_prior_s": 0.05}},
+        rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 0, "num_gpus": 0.4},
+        trainer={
+            "weight_transport": "gloo",
+            "weight_bucket_mb": 1.0,
+            "weight_group_timeout_s": 60,
+            "num_gpus": 0.5,
+            "device": "cpu",
+        },
+        validation={"every": 0},
+    )
     events, late, version_then = [], None, None
     async with asyncio.timeout(420):
         async with Engine(cfg) as engine:

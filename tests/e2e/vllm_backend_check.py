@@ -64,9 +64,10 @@ class HFRef:
     def hf_generate(self, prompt: list[int], n: int) -> list[int]:
         torch = self.torch
         with torch.no_grad():
-            full = self.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n,
-                                       eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-        return full[0, len(prompt):].tolist()
+            full = self.model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=n, eos_token_id=EOS_ID, pad_token_id=PAD_ID
+            )
+        return full[0, len(prompt) :].tolist()
 
     def perturb_(self, seed: int) -> None:
         torch = self.torch
@@ -86,8 +87,12 @@ def _copy_plan_fit(worker, blob: bytes) -> tuple[int, int, int, bool]:
     params = dict(worker.model_runner.get_model().named_parameters())
     items = [(n, tuple(t.shape)) for n, t in load(blob).items()]
     emb = dict(items)["model.embed_tokens.weight"][0]
-    return (emb, params["model.embed_tokens.weight"].shape[0],
-            params["model.layers.0.self_attn.qkv_proj.weight"].shape[0], copy_plan.build(params, items) is not None)
+    return (
+        emb,
+        params["model.embed_tokens.weight"].shape[0],
+        params["model.layers.0.self_attn.qkv_proj.weight"].shape[0],
+        copy_plan.build(params, items) is not None,
+    )
 
 
 def check(cond: bool, what: str) -> None:
@@ -97,7 +102,7 @@ def check(cond: bool, what: str) -> None:
 
 
 def max_abs_diff(a: list[float], b: list[float]) -> float:
-    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+    return max((abs(x - y) for x, y in zip(a, b, strict=False)), default=0.0)
 
 
 async def run(model_dir: Path) -> None:
@@ -110,8 +115,8 @@ async def run(model_dir: Path) -> None:
     from shunter.engine.trainer import state_dict_to_blob
 
     print(
-        "env: VLLM_ENABLE_V1_MULTIPROCESSING=%s VLLM_CPU_KVCACHE_SPACE=%s"
-        % (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"), os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
+        f"env: VLLM_ENABLE_V1_MULTIPROCESSING={os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING')} "
+        f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE')}"
     )
     ref = HFRef(model_dir)
     # 41 tokens: longer than one 32-token KV block, so prefix caching has a
@@ -177,7 +182,10 @@ async def run(model_dir: Path) -> None:
         "g2", prompt, GenParams(max_tokens=48, temperature=0.0, ignore_eos=True, stop_token_ids=(stop_tok,))
     )
     check(r_stop.finish_reason == "stop", f"stop_token_ids -> stop ({r_stop.finish_reason})")
-    check(r_stop.token_ids == want[: first + 1], f"stops at first stop token, stop token included ({len(r_stop.token_ids)})")
+    check(
+        r_stop.token_ids == want[: first + 1],
+        f"stops at first stop token, stop token included ({len(r_stop.token_ids)})",
+    )
 
     print("[sampling: temperature 1 logprobs match HF at sampled tokens]")
     r_s = await be.generate("s0", prompt, GenParams(max_tokens=24, temperature=1.0, seed=123, ignore_eos=True))
@@ -213,19 +221,30 @@ async def run(model_dir: Path) -> None:
         await be.abort([rid])
         res = await task
         t_ret = time.perf_counter() - t_abort
-        print(f"    delay {delay}: {res.finish_reason} after {len(res.token_ids)} tokens (returned {t_ret*1e3:.1f} ms after abort)")
+        print(
+            f"    delay {delay}: {res.finish_reason} after {len(res.token_ids)} tokens "
+            f"(returned {t_ret * 1e3:.1f} ms after abort)"
+        )
         if res.finish_reason == "abort" and 0 < len(res.token_ids) < 64:
             partial = res
             break
     check(partial is not None, "abort returns a partial result with finish_reason 'abort'")
     if partial is not None:
-        check(len(partial.logprobs) == len(partial.token_ids) > 0, f"partial has {len(partial.token_ids)} tokens + logprobs")
+        check(
+            len(partial.logprobs) == len(partial.token_ids) > 0,
+            f"partial has {len(partial.token_ids)} tokens + logprobs",
+        )
         k = len(partial.token_ids)
-        check(partial.token_ids == uninterrupted.token_ids[:k], "partial tokens are a prefix of the uninterrupted output")
+        check(
+            partial.token_ids == uninterrupted.token_ids[:k], "partial tokens are a prefix of the uninterrupted output"
+        )
         res2 = await be.generate(
             "resume0", prompt + partial.token_ids, GenParams(max_tokens=64 - k, temperature=0.0, ignore_eos=True)
         )
-        check(partial.token_ids + res2.token_ids == uninterrupted.token_ids, "resumed continuation == uninterrupted greedy")
+        check(
+            partial.token_ids + res2.token_ids == uninterrupted.token_ids,
+            "resumed continuation == uninterrupted greedy",
+        )
         d = max_abs_diff(partial.logprobs + res2.logprobs, uninterrupted.logprobs)
         check(d < 1e-3, f"resumed logprobs match uninterrupted (max diff {d:.2e})")
     await be.abort(["never-submitted", "u0"])  # unknown / finished ids are no-ops
@@ -236,7 +255,9 @@ async def run(model_dir: Path) -> None:
     await asyncio.sleep(0)  # generate() registered the id, vLLM maybe not yet
     await be.abort(["early"])
     res = await task
-    check(res.finish_reason == "abort" and len(res.token_ids) < 64, f"early abort honoured ({len(res.token_ids)} tokens)")
+    check(
+        res.finish_reason == "abort" and len(res.token_ids) < 64, f"early abort honoured ({len(res.token_ids)} tokens)"
+    )
 
     print("[duplicate in-flight id rejected]")
     task = asyncio.create_task(be.generate("dup", prompt, full_greedy))
@@ -258,7 +279,7 @@ async def run(model_dir: Path) -> None:
     check("lm_head.weight" in both and "model.embed_tokens.weight" in both, "HF state_dict has both tied names")
     blob = st_save(both)
     dt = await be.load_weights(blob)
-    print(f"    load_weights {dt*1e3:.1f} ms for {len(blob)/1e6:.2f} MB")
+    print(f"    load_weights {dt * 1e3:.1f} ms for {len(blob) / 1e6:.2f} MB")
     r2 = await be.generate("w1", prompt, greedy)
     want2, want2_lp = ref.greedy(prompt, 48)
     check(r2.token_ids != r.token_ids, "greedy output changed after load_weights")
@@ -272,12 +293,17 @@ async def run(model_dir: Path) -> None:
     from safetensors.torch import load as st_load
 
     names = set(st_load(blob2))
-    check(("lm_head.weight" in names) != ("model.embed_tokens.weight" in names), f"dedup blob holds one tied name ({len(names)} tensors)")
+    check(
+        ("lm_head.weight" in names) != ("model.embed_tokens.weight" in names),
+        f"dedup blob holds one tied name ({len(names)} tensors)",
+    )
     dt2 = await be.load_weights(blob2)
-    print(f"    load_weights {dt2*1e3:.1f} ms")
+    print(f"    load_weights {dt2 * 1e3:.1f} ms")
     r3 = await be.generate("w2", prompt, greedy)
     want3, want3_lp = ref.greedy(prompt, 48)
-    check(r3.token_ids == want3 and r3.token_ids != r2.token_ids, "greedy tokens equal HF after 2nd update (and changed)")
+    check(
+        r3.token_ids == want3 and r3.token_ids != r2.token_ids, "greedy tokens equal HF after 2nd update (and changed)"
+    )
     d = max_abs_diff(r3.logprobs, want3_lp)
     check(d < 1e-3, f"logprobs within 1e-3 after 2nd update (max diff {d:.2e})")
 
@@ -289,15 +315,23 @@ async def run(model_dir: Path) -> None:
     check(linear_rows == 0 and not fits, "no plan where vLLM left no rows in the linear weights (the loader stays)")
 
     print("[load_weights while a request is in flight]")
-    task = asyncio.create_task(be.generate("inflight", prompt, GenParams(max_tokens=200, temperature=0.0, ignore_eos=True)))
+    task = asyncio.create_task(
+        be.generate("inflight", prompt, GenParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+    )
     await asyncio.sleep(0.05)
     ref.perturb_(seed=3)
     dt3 = await be.load_weights(state_dict_to_blob(ref.model.state_dict()))
     res = await task
-    check(res.finish_reason == "length" and len(res.token_ids) == 200, f"in-flight request survives the update ({res.finish_reason}, {len(res.token_ids)})")
+    check(
+        res.finish_reason == "length" and len(res.token_ids) == 200,
+        f"in-flight request survives the update ({res.finish_reason}, {len(res.token_ids)})",
+    )
     r4 = await be.generate("w3", prompt, greedy)
     want4, want4_lp = ref.greedy(prompt, 48)
-    check(r4.token_ids == want4 and max_abs_diff(r4.logprobs, want4_lp) < 1e-3, f"fresh request after in-flight update matches HF ({dt3*1e3:.1f} ms)")
+    check(
+        r4.token_ids == want4 and max_abs_diff(r4.logprobs, want4_lp) < 1e-3,
+        f"fresh request after in-flight update matches HF ({dt3 * 1e3:.1f} ms)",
+    )
 
     print("[weight group (gloo, the nccl code path): the flat copy arrives over the group]")
     import torch
@@ -317,10 +351,15 @@ async def run(model_dir: Path) -> None:
     stats = await send
     r6 = await be.generate("g1", prompt, greedy)
     want6, want6_lp = ref.greedy(prompt, 48)
-    check(r6.token_ids == want6 and r6.token_ids != want4, "greedy tokens equal HF after a load over the group (and changed)")
+    check(
+        r6.token_ids == want6 and r6.token_ids != want4,
+        "greedy tokens equal HF after a load over the group (and changed)",
+    )
     d = max_abs_diff(r6.logprobs, want6_lp)
-    check(d < 1e-3, f"logprobs within 1e-3 after the group load (max diff {d:.2e}; {stats['buckets']} buckets, "
-                    f"{dt4*1e3:.1f} ms)")
+    check(
+        d < 1e-3,
+        f"logprobs within 1e-3 after the group load (max diff {d:.2e}; {stats['buckets']} buckets, {dt4 * 1e3:.1f} ms)",
+    )
     sender.close()
 
     print("[sleep / wake_up]")
@@ -342,8 +381,8 @@ async def run(model_dir: Path) -> None:
 
     t0 = time.perf_counter()
     await be.shutdown()
-    print(f"[shutdown] {time.perf_counter()-t0:.2f}s")
-    print(f"TIMINGS start={t_start:.2f}s load_weights={dt*1e3:.1f}/{dt2*1e3:.1f}/{dt3*1e3:.1f} ms")
+    print(f"[shutdown] {time.perf_counter() - t0:.2f}s")
+    print(f"TIMINGS start={t_start:.2f}s load_weights={dt * 1e3:.1f}/{dt2 * 1e3:.1f}/{dt3 * 1e3:.1f} ms")
 
 
 def main() -> int:

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -69,8 +68,10 @@ def test_a_short_run_on_one_gpu_completes_and_learns(tiny, tmp_path):
     from shunter.engine.config import load_config
     from shunter.events import RunEnded, WeightsLoaded, WeightsReady
 
-    cfg = load_config(ROOT / "examples" / "gpu_tiny.toml",
-                      {"run": {"output_dir": str(tmp_path)}, "model": {"path": tiny, "build_tiny": ""}})
+    cfg = load_config(
+        ROOT / "examples" / "gpu_tiny.toml",
+        {"run": {"output_dir": str(tmp_path)}, "model": {"path": tiny, "build_tiny": ""}},
+    )
     evs = _run_events(cfg)
     ended = evs[-1]
     assert isinstance(ended, RunEnded) and ended.reason == "completed", ended
@@ -114,11 +115,21 @@ def test_a_short_run_on_two_gpus_sends_weights_over_nccl(tiny, tmp_path):
     from shunter.engine.config import load_config
     from shunter.events import ComponentPlaced, RunEnded, WeightsLoaded, WeightsSent
 
-    cfg = load_config(ROOT / "examples" / "gpu2_qwen05b.toml",
-                      {"run": {"output_dir": str(tmp_path), "total_steps": 6}, "model": {"path": tiny, "build_tiny": ""},
-                       "rollout": {"max_tokens": 16, "max_model_len": 64, "length_dist": "", "ignore_eos": False,
-                                   "gpu_memory_utilization": 0.2},
-                       "trainer": {"ppo_mini_batch_size": 64, "train_batch_size": 64}})
+    cfg = load_config(
+        ROOT / "examples" / "gpu2_qwen05b.toml",
+        {
+            "run": {"output_dir": str(tmp_path), "total_steps": 6},
+            "model": {"path": tiny, "build_tiny": ""},
+            "rollout": {
+                "max_tokens": 16,
+                "max_model_len": 64,
+                "length_dist": "",
+                "ignore_eos": False,
+                "gpu_memory_utilization": 0.2,
+            },
+            "trainer": {"ppo_mini_batch_size": 64, "train_batch_size": 64},
+        },
+    )
     evs = _run_events(cfg)
     assert isinstance(evs[-1], RunEnded) and evs[-1].reason == "completed", evs[-1]
     placed = {e.component: e.gpu_ids for e in evs if isinstance(e, ComponentPlaced)}
@@ -160,8 +171,15 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    be = VLLMBackend(EngineSpec(model_dir=model_dir, max_model_len=64, gpu_memory_utilization=0.2,
-                                weight_transfer="ipc" if transport == "vllm_ipc" else "", extra={"dtype": "bfloat16"}))
+    be = VLLMBackend(
+        EngineSpec(
+            model_dir=model_dir,
+            max_model_len=64,
+            gpu_memory_utilization=0.2,
+            weight_transfer="ipc" if transport == "vllm_ipc" else "",
+            extra={"dtype": "bfloat16"},
+        )
+    )
     loop.run_until_complete(be.start())
     prompts = [[30, 31, 32, 40], [33, 34, 40], [35, 31, 36, 37, 40]]
     before = _greedy(be, prompts)
@@ -187,8 +205,9 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
         ref.load_state_dict(sd)
         ref = ref.to(torch.bfloat16).cuda().eval()  # vLLM got bf16 weights
         for p, got in zip(prompts, after, strict=True):
-            ids = ref.generate(torch.tensor([p], device="cuda"), max_new_tokens=8, do_sample=False,
-                               eos_token_id=None)[0, len(p):].tolist()
+            ids = ref.generate(torch.tensor([p], device="cuda"), max_new_tokens=8, do_sample=False, eos_token_id=None)[
+                0, len(p) :
+            ].tolist()
             assert got[:4] == ids[:4], (version, paths, p, got, ids)  # bf16 near-ties may split later tokens
     if transport != "vllm_ipc":
         assert paths == ["load_weights+plan_verified", "copy_plan"], paths
@@ -200,8 +219,15 @@ def test_sleep_frees_gpu_memory_and_wake_gives_the_same_outputs(tiny):
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    be = VLLMBackend(EngineSpec(model_dir=tiny, max_model_len=64, gpu_memory_utilization=0.2, enable_sleep_mode=True,
-                                extra={"dtype": "bfloat16"}))
+    be = VLLMBackend(
+        EngineSpec(
+            model_dir=tiny,
+            max_model_len=64,
+            gpu_memory_utilization=0.2,
+            enable_sleep_mode=True,
+            extra={"dtype": "bfloat16"},
+        )
+    )
     loop.run_until_complete(be.start())
     prompts = [[30, 31, 32, 40], [33, 34, 40]]
     first = _greedy(be, prompts)

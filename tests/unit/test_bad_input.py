@@ -21,7 +21,8 @@ def _limit(coord, max_model_len: int) -> None:
 async def test_prompts_longer_than_the_context_are_refused_by_name_and_accounted():
     c = cfg(run={"total_steps": 4}, validation={"every": 0})
     coord, _, trainer = local_run(c)
-    # sort_digits prompts are "<digits>>": with 12 response tokens, a context of 20 refuses the 9-token ones (about a quarter)
+    # sort_digits prompts are "<digits>>": with 12 response tokens, a context of 20 refuses the
+    # 9-token ones (about a quarter)
     _limit(coord, 20)
     seen = []
     coord.sinks.append(seen.append)

@@ -24,13 +24,28 @@ def test_sync_figures_pair_each_publish_with_its_last_load_and_the_floor(tmp_pat
     log = tmp_path / "events.bin"
     msgs = []
     for v, t in ((1, 10.0), (2, 20.0), (3, 30.0)):
-        msgs += [PublishWeights(wall_time=t, **ENV),
-                 WeightsReady(version=v, handle=f"cuda_ipc:{v}", transport="cuda_ipc", nbytes=10**9, duration_s=0.01,
-                              wall_time=t + 0.01, **ENV),
-                 LoadWeights(version=v, replica_ids=["a", "b"], wall_time=t + 0.03, **ENV),
-                 WeightsLoaded(replica_id="a", version=v, duration_s=0.04, wall_time=t + 0.05, **ENV),
-                 WeightsLoaded(replica_id="b", version=v, duration_s=0.05, wall_time=t + 0.1,
-                               detail={"abort_s": 0.03, "load_s": 0.02, "backend_planned": float(v > 1)}, **ENV)]
+        msgs += [
+            PublishWeights(wall_time=t, **ENV),
+            WeightsReady(
+                version=v,
+                handle=f"cuda_ipc:{v}",
+                transport="cuda_ipc",
+                nbytes=10**9,
+                duration_s=0.01,
+                wall_time=t + 0.01,
+                **ENV,
+            ),
+            LoadWeights(version=v, replica_ids=["a", "b"], wall_time=t + 0.03, **ENV),
+            WeightsLoaded(replica_id="a", version=v, duration_s=0.04, wall_time=t + 0.05, **ENV),
+            WeightsLoaded(
+                replica_id="b",
+                version=v,
+                duration_s=0.05,
+                wall_time=t + 0.1,
+                detail={"abort_s": 0.03, "load_s": 0.02, "backend_planned": float(v > 1)},
+                **ENV,
+            ),
+        ]
     log.write_bytes(b"".join(c.frame(m) for m in msgs))
     f = gpu.sync_figures(log, floor_gbps=4000.0)
     assert f["n"] == 3 and f["transport"] == "cuda_ipc"
@@ -42,14 +57,25 @@ def test_sync_figures_pair_each_publish_with_its_last_load_and_the_floor(tmp_pat
 
 
 def test_switch_figures_and_the_report_section():
-    evs = [ModeChanged(replica_id="h", mode=m, previous="x", duration_s=d, detail={"sleep_s": d}, wall_time=i, **ENV)
-           for i, (m, d) in enumerate([("trainer", 0.1), ("rollout", 0.2), ("trainer", 0.3), ("rollout", 0.4)])]
+    evs = [
+        ModeChanged(replica_id="h", mode=m, previous="x", duration_s=d, detail={"sleep_s": d}, wall_time=i, **ENV)
+        for i, (m, d) in enumerate([("trainer", 0.1), ("rollout", 0.2), ("trainer", 0.3), ("rollout", 0.4)])
+    ]
     sw = gpu.switch_figures(evs)
     assert sw["to_trainer_s"] == 0.3 and sw["to_rollout_s"] == 0.4  # past the first switch
-    r = {"machine": {"gpu": "G", "gpu_memory_gib": 1}, "copy_gbps": 1000.0, "switch": sw,
-         "sync": {"median_end_to_end_s": 0.1, "nbytes": 2**30, "transport": "cuda_ipc", "floor_s": 0.001,
-                  "ratio_to_floor": 100.0},
-         "rollout": {"efficiency": 0.9, "engine": {"tokens_per_s": 9.0}, "raw_vllm": {"tokens_per_s": 10.0}}}
+    r = {
+        "machine": {"gpu": "G", "gpu_memory_gib": 1},
+        "copy_gbps": 1000.0,
+        "switch": sw,
+        "sync": {
+            "median_end_to_end_s": 0.1,
+            "nbytes": 2**30,
+            "transport": "cuda_ipc",
+            "floor_s": 0.001,
+            "ratio_to_floor": 100.0,
+        },
+        "rollout": {"efficiency": 0.9, "engine": {"tokens_per_s": 9.0}, "raw_vllm": {"tokens_per_s": 10.0}},
+    }
     text = "\n".join(gpu_section(json.loads(json.dumps(r)), __import__("pathlib").Path("x.json")))
     assert "100 ms for 1.00 GiB over cuda_ipc" in text and "90%" in text
 
@@ -66,9 +92,22 @@ def test_the_simulator_calibrated_on_its_own_runs_predicts_them(tmp_path):
     from shunter.bench.sim import CostModel
     from shunter.engine.config import from_dict, load_config, merge
 
-    truth = CostModel(prompt_tokens=7, decode_step_s=0.0, decode_step_s_per_seq=1e-4, length_median=200,
-                      length_sigma=0.8, train_step_s=0.0, train_s_per_token=5e-5, load_s=0.08, sleep_s=0.15,
-                      wake_s=0.2, offload_s=0.25, weight_bytes=1e9, sync_bandwidth_Bps=1e15, sync_latency_s=0.01)
+    truth = CostModel(
+        prompt_tokens=7,
+        decode_step_s=0.0,
+        decode_step_s_per_seq=1e-4,
+        length_median=200,
+        length_sigma=0.8,
+        train_step_s=0.0,
+        train_s_per_token=5e-5,
+        load_s=0.08,
+        sleep_s=0.15,
+        wake_s=0.2,
+        offload_s=0.25,
+        weight_bytes=1e9,
+        sync_bandwidth_Bps=1e15,
+        sync_latency_s=0.01,
+    )
     base = msgspec.to_builtins(load_config("examples/gpu2_qwen05b.toml"))
     c = Codec()
     for part in ("separate2", "colocated2", "lend2"):

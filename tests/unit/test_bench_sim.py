@@ -17,18 +17,36 @@ from shunter.bench.trace import to_trace
 from shunter.engine.config import from_dict
 from shunter.events import Codec, RankAssigned, SampleBegin, StepEnd
 
-SMALL = CostModel(prompt_tokens=16, decode_step_s=0.01, decode_step_s_per_seq=1e-4, length_median=60,
-                  length_sigma=0.8, train_step_s=0.2, train_s_per_token=1e-4, weight_bytes=1e9)
+SMALL = CostModel(
+    prompt_tokens=16,
+    decode_step_s=0.01,
+    decode_step_s_per_seq=1e-4,
+    length_median=60,
+    length_sigma=0.8,
+    train_step_s=0.2,
+    train_s_per_token=1e-4,
+    weight_bytes=1e9,
+)
 
 
 def config(policy="separate", standalone=2, hybrid=0, eta=1, steps=4, inflight=64, options=None, **rollout):
-    return from_dict({
-        "run": {"total_steps": steps, "policy": policy, "stall_timeout_s": 3600.0, "policy_options": options or {}},
-        "rollout": {"standalone_replicas": standalone, "hybrid_replicas": hybrid, "n_samples_per_prompt": 4,
-                    "max_tokens": 512, "max_model_len": 1024, "max_staleness": eta, "max_in_flight_per_replica": inflight, **rollout},
-        "trainer": {"ppo_mini_batch_size": 32, "parameter_sync_step": 2, "train_batch_size": 64},
-        "validation": {"every": 0},
-    })
+    return from_dict(
+        {
+            "run": {"total_steps": steps, "policy": policy, "stall_timeout_s": 3600.0, "policy_options": options or {}},
+            "rollout": {
+                "standalone_replicas": standalone,
+                "hybrid_replicas": hybrid,
+                "n_samples_per_prompt": 4,
+                "max_tokens": 512,
+                "max_model_len": 1024,
+                "max_staleness": eta,
+                "max_in_flight_per_replica": inflight,
+                **rollout,
+            },
+            "trainer": {"ppo_mini_batch_size": 32, "parameter_sync_step": 2, "train_batch_size": 64},
+            "validation": {"every": 0},
+        }
+    )
 
 
 def test_same_seed_same_event_log_other_seed_other_log():
@@ -46,13 +64,22 @@ def test_same_seed_same_event_log_other_seed_other_log():
 def test_sync_schedule_matches_the_closed_form_within_2_percent(replicas, length, sync):
     cost = msgspec.structs.replace(SMALL, length_sigma=0.0, length_median=length)
     mbs = 32
-    cfg = from_dict({
-        "run": {"total_steps": 4 * sync, "policy": "colocated", "stall_timeout_s": 3600.0},
-        "rollout": {"standalone_replicas": 0, "hybrid_replicas": replicas, "n_samples_per_prompt": 4,
-                    "max_tokens": 512, "max_model_len": 1024, "max_staleness": 0, "max_in_flight_per_replica": mbs * sync // replicas},
-        "trainer": {"ppo_mini_batch_size": mbs, "parameter_sync_step": sync, "train_batch_size": mbs * sync},
-        "validation": {"every": 0},
-    })
+    cfg = from_dict(
+        {
+            "run": {"total_steps": 4 * sync, "policy": "colocated", "stall_timeout_s": 3600.0},
+            "rollout": {
+                "standalone_replicas": 0,
+                "hybrid_replicas": replicas,
+                "n_samples_per_prompt": 4,
+                "max_tokens": 512,
+                "max_model_len": 1024,
+                "max_staleness": 0,
+                "max_in_flight_per_replica": mbs * sync // replicas,
+            },
+            "trainer": {"ppo_mini_batch_size": mbs, "parameter_sync_step": sync, "train_batch_size": mbs * sync},
+            "validation": {"every": 0},
+        }
+    )
     r = run_sim(cfg, cost, seed=1)
     assert r.ended.reason == "completed"
     assert r.sim_s == pytest.approx(colocated_run_s(cfg, cost), rel=0.02)
@@ -60,13 +87,21 @@ def test_sync_schedule_matches_the_closed_form_within_2_percent(replicas, length
 
 def test_1024_replicas_each_with_its_own_rank_and_work():
     cost = msgspec.structs.replace(SMALL, length_median=20, length_sigma=0.3)
-    cfg = from_dict({
-        "run": {"total_steps": 1, "policy": "separate", "stall_timeout_s": 3600.0},
-        "rollout": {"standalone_replicas": 1024, "n_samples_per_prompt": 4, "max_tokens": 64, "max_model_len": 128,
-                    "max_staleness": 0, "max_in_flight_per_replica": 4},
-        "trainer": {"ppo_mini_batch_size": 4096, "parameter_sync_step": 1, "train_batch_size": 4096},
-        "validation": {"every": 0},
-    })
+    cfg = from_dict(
+        {
+            "run": {"total_steps": 1, "policy": "separate", "stall_timeout_s": 3600.0},
+            "rollout": {
+                "standalone_replicas": 1024,
+                "n_samples_per_prompt": 4,
+                "max_tokens": 64,
+                "max_model_len": 128,
+                "max_staleness": 0,
+                "max_in_flight_per_replica": 4,
+            },
+            "trainer": {"ppo_mini_batch_size": 4096, "parameter_sync_step": 1, "train_batch_size": 4096},
+            "validation": {"every": 0},
+        }
+    )
     r = run_sim(cfg, cost, seed=1)
     assert r.ended.reason == "completed"
     ranks = sorted(m.rank for m in r.messages if isinstance(m, RankAssigned))
@@ -121,10 +156,19 @@ def test_shipped_scenarios_load_and_set_up(tmp_path):
 
 @pytest.mark.parametrize("train_s_per_token, eta", [(1e-5, 1), (1e-3, 1), (3e-4, 2)])
 def test_lend_when_idle_is_never_more_than_1_percent_slower_than_separate(train_s_per_token, eta):
-    cost = msgspec.structs.replace(SMALL, length_median=600, length_sigma=1.0, train_s_per_token=train_s_per_token,
-                                   sleep_s=0.05, wake_s=0.05, load_s=0.01)
+    cost = msgspec.structs.replace(
+        SMALL,
+        length_median=600,
+        length_sigma=1.0,
+        train_s_per_token=train_s_per_token,
+        sleep_s=0.05,
+        wake_s=0.05,
+        load_s=0.01,
+    )
     sep = run_sim(config("separate", 2, 0, eta=eta, steps=12), cost, seed=5)
-    lend = run_sim(config("lend_when_idle", 2, 2, eta=eta, steps=12, options={"switch_cost_prior_s": 0.1}), cost, seed=5)
+    lend = run_sim(
+        config("lend_when_idle", 2, 2, eta=eta, steps=12, options={"switch_cost_prior_s": 0.1}), cost, seed=5
+    )
     assert sep.ended.reason == lend.ended.reason == "completed"
     assert lend.sim_s <= 1.01 * sep.sim_s, (lend.sim_s, sep.sim_s)
     switches = sum(type(m).__name__ == "ModeChanged" for m in lend.messages)
@@ -146,11 +190,15 @@ def test_reward_curves_are_averaged_over_seeds_smoothed_and_plotted(tmp_path):
     from shunter.bench import report
 
     assert report._smooth([1.0, 3.0, 5.0, 7.0], k=2) == [1.0, 2.0, 4.0, 6.0]
-    runs = [{"seed": s, "step": [1.0, 2.0, 3.0], "wall_s": [1.0, 2.0, 3.0], "reward": [0.1 * s, 0.2 * s, 0.3 * s]}
-            for s in (1, 3)]
+    runs = [
+        {"seed": s, "step": [1.0, 2.0, 3.0], "wall_s": [1.0, 2.0, 3.0], "reward": [0.1 * s, 0.2 * s, 0.3 * s]}
+        for s in (1, 3)
+    ]
     assert report._mean_curve(runs, "reward") == ([1.0, 2.0, 3.0], [0.2, 0.4, pytest.approx(0.6)])
-    metrics = {n: {"reward_avg": {"min": r, "median": r, "max": r}}
-               for n, r in (("eta=0 ppo", 0.5), ("eta=0 decoupled", 0.5), ("eta=4 ppo", 0.3), ("eta=4 decoupled", 0.45))}
+    metrics = {
+        n: {"reward_avg": {"min": r, "median": r, "max": r}}
+        for n, r in (("eta=0 ppo", 0.5), ("eta=0 decoupled", 0.5), ("eta=4 ppo", 0.3), ("eta=4 decoupled", 0.45))
+    }
     result = {"scenario": {"scenario": {"name": "sweep"}}, "metrics": metrics, "curves": {n: runs for n in metrics}}
     made = report.plot_curves(result, tmp_path)
     assert [p.name for p in made] == ["sweep-reward.png", "sweep-summary.png"] and all(p.stat().st_size for p in made)

@@ -20,8 +20,18 @@ def buf(**kw):
 def finish(b: SampleBuffer, gid: int, version: int):
     done = False
     for k in range(b.group_size):
-        done = b.add(Sample(sample_id=f"{gid}.{k}", group_id=gid, prompt_id=gid, prompt_token_ids=[1],
-                            token_ids=[2], logprobs=[-1.0], versions=[version], max_tokens=4))
+        done = b.add(
+            Sample(
+                sample_id=f"{gid}.{k}",
+                group_id=gid,
+                prompt_id=gid,
+                prompt_token_ids=[1],
+                token_ids=[2],
+                logprobs=[-1.0],
+                versions=[version],
+                max_tokens=4,
+            )
+        )
     return done
 
 
@@ -76,13 +86,28 @@ def test_budget_overrun_is_rejected():
     b = buf()
     b.open(PromptSpec(prompt_id=0, text="1>"), 0)
     with pytest.raises(ValueError, match="overrun its budget"):
-        b.add(Sample(sample_id="0.0", group_id=0, prompt_id=0, prompt_token_ids=[1], token_ids=[2, 3],
-                     logprobs=[0.0, 0.0], versions=[0, 0], max_tokens=1))
+        b.add(
+            Sample(
+                sample_id="0.0",
+                group_id=0,
+                prompt_id=0,
+                prompt_token_ids=[1],
+                token_ids=[2, 3],
+                logprobs=[0.0, 0.0],
+                versions=[0, 0],
+                max_tokens=1,
+            )
+        )
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["open", "finish", "take", "publish", "drop"]), st.integers(0, 30)),
-                max_size=80), st.sampled_from(["wait", "drop"]), st.integers(0, 3))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["open", "finish", "take", "publish", "drop"]), st.integers(0, 30)), max_size=80
+    ),
+    st.sampled_from(["wait", "drop"]),
+    st.integers(0, 3),
+)
 def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
     """Versions advance only as the gate allows; whatever the order, every group is
     accounted for and no trained group exceeds the bound."""

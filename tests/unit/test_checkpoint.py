@@ -94,8 +94,11 @@ def test_resolve_names_what_it_looked_at(tmp_path):
 
 
 def _config(**run):
-    return cfg(run={"total_steps": 12, "checkpoint_every": 2, **run}, validation={"every": 0},
-               rollout={"standalone_replicas": 2, "max_staleness": 1})
+    return cfg(
+        run={"total_steps": 12, "checkpoint_every": 2, **run},
+        validation={"every": 0},
+        rollout={"standalone_replicas": 2, "max_staleness": 1},
+    )
 
 
 def _effective(first_seen: list, second_trainer) -> list[list[int]]:
@@ -171,9 +174,16 @@ async def test_trainer_death_resumes_from_the_last_checkpoint_exactly_once(tmp_p
 
 
 async def test_a_lost_coordinator_resumes_with_its_policy_state(tmp_path):
-    c = cfg(run={"total_steps": 12, "checkpoint_every": 2, "policy": "lend_when_idle",
-                 "policy_options": {"switch_cost_prior_s": 0.0}}, validation={"every": 0},
-            rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 1})
+    c = cfg(
+        run={
+            "total_steps": 12,
+            "checkpoint_every": 2,
+            "policy": "lend_when_idle",
+            "policy_options": {"switch_cost_prior_s": 0.0},
+        },
+        validation={"every": 0},
+        rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 1},
+    )
     coord, _, trainer = local_run(c, token_s=0.002, checkpoints=tmp_path)
     seen, task = await _until(coord, lambda m: isinstance(m, StepEnd) and m.step == 9, crash=True)
     with pytest.raises(CoordinatorCrash):
@@ -211,14 +221,20 @@ async def test_resuming_a_finished_run_only_runs_its_finale(tmp_path):
     assert isinstance(next(m for m in seen if type(m).__name__.startswith("Run")), RunResumed)
 
 
-@pytest.mark.parametrize("policy,replicas", [
-    ("separate", {"standalone_replicas": 2}),
-    ("lend_when_idle", {"standalone_replicas": 1, "hybrid_replicas": 1}),
-    ("colocated", {"standalone_replicas": 0, "hybrid_replicas": 2}),
-])
+@pytest.mark.parametrize(
+    "policy,replicas",
+    [
+        ("separate", {"standalone_replicas": 2}),
+        ("lend_when_idle", {"standalone_replicas": 1, "hybrid_replicas": 1}),
+        ("colocated", {"standalone_replicas": 0, "hybrid_replicas": 2}),
+    ],
+)
 async def test_every_builtin_policy_resumes_after_a_trainer_death(tmp_path, policy, replicas):
-    c = cfg(run={"total_steps": 10, "checkpoint_every": 2, "policy": policy}, validation={"every": 4},
-            rollout={**replicas, "max_staleness": 1})
+    c = cfg(
+        run={"total_steps": 10, "checkpoint_every": 2, "policy": policy},
+        validation={"every": 4},
+        rollout={**replicas, "max_staleness": 1},
+    )
     coord, _, _ = local_run(c, token_s=0.002, checkpoints=tmp_path)
     seen, task = await _until(coord, lambda m: isinstance(m, StepEnd) and m.step == 5)
     coord.post(coord.stamp(ComponentFailed(component="trainer", error="killed by the test")))
@@ -243,4 +259,6 @@ async def test_the_final_checkpoint_follows_the_final_validation(tmp_path):
     assert ended.reason == "completed", ended
     assert [e.step for e in seen if isinstance(e, CheckpointSaved)] == [4, 6]
     kinds = [type(m).__name__ for m in seen]
-    assert kinds.index("ValidateEnd", len(kinds) - kinds[::-1].index("Validate") - 1) < len(kinds) - 1 - kinds[::-1].index("CheckpointSaved")
+    assert kinds.index("ValidateEnd", len(kinds) - kinds[::-1].index("Validate") - 1) < len(kinds) - 1 - kinds[
+        ::-1
+    ].index("CheckpointSaved")

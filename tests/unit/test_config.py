@@ -24,19 +24,25 @@ def test_defaults_load_and_every_field_is_documented():
             assert prop.get("description"), f"{name}.{field} has no description"
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"trainer": {"train_batch_size": 100}}, "trainer.train_batch_size (100) must equal"),
-    ({"trainer": {"ppo_mini_batch_size": 6, "train_batch_size": 12}}, "multiple of rollout.n_samples_per_prompt (8)"),
-    ({"trainer": {"lr": "fast"}}, "Expected `float`, got `str` - at `$.trainer.lr`"),
-    ({"trainer": {"lr": -1.0}}, "$.trainer.lr"),
-    ({"trainr": {}}, "unknown field `trainr`"),
-    ({"rollout": {"standalone_replicas": 0}}, "no replica to generate with"),
-    ({"rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}}, "needs at least one standalone replica"),
-    ({"run": {"policy": "colocated"}}, "needs rollout.hybrid_replicas >= 1"),
-    ({"run": {"policy": "nope"}}, "unknown policy 'nope'"),
-    ({"run": {"policy": "no_such_mod:X"}}, "cannot import module 'no_such_mod'"),
-    ({"rollout": {"on_stale": "later"}}, "$.rollout.on_stale"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"trainer": {"train_batch_size": 100}}, "trainer.train_batch_size (100) must equal"),
+        (
+            {"trainer": {"ppo_mini_batch_size": 6, "train_batch_size": 12}},
+            "multiple of rollout.n_samples_per_prompt (8)",
+        ),
+        ({"trainer": {"lr": "fast"}}, "Expected `float`, got `str` - at `$.trainer.lr`"),
+        ({"trainer": {"lr": -1.0}}, "$.trainer.lr"),
+        ({"trainr": {}}, "unknown field `trainr`"),
+        ({"rollout": {"standalone_replicas": 0}}, "no replica to generate with"),
+        ({"rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}}, "needs at least one standalone replica"),
+        ({"run": {"policy": "colocated"}}, "needs rollout.hybrid_replicas >= 1"),
+        ({"run": {"policy": "nope"}}, "unknown policy 'nope'"),
+        ({"run": {"policy": "no_such_mod:X"}}, "cannot import module 'no_such_mod'"),
+        ({"rollout": {"on_stale": "later"}}, "$.rollout.on_stale"),
+    ],
+)
 def test_bad_configs_name_the_field_and_values(data, message):
     with pytest.raises(ConfigError) as e:
         from_dict(data)
@@ -45,7 +51,7 @@ def test_bad_configs_name_the_field_and_values(data, message):
 
 def test_toml_file_and_overrides(tmp_path):
     p = tmp_path / "c.toml"
-    p.write_text('[run]\ntotal_steps = 3\n[trainer]\nlr = 1e-3\n')
+    p.write_text("[run]\ntotal_steps = 3\n[trainer]\nlr = 1e-3\n")
     cfg = load_config(p, {"run": {"total_steps": 5}})
     assert isinstance(cfg, EngineConfig) and cfg.run.total_steps == 5 and cfg.trainer.lr == 1e-3
     with pytest.raises(ConfigError, match="does not exist"):

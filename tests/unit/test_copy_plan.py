@@ -18,12 +18,20 @@ def hf_items(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
     out = [("model.embed_tokens.weight", r(V, H))]
     for n in range(2):
         p = f"model.layers.{n}."
-        out += [(p + "self_attn.q_proj.weight", r(Q, H)), (p + "self_attn.q_proj.bias", r(Q)),
-                (p + "self_attn.k_proj.weight", r(KV, H)), (p + "self_attn.k_proj.bias", r(KV)),
-                (p + "self_attn.v_proj.weight", r(KV, H)), (p + "self_attn.v_proj.bias", r(KV)),
-                (p + "self_attn.o_proj.weight", r(H, Q)), (p + "mlp.gate_proj.weight", r(I, H)),
-                (p + "mlp.up_proj.weight", r(I, H)), (p + "mlp.down_proj.weight", r(H, I)),
-                (p + "input_layernorm.weight", r(H)), (p + "post_attention_layernorm.weight", r(H))]
+        out += [
+            (p + "self_attn.q_proj.weight", r(Q, H)),
+            (p + "self_attn.q_proj.bias", r(Q)),
+            (p + "self_attn.k_proj.weight", r(KV, H)),
+            (p + "self_attn.k_proj.bias", r(KV)),
+            (p + "self_attn.v_proj.weight", r(KV, H)),
+            (p + "self_attn.v_proj.bias", r(KV)),
+            (p + "self_attn.o_proj.weight", r(H, Q)),
+            (p + "mlp.gate_proj.weight", r(I, H)),
+            (p + "mlp.up_proj.weight", r(I, H)),
+            (p + "mlp.down_proj.weight", r(H, I)),
+            (p + "input_layernorm.weight", r(H)),
+            (p + "post_attention_layernorm.weight", r(H)),
+        ]
     return out + [("model.norm.weight", r(H))]
 
 
@@ -31,11 +39,17 @@ def vllm_params() -> dict[str, torch.Tensor]:
     out = {"model.embed_tokens.weight": torch.zeros(VPAD, H), "model.norm.weight": torch.zeros(H)}
     for n in range(2):
         p = f"model.layers.{n}."
-        out.update({p + "self_attn.qkv_proj.weight": torch.zeros(Q + 2 * KV, H),
-                    p + "self_attn.qkv_proj.bias": torch.zeros(Q + 2 * KV),
-                    p + "self_attn.o_proj.weight": torch.zeros(H, Q),
-                    p + "mlp.gate_up_proj.weight": torch.zeros(2 * I, H), p + "mlp.down_proj.weight": torch.zeros(H, I),
-                    p + "input_layernorm.weight": torch.zeros(H), p + "post_attention_layernorm.weight": torch.zeros(H)})
+        out.update(
+            {
+                p + "self_attn.qkv_proj.weight": torch.zeros(Q + 2 * KV, H),
+                p + "self_attn.qkv_proj.bias": torch.zeros(Q + 2 * KV),
+                p + "self_attn.o_proj.weight": torch.zeros(H, Q),
+                p + "mlp.gate_up_proj.weight": torch.zeros(2 * I, H),
+                p + "mlp.down_proj.weight": torch.zeros(H, I),
+                p + "input_layernorm.weight": torch.zeros(H),
+                p + "post_attention_layernorm.weight": torch.zeros(H),
+            }
+        )
     return out
 
 
@@ -46,10 +60,10 @@ def loader(params, items) -> None:
         for part, (a, n) in offsets.items():
             if f".{part}." in name:
                 fused = name.replace(part, "qkv_proj" if part in ("q_proj", "k_proj", "v_proj") else "gate_up_proj")
-                params[fused].data[a:a + n].copy_(t)
+                params[fused].data[a : a + n].copy_(t)
                 break
         else:
-            params[name].data[:len(t) if t.dim() else None].copy_(t)  # a padded vocabulary: its first rows
+            params[name].data[: len(t) if t.dim() else None].copy_(t)  # a padded vocabulary: its first rows
 
 
 def test_the_plan_writes_what_the_loader_writes_and_verifies():

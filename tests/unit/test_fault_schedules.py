@@ -22,13 +22,22 @@ TOTAL = 10
 
 
 @settings(max_examples=12, deadline=None)
-@given(schedule=st.lists(st.tuples(st.integers(1, TOTAL), st.sampled_from(ACTIONS)), max_size=4),
-       on_stale=st.sampled_from(["wait", "drop"]), staleness=st.integers(0, 2))
-@example(schedule=[(3, "trainer_dies"), (4, "kill_replica"), (6, "coordinator_crashes"), (7, "kill_replica")],
-         on_stale="wait", staleness=1)
+@given(
+    schedule=st.lists(st.tuples(st.integers(1, TOTAL), st.sampled_from(ACTIONS)), max_size=4),
+    on_stale=st.sampled_from(["wait", "drop"]),
+    staleness=st.integers(0, 2),
+)
+@example(
+    schedule=[(3, "trainer_dies"), (4, "kill_replica"), (6, "coordinator_crashes"), (7, "kill_replica")],
+    on_stale="wait",
+    staleness=1,
+)
 def test_any_fault_schedule_completes_exactly_once_within_the_staleness_bound(schedule, on_stale, staleness):
-    c = cfg(run={"total_steps": TOTAL, "checkpoint_every": 2}, validation={"every": 0},
-            rollout={"standalone_replicas": 3, "max_staleness": staleness, "on_stale": on_stale})
+    c = cfg(
+        run={"total_steps": TOTAL, "checkpoint_every": 2},
+        validation={"every": 0},
+        rollout={"standalone_replicas": 3, "max_staleness": staleness, "on_stale": on_stale},
+    )
     root = Path(tempfile.mkdtemp())
     try:
         batches, steps, attempts, coord = asyncio.run(run_with_faults(c, schedule, root))

@@ -22,7 +22,6 @@ from shunter.events import (
     StepEnd,
     TrainStep,
     ValidateEnd,
-    read_log,
 )
 from shunter.policies import Policy, SeparatePolicy
 
@@ -30,8 +29,13 @@ from shunter.policies import Policy, SeparatePolicy
 def cfg(**over):
     base = {
         "run": {"total_steps": 6, "policy": "separate"},
-        "rollout": {"standalone_replicas": 2, "n_samples_per_prompt": 4, "max_tokens": 12, "max_staleness": 1,
-                    "max_in_flight_per_replica": 16},
+        "rollout": {
+            "standalone_replicas": 2,
+            "n_samples_per_prompt": 4,
+            "max_tokens": 12,
+            "max_staleness": 1,
+            "max_in_flight_per_replica": 16,
+        },
         "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
         "validation": {"every": 2, "prompts": 8},
     }
@@ -46,13 +50,16 @@ def with_logs(coord, tmp_path):
     return log
 
 
-@pytest.mark.parametrize(("policy", "says"), [
-    (Raises, "raised AttributeError: 'EngineView' object has no attribute 'bufer'"),
-    (ReturnsNone, "returned None; expected a list of intents"),
-    (ReturnsBare, "returned a bare TrainStep, not a list"),
-    (ReturnsJunk, "returned a list holding str 'publish' at index 1"),
-    (ReturnsOrder, "returned Generate at index 0, an order only the coordinator gives components"),
-])
+@pytest.mark.parametrize(
+    ("policy", "says"),
+    [
+        (Raises, "raised AttributeError: 'EngineView' object has no attribute 'bufer'"),
+        (ReturnsNone, "returned None; expected a list of intents"),
+        (ReturnsBare, "returned a bare TrainStep, not a list"),
+        (ReturnsJunk, "returned a list holding str 'publish' at index 1"),
+        (ReturnsOrder, "returned Generate at index 0, an order only the coordinator gives components"),
+    ],
+)
 @virtual_time
 async def test_a_policy_that_keeps_failing_ends_the_run_with_its_name_event_and_cause(policy, says, tmp_path):
     coord, _, _ = local_run(cfg(run={"policy_max_failures": 5}), policy=policy())
@@ -85,7 +92,8 @@ async def test_policy_failures_are_never_fed_back_to_the_policy():
     ended, seen = await run_to_end(coord)
     assert ended.reason == "completed", ended
     assert [m.error for m in seen if isinstance(m, PolicyFailed)] == [
-        f"{FailsOnce.__module__}.{FailsOnce.__qualname__}.decide() raised RuntimeError: one bad step"]
+        f"{FailsOnce.__module__}.{FailsOnce.__qualname__}.decide() raised RuntimeError: one bad step"
+    ]
     assert not [e for e in decided if isinstance(e, PolicyFailed | PolicySlow | IntentRejected)]
 
 
@@ -136,9 +144,13 @@ def _explode(*args, **kwargs):
 @virtual_time
 async def test_an_exception_in_any_stage_ends_the_run_naming_stage_message_and_cause(stage):
     coord, _, _ = local_run(cfg())
-    target = {"apply": (coord.applier, "apply"), "intent": (coord.intents, "carry_out"),
-              "pump": (coord.inflight, "pump"), "finale": (coord.finale, "advance"),
-              "decide": (coord.guard, "decide")}
+    target = {
+        "apply": (coord.applier, "apply"),
+        "intent": (coord.intents, "carry_out"),
+        "pump": (coord.inflight, "pump"),
+        "finale": (coord.finale, "advance"),
+        "decide": (coord.guard, "decide"),
+    }
     steps = [0]
 
     def after_a_while(original):
@@ -147,13 +159,16 @@ async def test_an_exception_in_any_stage_ends_the_run_naming_stage_message_and_c
             if steps[0] > 5:
                 _explode()
             return original(*a, **k)
+
         return wrapped
 
     if stage == "sink":
+
         class DiskFull:
             def __call__(self, msg):
                 if isinstance(msg, StepEnd):
                     _explode()
+
         coord.sinks.append(DiskFull())
     else:
         obj, name = target[stage]
@@ -224,9 +239,11 @@ async def test_a_resumed_policy_sees_run_resumed_first(tmp_path):
 @pytest.mark.parametrize("policy", ["colocated", "separate", "lend_when_idle"])
 @virtual_time
 async def test_every_builtin_policy_validates_on_schedule_and_at_the_end(policy):
-    setups = {"colocated": {"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0},
-              "separate": {"standalone_replicas": 2},
-              "lend_when_idle": {"standalone_replicas": 1, "hybrid_replicas": 1}}
+    setups = {
+        "colocated": {"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0},
+        "separate": {"standalone_replicas": 2},
+        "lend_when_idle": {"standalone_replicas": 1, "hybrid_replicas": 1},
+    }
     c = cfg(run={"policy": policy, "total_steps": 8}, rollout=setups[policy], validation={"every": 4})
     coord, _, _ = local_run(c)
     ended, seen = await run_to_end(coord)

@@ -79,8 +79,9 @@ def test_decoupled_loss_weights_each_token_and_centres_the_clip_on_the_proximal_
 
 def test_a_dropped_token_still_counts_in_the_token_mean():
     logp = torch.zeros(1, 2, requires_grad=True)
-    loss, _ = rl.ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), clip=0.2,
-                               keep=torch.tensor([[1.0, 0.0]]))
+    loss, _ = rl.ppo_clip_loss(
+        logp, torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), clip=0.2, keep=torch.tensor([[1.0, 0.0]])
+    )
     assert math.isclose(float(loss.detach()), -0.5)  # (1 + 0) / 2 tokens
 
 
@@ -92,6 +93,7 @@ def test_unknown_modes_are_refused_by_name():
 
 
 # -- the trainer ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -108,15 +110,27 @@ def _samples(tr, logprobs=None, versions=(0, 0, 0, 0)):
     out = []
     for i in range(4):
         toks = [29, 30, 31][: 1 + i % 3]
-        out.append(Sample(sample_id=f"0.{i}", group_id=0, prompt_id=0, prompt_token_ids=[29, 31, 30, 40],
-                          token_ids=toks, logprobs=[-3.0] * len(toks), versions=[versions[i]] * len(toks), max_tokens=3,
-                          reward=float(i)))
+        out.append(
+            Sample(
+                sample_id=f"0.{i}",
+                group_id=0,
+                prompt_id=0,
+                prompt_token_ids=[29, 31, 30, 40],
+                token_ids=toks,
+                logprobs=[-3.0] * len(toks),
+                versions=[versions[i]] * len(toks),
+                max_tokens=3,
+                reward=float(i),
+            )
+        )
     if logprobs == "own":  # the trainer's own log-probs: exactly on-policy, no mismatch
         b = tr.collate(out)
         with torch.no_grad():
             lp = tr._logp(tr.model, b)
-        out = [msgspec.structs.replace(s, logprobs=lp[k, len(s.prompt_token_ids) - 1:][: len(s.token_ids)].tolist())
-               for k, s in enumerate(out)]
+        out = [
+            msgspec.structs.replace(s, logprobs=lp[k, len(s.prompt_token_ids) - 1 :][: len(s.token_ids)].tolist())
+            for k, s in enumerate(out)
+        ]
     return out
 
 
@@ -162,8 +176,16 @@ def test_trainer_reports_is_statistics_and_a_staleness_histogram(model_dir):
     tr.version = 2
     m = tr.train_step(_samples(tr, versions=(2, 1, 1, 0)))
     assert (m["batch/staleness_0"], m["batch/staleness_1"], m["batch/staleness_2"]) == (1.0, 2.0, 1.0)
-    for k in ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "is_truncated_frac", "is_masked_frac",
-              "mismatch_kl", "mismatch_k3", "pg_clipfrac"):
+    for k in (
+        "is_ratio_mean",
+        "is_ratio_max",
+        "is_ratio_min",
+        "is_truncated_frac",
+        "is_masked_frac",
+        "mismatch_kl",
+        "mismatch_k3",
+        "pg_clipfrac",
+    ):
         assert math.isfinite(m[f"trainer/{k}"]), k
     # logprobs of -3 against the tiny model's own (about -3.7) put some ratios outside [0.5, 2]
     assert 0.0 <= m["trainer/is_masked_frac"] <= 1.0

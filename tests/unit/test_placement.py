@@ -25,38 +25,65 @@ def test_separate_on_two_gpus_gives_the_trainer_and_the_replica_a_gpu_each():
 
 
 def test_hybrid_replicas_share_the_trainers_bundle_and_standalone_ones_get_their_own():
-    p = plan(cfg({"num_gpus": 0.5, "num_cpus": 1}, {"standalone_replicas": 2, "hybrid_replicas": 1,
-                                                   "num_gpus": 0.4, "num_cpus": 0.5}))
+    p = plan(
+        cfg(
+            {"num_gpus": 0.5, "num_cpus": 1},
+            {"standalone_replicas": 2, "hybrid_replicas": 1, "num_gpus": 0.4, "num_cpus": 0.5},
+        )
+    )
     assert p.bundles[0] == {"GPU": 1.0, "CPU": 1.5}
     assert p.hybrid == [Slot(0, 0.4, 0.5)]
     assert [s.bundle for s in p.standalone] == [1, 2] and p.gpus == 3
 
 
 def test_on_one_gpu_standalone_replicas_can_share_the_trainers_bundle():
-    p = plan(cfg({"num_gpus": 0.3}, {"standalone_replicas": 1, "hybrid_replicas": 1, "num_gpus": 0.3,
-                                     "share_trainer_gpu": True}))
+    p = plan(
+        cfg(
+            {"num_gpus": 0.3},
+            {"standalone_replicas": 1, "hybrid_replicas": 1, "num_gpus": 0.3, "share_trainer_gpu": True},
+        )
+    )
     assert p.gpus == 1 and [s.bundle for s in p.standalone + p.hybrid] == [0, 0]
     with pytest.raises(ConfigError, match="2 hybrid and standalone replicas x rollout.num_gpus"):
-        cfg({"num_gpus": 0.5}, {"standalone_replicas": 1, "hybrid_replicas": 1, "num_gpus": 0.3,
-                                "share_trainer_gpu": True})
+        cfg(
+            {"num_gpus": 0.5},
+            {"standalone_replicas": 1, "hybrid_replicas": 1, "num_gpus": 0.3, "share_trainer_gpu": True},
+        )
 
 
 def test_a_trainer_side_of_two_gpus_spreads_hybrid_replicas_over_both():
-    c = from_dict({"run": {"policy": "colocated"}, "trainer": {"num_gpus": 0.5, "gpus": 2},
-                   "rollout": {"hybrid_replicas": 2, "standalone_replicas": 0, "num_gpus": 0.4, "max_staleness": 0}})
+    c = from_dict(
+        {
+            "run": {"policy": "colocated"},
+            "trainer": {"num_gpus": 0.5, "gpus": 2},
+            "rollout": {"hybrid_replicas": 2, "standalone_replicas": 0, "num_gpus": 0.4, "max_staleness": 0},
+        }
+    )
     p = plan(c)
     assert p.gpus == 2 and [s.bundle for s in p.hybrid] == [0, 1] and p.trainer.bundle == 0
 
 
-@pytest.mark.parametrize(("trainer", "rollout", "match"), [
-    ({"num_gpus": 0.6}, {"hybrid_replicas": 1, "standalone_replicas": 0, "num_gpus": 0.5}, "lower the fractions"),
-    ({"num_gpus": 2}, {"num_gpus": 1}, r"<= 1.0 - at `\$.trainer.num_gpus`"),
-    ({"num_gpus": 0}, {"num_gpus": 1}, "give the trainer a GPU"),
-    ({"num_gpus": 1}, {"num_gpus": 0}, "give each replica a GPU"),
-    ({"num_gpus": 1}, {"num_gpus": 2}, "a replica runs on one GPU"),
-    ({"num_gpus": 0.5}, {"hybrid_replicas": 0, "standalone_replicas": 1, "num_gpus": 0.5, "share_trainer_gpu": True,
-                         "max_staleness": 1}, None),
-])
+@pytest.mark.parametrize(
+    ("trainer", "rollout", "match"),
+    [
+        ({"num_gpus": 0.6}, {"hybrid_replicas": 1, "standalone_replicas": 0, "num_gpus": 0.5}, "lower the fractions"),
+        ({"num_gpus": 2}, {"num_gpus": 1}, r"<= 1.0 - at `\$.trainer.num_gpus`"),
+        ({"num_gpus": 0}, {"num_gpus": 1}, "give the trainer a GPU"),
+        ({"num_gpus": 1}, {"num_gpus": 0}, "give each replica a GPU"),
+        ({"num_gpus": 1}, {"num_gpus": 2}, "a replica runs on one GPU"),
+        (
+            {"num_gpus": 0.5},
+            {
+                "hybrid_replicas": 0,
+                "standalone_replicas": 1,
+                "num_gpus": 0.5,
+                "share_trainer_gpu": True,
+                "max_staleness": 1,
+            },
+            None,
+        ),
+    ],
+)
 def test_configs_that_do_not_fit_are_refused_by_name_when_loaded(trainer, rollout, match):
     if match is None:  # the edge that fits
         assert plan(cfg(trainer, rollout)).gpus == 1

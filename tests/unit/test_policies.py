@@ -31,8 +31,14 @@ H1 = ReplicaView(replica_id="hybrid-1", kind="hybrid", rank=1, mode="trainer")
 
 
 def view(*replicas, trainer=None, buffer=None, **kw):
-    return EngineView(replicas=tuple(replicas), trainer=trainer or TrainerView(step=1), buffer=buffer or BufferView(),
-                      ppo_mini_batch_size=128, parameter_sync_step=2, **kw)
+    return EngineView(
+        replicas=tuple(replicas),
+        trainer=trainer or TrainerView(step=1),
+        buffer=buffer or BufferView(),
+        ppo_mini_batch_size=128,
+        parameter_sync_step=2,
+        **kw,
+    )
 
 
 STEP = StepEnd(step=1, batch_id=0, duration_s=0.2, **ENV)
@@ -92,11 +98,15 @@ def test_colocated_runs_the_synchronous_schedule():
     h0 = ReplicaView(replica_id="hybrid-0", kind="hybrid", rank=0, mode="trainer")
     p = ColocatedPolicy()
     assert p.decide(RunStarted(policy="colocated", replicas=1, **ENV), view(h0)) == [
-        Offload(parts=["optimizer"]), SwitchToRollout(replica_ids=["hybrid-0"])]
+        Offload(parts=["optimizer"]),
+        SwitchToRollout(replica_ids=["hybrid-0"]),
+    ]
     rolling = replace(h0, mode="rollout")
     assert p.decide(READY, view(rolling, buffer=BufferView(ready_batches=1))) == []  # not a whole train batch
     assert p.decide(READY, view(rolling, buffer=BufferView(ready_batches=2))) == [
-        SwitchToTrainer(replica_ids=["hybrid-0"], sleep_level=1), Onload(parts=["optimizer"])]
+        SwitchToTrainer(replica_ids=["hybrid-0"], sleep_level=1),
+        Onload(parts=["optimizer"]),
+    ]
     back = ModeChanged(replica_id="hybrid-0", mode="trainer", previous="rollout", duration_s=0.01, **ENV)
     assert p.decide(back, view(h0, buffer=BufferView(ready_batches=2))) == [TrainStep()]
     assert p.decide(STEP, view(h0, buffer=BufferView(ready_batches=1))) == [TrainStep()]

@@ -63,8 +63,16 @@ def test_snapshot_restore_resumes_identically():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["assign", "release", "restore"]), st.integers(0, 7),
-                          st.sampled_from(["hybrid", "standalone"])), max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["assign", "release", "restore"]),
+            st.integers(0, 7),
+            st.sampled_from(["hybrid", "standalone"]),
+        ),
+        max_size=60,
+    )
+)
 def test_invariants_hold_under_random_schedules(ops):
     t = RankTable("r")
     kinds: dict[str, str] = {}

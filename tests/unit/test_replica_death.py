@@ -13,8 +13,9 @@ from shunter.events import ReplicaDown, SampleAborted, SampleEnd
 
 
 async def test_replicas_killed_mid_run_lose_no_sample_and_train_none_twice():
-    c = cfg(run={"total_steps": 8}, rollout={"standalone_replicas": 4, "max_in_flight_per_replica": 16,
-                                             "max_staleness": 1})
+    c = cfg(
+        run={"total_steps": 8}, rollout={"standalone_replicas": 4, "max_in_flight_per_replica": 16, "max_staleness": 1}
+    )
     coord, backends, trainer = local_run(c, token_s=0.004)
     seen = []
     coord.sinks.append(seen.append)

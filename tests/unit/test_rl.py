@@ -62,13 +62,25 @@ def test_trainer_step_changes_weights_and_publish_round_trips(model_dir):
     from shunter.engine.trainer import Trainer
     from shunter.events import Sample
 
-    tr = Trainer(TrainerConfig(ppo_mini_batch_size=4, parameter_sync_step=1, train_batch_size=4, lr=1e-2,
-                               kl_coef=0.1), model_dir)
+    tr = Trainer(
+        TrainerConfig(ppo_mini_batch_size=4, parameter_sync_step=1, train_batch_size=4, lr=1e-2, kl_coef=0.1), model_dir
+    )
     tr.setup()
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    samples = [Sample(sample_id=f"0.{i}", group_id=0, prompt_id=0, prompt_token_ids=[29, 31, 30, 40],
-                      token_ids=[29, 30, 0][: 1 + i % 3], logprobs=[-3.7] * (1 + i % 3), versions=[0] * (1 + i % 3),
-                      max_tokens=4, reward=float(i)) for i in range(4)]
+    samples = [
+        Sample(
+            sample_id=f"0.{i}",
+            group_id=0,
+            prompt_id=0,
+            prompt_token_ids=[29, 31, 30, 40],
+            token_ids=[29, 30, 0][: 1 + i % 3],
+            logprobs=[-3.7] * (1 + i % 3),
+            versions=[0] * (1 + i % 3),
+            max_tokens=4,
+            reward=float(i),
+        )
+        for i in range(4)
+    ]
     m = tr.train_step(samples)
     assert tr.step == 1 and m["batch/reward_mean"] == 1.5 and m["batch/staleness_max"] == 0.0
     assert "trainer/kl" in m and math.isfinite(m["trainer/loss"])
@@ -99,8 +111,16 @@ def test_trainer_scores_the_tempered_distribution_the_rollout_sampled_from(model
 
     tr = Trainer(TrainerConfig(), model_dir, temperature=0.5)
     tr.setup()
-    s = Sample(sample_id="0.0", group_id=0, prompt_id=0, prompt_token_ids=[29, 31, 40], token_ids=[29, 31],
-               logprobs=[0.0, 0.0], versions=[0, 0], max_tokens=2)
+    s = Sample(
+        sample_id="0.0",
+        group_id=0,
+        prompt_id=0,
+        prompt_token_ids=[29, 31, 40],
+        token_ids=[29, 31],
+        logprobs=[0.0, 0.0],
+        versions=[0, 0],
+        max_tokens=2,
+    )
     b = tr.collate([s])
     with torch.no_grad():
         got = tr._logp(tr.model, b)[0, 2:4]
@@ -114,14 +134,33 @@ def test_micro_batches_take_the_same_step_as_the_whole_batch(model_dir):
     from shunter.engine.trainer import Trainer
     from shunter.events import Sample
 
-    samples = [Sample(sample_id=f"{i // 3}.{i % 3}", group_id=i // 3, prompt_id=i // 3,
-                      prompt_token_ids=[29, 31, 30, 40][: 2 + i % 3], token_ids=[29, 30, 31, 0][: 1 + i % 4],
-                      logprobs=[-3.7] * (1 + i % 4), versions=[0] * (1 + i % 4), max_tokens=4, reward=float(i % 3))
-               for i in range(9)]
+    samples = [
+        Sample(
+            sample_id=f"{i // 3}.{i % 3}",
+            group_id=i // 3,
+            prompt_id=i // 3,
+            prompt_token_ids=[29, 31, 30, 40][: 2 + i % 3],
+            token_ids=[29, 30, 31, 0][: 1 + i % 4],
+            logprobs=[-3.7] * (1 + i % 4),
+            versions=[0] * (1 + i % 4),
+            max_tokens=4,
+            reward=float(i % 3),
+        )
+        for i in range(9)
+    ]
     params = []
     for micro in (0, 2, 4):
-        tr = Trainer(TrainerConfig(ppo_mini_batch_size=9, parameter_sync_step=1, train_batch_size=9, lr=1e-2,
-                                   kl_coef=0.1, micro_batch_size=micro), model_dir)
+        tr = Trainer(
+            TrainerConfig(
+                ppo_mini_batch_size=9,
+                parameter_sync_step=1,
+                train_batch_size=9,
+                lr=1e-2,
+                kl_coef=0.1,
+                micro_batch_size=micro,
+            ),
+            model_dir,
+        )
         tr.setup()
         m = tr.train_step(samples)
         # the accumulated gradient is left on the parameters after the step
@@ -152,9 +191,19 @@ def test_trainer_logprobs_of_response_tokens_match_the_full_forward_and_its_grad
     tr = Trainer(TrainerConfig(), model_dir, temperature=0.8)
     tr.setup()
     assert _plain_head(tr.model)[0] is not None  # the memory-lean path is the one tested
-    samples = [Sample(sample_id=f"0.{i}", group_id=0, prompt_id=0, prompt_token_ids=[29, 31, 40][: 2 + i % 2],
-                      token_ids=[29, 31, 30][: 1 + i], logprobs=[0.0] * (1 + i), versions=[0] * (1 + i), max_tokens=3)
-               for i in range(3)]
+    samples = [
+        Sample(
+            sample_id=f"0.{i}",
+            group_id=0,
+            prompt_id=0,
+            prompt_token_ids=[29, 31, 40][: 2 + i % 2],
+            token_ids=[29, 31, 30][: 1 + i],
+            logprobs=[0.0] * (1 + i),
+            versions=[0] * (1 + i),
+            max_tokens=3,
+        )
+        for i in range(3)
+    ]
     b = tr.collate(samples)
     got = tr._logp(tr.model, b)
     full = torch.log_softmax(tr.model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1] / 0.8, -1)

@@ -23,9 +23,11 @@ pytestmark = pytest.mark.timeout(60)
 
 def _items(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return [("model.embed_tokens.weight", torch.randn(50, 8, generator=g)),
-            ("model.layers.0.mlp.up_proj.weight", torch.randn(16, 8, generator=g)),
-            ("model.norm.weight", torch.randn(8, generator=g))]
+    return [
+        ("model.embed_tokens.weight", torch.randn(50, 8, generator=g)),
+        ("model.layers.0.mlp.up_proj.weight", torch.randn(16, 8, generator=g)),
+        ("model.norm.weight", torch.randn(8, generator=g)),
+    ]
 
 
 def _publish(pub: wt.FlatPublisher, version: int, seed: int = 0) -> bytes:

@@ -14,9 +14,11 @@ from shunter.engine import weight_transport as wt
 
 def _items():
     g = torch.Generator().manual_seed(0)
-    return [("model.embed_tokens.weight", torch.randn(11, 4, generator=g)),
-            ("model.layers.0.mlp.up_proj.weight", torch.randn(6, 4, generator=g)),
-            ("model.norm.weight", torch.randn(4, generator=g))]
+    return [
+        ("model.embed_tokens.weight", torch.randn(11, 4, generator=g)),
+        ("model.layers.0.mlp.up_proj.weight", torch.randn(6, 4, generator=g)),
+        ("model.norm.weight", torch.randn(4, generator=g)),
+    ]
 
 
 def test_unique_tensors_drops_a_tied_alias_but_keeps_equal_copies():
@@ -30,10 +32,12 @@ def test_pack_into_lays_tensors_back_to_back_in_the_buffer_dtype():
     buf = torch.empty(sum(t.numel() for _, t in items), dtype=torch.bfloat16)
     entries = wt.pack_into(buf, items)
     assert [(n, s, o, k) for n, s, o, k in entries] == [
-        ("model.embed_tokens.weight", (11, 4), 0, 44), ("model.layers.0.mlp.up_proj.weight", (6, 4), 44, 24),
-        ("model.norm.weight", (4,), 68, 4)]
+        ("model.embed_tokens.weight", (11, 4), 0, 44),
+        ("model.layers.0.mlp.up_proj.weight", (6, 4), 44, 24),
+        ("model.norm.weight", (4,), 68, 4),
+    ]
     for (_, t), (_, shape, off, n) in zip(items, entries, strict=True):
-        assert torch.equal(buf[off:off + n].view(shape), t.to(torch.bfloat16))
+        assert torch.equal(buf[off : off + n].view(shape), t.to(torch.bfloat16))
 
 
 def test_vllms_ipc_engine_accepts_our_update_info_and_unpacks_our_buffer():
@@ -46,8 +50,13 @@ def test_vllms_ipc_engine_accepts_our_update_info_and_unpacks_our_buffer():
     buf = torch.empty(sum(t.numel() for _, t in items), dtype=torch.bfloat16)
     info = wt.vllm_update_info(wt.pack_into(buf, items), torch.bfloat16, {"GPU-uuid": ("rebuild", "args")})
     typed = ipc.IPCWeightTransferUpdateInfo(**_ipc_update_info(info))  # vLLM's own validation
-    got = unpack_tensor(buf.view(torch.uint8), typed.names, typed.shapes,
-                        [getattr(torch, d) for d in typed.dtype_names], typed.tensor_sizes)
+    got = unpack_tensor(
+        buf.view(torch.uint8),
+        typed.names,
+        typed.shapes,
+        [getattr(torch, d) for d in typed.dtype_names],
+        typed.tensor_sizes,
+    )
     assert [n for n, _ in got] == [n for n, _ in items]
     for (_, a), (_, b) in zip(got, items, strict=True):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))

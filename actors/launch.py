@@ -1,0 +1,316 @@
+"""``Launcher``: creates, places and removes the actors of one run attempt.
+
+Invariants: every actor of a run is named ``shunter.<run_id>.*`` in the ``shunter`` namespace
+(replicas by the name the registry gave their rank), so re-runs and concurrent runs in one
+cluster never collide on a name; every actor the launcher made is killed by
+:meth:`stop_attempt`; a component that does not start raises ``EngineSetupError`` naming it
+and its own cause; every actor gets ``run.import_paths`` so the user's code resolves alike in
+every process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from shunter.engine.checkpoint import Manifest
+from shunter.engine.config import EngineConfig
+from shunter.engine.errors import EngineSetupError, describe
+from shunter.events import Codec, ComponentFailed, ComponentPlaced, ComponentReady, Message, ReplicaUp
+from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
+
+NAMESPACE = "shunter"
+
+
+class Launcher:
+    def __init__(self, cfg: EngineConfig, run_id: str, out_dir: Path) -> None:
+        self.cfg, self.run_id, self.out_dir = cfg, run_id, out_dir
+        self.codec = Codec()
+        self.attempt = 0
+        self.owns_ray = False
+        self.actors: list[Any] = []
+        self.registry: Any = None
+        self.coordinator: Any = None
+        self.model_dir = ""
+        self.serve: tuple[str, int] = ("", 0)
+        """(model folder, weight version) new replicas start from."""
+        self._made = 0
+        self._placer: Any = None  # actors.placement.Placer when the config asks for GPUs
+        self._slots: dict[str, int] = {}  # component -> its placement-group bundle
+
+    # -- the cluster ---------------------------------------------------------------------
+    async def open(self) -> None:
+        """Model, Ray, placement and the run's registry (they outlive attempts)."""
+        from shunter.actors import registry
+        from shunter.engine.placement import plan
+
+        self.model_dir = self._ensure_model()
+        self._init_ray()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        layout = plan(self.cfg)
+        if layout is not None:
+            from shunter.actors.placement import Placer
+
+            self._placer = Placer(layout, f"shunter.{self.run_id}.placement")
+            await self._placer.reserve(self.cfg.run.timeout_s)
+        self.registry = (
+            registry.remote_class()
+            .options(name=registry.registry_name(self.run_id), namespace=NAMESPACE)
+            .remote(self.run_id, None, str(self.out_dir / "registry.msgpack"))
+        )
+
+    def _ensure_model(self) -> str:
+        m = self.cfg.model
+        path = Path(m.path)
+        if m.build_tiny and not (path / "config.json").is_file():
+            from shunter.engine.tiny_model import build_tiny_model
+
+            build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps, preset=m.preset)
+        if not (path / "config.json").is_file():
+            raise EngineSetupError(
+                f"model.path = {str(path)!r} holds no HF model (no config.json); "
+                "set model.build_tiny to build the tiny model there"
+            )
+        return str(path.resolve())
+
+    def _init_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        kw: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": bool(os.environ.get("SHUNTER_RAY_LOGS"))}
+        if self.cfg.run.ray_address:
+            ray.init(address=self.cfg.run.ray_address, **kw)
+        else:
+            ray.init(
+                num_cpus=self.cfg.run.num_cpus or os.cpu_count(),
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                **kw,
+            )
+        self.owns_ray = True
+
+    async def close(self) -> None:
+        import ray
+
+        await self.stop_attempt()
+        if self.registry is not None:
+            try:
+                ray.kill(self.registry)
+            except Exception:  # noqa: BLE001 - it may be gone already
+                pass
+            self.registry = None
+        if self._placer is not None:
+            self._placer.remove()
+            self._placer = None
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
+
+    # -- an attempt ----------------------------------------------------------------------
+    def _name(self, component: str) -> str:
+        return f"shunter.{self.run_id}.{component}" + (f".{self.attempt}" if self.attempt else "")
+
+    async def start_attempt(self, resume: tuple[Path, Manifest] | None, reason: str = "") -> Any:
+        """Start trainer, replicas and coordinator — from the checkpoint ``resume`` if any;
+        returns the coordinator's handle, its loop running."""
+        from shunter.actors import coordinator, trainer
+
+        cfg = self.cfg
+        opening: list[Message] = []
+        ckpt = resume[0] if resume else None
+        if resume is not None:  # ranks held by replicas of an earlier attempt are free again
+            opening += self.codec.decode_batch(await self.registry.release_all.remote("attempt over"))
+            self._made = max(self._made, await self.registry.generation.remote())
+            self.serve = (str(resume[0] / "model"), resume[1].version)
+        else:
+            self.serve = (self.model_dir, 0)
+        kinds: list[ReplicaKind] = [STANDALONE] * cfg.rollout.standalone_replicas + [
+            HYBRID
+        ] * cfg.rollout.hybrid_replicas
+        replicas = {}
+        for kind in kinds:
+            rid, h, rank, evs = await self.new_replica(kind)
+            opening += evs
+            replicas[rid] = (h, kind, rank)
+        tr = (
+            trainer.remote_class()
+            .options(
+                name=self._name("trainer"),
+                namespace=NAMESPACE,
+                **self._resources(
+                    "trainer",
+                    self._placer.trainer_slot() if self._placer else None,
+                    cfg.trainer.num_gpus,
+                    cfg.trainer.num_cpus,
+                ),
+            )
+            .remote(
+                self.run_id,
+                msgspec.msgpack.encode(cfg.trainer),
+                self.model_dir,
+                seed=cfg.run.seed,
+                temperature=cfg.rollout.temperature,
+                init_from=str(ckpt) if ckpt else "",
+                import_paths=cfg.run.import_paths,
+            )
+        )
+        self.actors.append(tr)
+        setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
+        times = {comp: await self._setup(comp, ref) for comp, ref in setups.items()}
+        now = time.time()
+        opening += [
+            ComponentReady(component=comp, setup_s=t, run_id=self.run_id, source="engine", wall_time=now)
+            for comp, t in times.items()
+        ]
+        opening += await self.placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
+        for rid, (_, kind, rank) in replicas.items():
+            opening.append(self.replica_up(rid, kind, rank, times[rid]))
+        self.coordinator = (
+            coordinator.remote_class()
+            .options(name=self._name("coordinator"), namespace=NAMESPACE)
+            .remote(
+                msgspec.msgpack.encode(cfg),
+                self.run_id,
+                tr,
+                {rid: h for rid, (h, _, _) in replicas.items()},
+                str(self.out_dir),
+                self.registry,
+                resume=str(ckpt) if ckpt else "",
+                attempt=self.attempt,
+                reason=reason,
+            )
+        )
+        self.actors.append(self.coordinator)
+        await self.coordinator.start.remote(self.codec.encode_batch(opening))
+        return self.coordinator
+
+    async def _setup(self, component: str, ref: Any) -> float:
+        timeout = self.cfg.run.timeout_s
+        try:
+            return float(await asyncio.wait_for(ref, timeout))
+        except TimeoutError:
+            raise EngineSetupError(f"{component} did not finish setup within run.timeout_s = {timeout:g}s") from None
+        except Exception as e:  # noqa: BLE001 - surface the actor's own error
+            raise EngineSetupError(f"{component} failed to start: {describe(getattr(e, 'cause', None) or e)}") from e
+
+    async def stop_attempt(self) -> None:
+        import ray
+
+        if self.coordinator is not None:
+            try:
+                await asyncio.wait_for(self.coordinator.close.remote(), 10)
+            except Exception:  # noqa: BLE001 - it may be the one that died
+                pass
+        for h in reversed(self.actors):
+            try:
+                ray.kill(h)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors.clear()
+        self.coordinator = None
+
+    # -- replicas ------------------------------------------------------------------------
+    def _resources(self, component: str, slot: Any, num_gpus: float, num_cpus: float) -> dict[str, Any]:
+        if self._placer is None:
+            return {"num_gpus": num_gpus, "num_cpus": num_cpus}
+        self._slots[component] = slot.bundle if slot is not None else -1
+        return dict(self._placer.options(slot, num_gpus=num_gpus, num_cpus=num_cpus))
+
+    async def placed(self, actors: dict[str, Any]) -> list[ComponentPlaced]:
+        """Where each actor landed (bundle, node, GPU ids), for the event log (asked of all at once)."""
+
+        async def where(h: Any) -> dict[str, Any]:
+            try:
+                return dict(await asyncio.wait_for(h.where.remote(), 30))
+            except Exception:  # noqa: BLE001 - informational only
+                return {}
+
+        found = await asyncio.gather(*(where(h) for h in actors.values()))
+        return [
+            ComponentPlaced(
+                component=comp,
+                bundle=self._slots.get(comp, -1),
+                node=w.get("node", ""),
+                gpu_ids=w.get("gpu_ids", []),
+                run_id=self.run_id,
+                source="engine",
+                wall_time=time.time(),
+            )
+            for comp, w in zip(actors, found, strict=True)
+        ]
+
+    def replica_up(self, rid: str, kind: ReplicaKind, rank: int, setup_s: float) -> ReplicaUp:
+        return ReplicaUp(
+            replica_id=rid,
+            replica_kind=kind,
+            rank=rank,
+            mode=ROLLOUT if kind == STANDALONE else TRAINER,
+            setup_s=setup_s,
+            version=self.serve[1],
+            run_id=self.run_id,
+            source="engine",
+            wall_time=time.time(),
+        )
+
+    async def new_replica(self, kind: ReplicaKind) -> tuple[str, Any, int, list[Message]]:
+        """Register a replica (rank + actor name from the registry) and create its actor."""
+        from shunter.actors import rollout
+
+        cfg = self.cfg
+        i = self._made
+        self._made += 1
+        rid = f"{kind}-{i}"
+        rank, name, evs = await self.registry.register.remote(rid, kind)
+        binds = cfg.rollout.cpu_bind
+        model_dir, version = self.serve
+        slot = self._placer.replica_slot(rid, kind, name, NAMESPACE) if self._placer else None
+        h = (
+            rollout.remote_class()
+            .options(
+                name=name, namespace=NAMESPACE, **self._resources(rid, slot, cfg.rollout.num_gpus, cfg.rollout.num_cpus)
+            )
+            .remote(
+                self.run_id,
+                rid,
+                model_dir,
+                reward=cfg.task.reward,
+                task=cfg.task.name,
+                version=version,
+                mode=ROLLOUT if kind == STANDALONE else TRAINER,
+                seed=cfg.run.seed + rank,
+                max_model_len=cfg.rollout.max_model_len,
+                max_tokens=cfg.rollout.max_tokens,
+                engine_args=cfg.rollout.engine_args,
+                cpu_bind=binds[i % len(binds)] if binds else "nobind",
+                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                enable_sleep_mode=cfg.rollout.enable_sleep_mode,
+                stream_interval=cfg.rollout.stream_interval,
+                weight_transfer="ipc" if cfg.trainer.weight_transport == "vllm_ipc" else "",
+                import_paths=cfg.run.import_paths,
+            )
+        )
+        self.actors.append(h)
+        return rid, h, rank, self.codec.decode_batch(evs)
+
+    async def bring_up(self, rid: str, h: Any, kind: ReplicaKind, rank: int, opening: list[Message]) -> ReplicaUp:
+        """Start a replica made mid-run and announce it to the coordinator (``ComponentFailed``
+        to the coordinator and ``EngineSetupError`` here if it does not start)."""
+        try:
+            setup_s = await self._setup(rid, h.setup.remote())
+        except EngineSetupError as e:
+            failed = ComponentFailed(
+                component=rid, error=str(e), run_id=self.run_id, source="engine", wall_time=time.time()
+            )
+            await self.coordinator.ingest.remote(self.codec.encode_batch([failed]), "engine")
+            raise
+        up = self.replica_up(rid, kind, rank, setup_s)
+        opening = [*opening, *await self.placed({rid: h}), up]
+        await self.coordinator.add_replica.remote(rid, h, self.codec.encode_batch(opening))
+        return up

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Lint, format and type checks (part of scripts/test.sh, so of CI): ruff on everything; mypy
+# --strict on events/, policies/ and the engine's pure core (the modules that import no torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+core=(loop apply intents inflight batches guard finale cuts summary errors state buffer dispatcher executor
+      snapshot local rollout trainer_host backend config checkpoint records placement ranks)
+args=(-p shunter.events -p shunter.policies -p shunter.engine.tasks)
+for m in "${core[@]}"; do args+=(-m "shunter.engine.$m"); done
+# mypy sees the package under its installed name through a link (the repository root is the package)
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+ln -s "$PWD" "$root/shunter"
+(cd "$root" && "$OLDPWD/.venv/bin/mypy" --strict --config-file "$OLDPWD/pyproject.toml" --cache-dir "$OLDPWD/.mypy_cache" "${args[@]}")

@@ -1,0 +1,69 @@
+"""A user's own loop over the real engine (vLLM CPU + torch): every mistake a user makes
+comes back as a typed exception with the cause first, and the run stays alive."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def typo_loss(inp):
+    return inp.logpp.sum(), {}  # the user's typo
+
+
+def no_stats_loss(inp):
+    return (inp.advantages * inp.logp * inp.mask).sum()
+
+
+async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, tiny_model, tmp_path):
+    from shunter import Engine, IntentRefused, NoBatchError, RunEndedError, UserCodeError
+    from shunter.engine.config import load_config
+    from shunter.events import StepEnd
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    cfg = load_config(
+        root / "examples" / "sort_separate.toml",
+        {
+            "run": {"output_dir": str(tmp_path), "progress": False, "trainer_driver": "user"},
+            "model": {"path": tiny_model, "build_tiny": ""},
+            "validation": {"every": 0},
+            "rollout": {"max_staleness": 0},
+        },
+    )
+    async with Engine(cfg) as engine:
+        batch = await engine.next_batch(timeout_s=120)
+        with pytest.raises(UserCodeError) as typo:
+            await engine.train(batch, loss_fn="test_user_loop:typo_loss")
+        assert str(typo.value).startswith("test_user_loop:typo_loss raised AttributeError")
+        assert "logpp" in str(typo.value) and "\x1b[" not in str(typo.value) and len(str(typo.value)) < 600
+        with pytest.raises(UserCodeError, match="returned Tensor"):
+            await engine.train(batch, loss_fn="test_user_loop:no_stats_loss")
+        with pytest.raises(UserCodeError, match="cannot be loaded"):
+            await engine.train(batch, loss_fn="test_user_loop:not_there")
+        assert engine.ended is None
+        end = await engine.train(batch)  # the same batch, with the built-in loss
+        assert isinstance(end, StepEnd) and end.step == 1
+        with pytest.raises(IntentRefused, match="already_trained"):
+            await engine.train(batch)
+        with pytest.raises(IntentRefused, match="unknown_batch"):
+            await engine.train(msgspec.structs.replace(batch, batch_id=999))
+        ready = await engine.publish_weights()
+        assert ready is not None and ready.version == 1
+        assert await engine.publish_weights() is None  # nothing new: a no-op
+        await engine.train(await engine.next_batch(timeout_s=120))
+        await engine.train(await engine.next_batch(timeout_s=120))
+        with pytest.raises(NoBatchError, match="publish_weights"):  # max_staleness 0: the gate waits for us
+            await engine.next_batch(timeout_s=3)
+        t0 = time.perf_counter()
+        rid = await engine.add_replica("standalone")
+        assert time.perf_counter() - t0 < 5, "add_replica returns before the replica's engine starts"
+        up = await engine.replica_ready(rid)
+        assert up.replica_id == rid and up.mode == "rollout"
+        ended = await engine.stop("test done")
+        with pytest.raises(RunEndedError, match="the run ended \\(stopped"):
+            await engine.next_batch(timeout_s=1)
+    assert engine.ended is ended and ended.reason == "stopped" and ended.steps == 3

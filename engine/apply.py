@@ -114,6 +114,8 @@ class Applier:
             case WeightsLoaded():
                 if (r := st.replicas.get(ev.replica_id)) is not None:
                     r.version = max(r.version, ev.version)
+                    if r.loading <= ev.version:
+                        r.loading = -1
                     st.serving_dirty = True
             case ModeChanged():
                 self._mode_changed(ev)
@@ -162,6 +164,8 @@ class Applier:
         st.serving_dirty = True
         if ev.mode == ROLLOUT:
             r.version = max(r.version, int(ev.detail.get("version", r.version)))
+            if r.loading <= r.version:
+                r.loading = -1
             self._dispatch_to(ev.replica_id, ev.wall_time)
         else:
             r.rate.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shunter.engine.buffer import SampleBuffer
+from shunter.engine.dispatcher import Dispatcher
 from shunter.engine.state import EngineState
 from shunter.events import Batch, BatchReady, Event, GroupDropped
 from shunter.events.vocab import RejectReason
@@ -89,3 +90,25 @@ class Batches:
         if self.training is not None and self.training.batch_id == batch_id:
             self.handed[batch_id] = self.training
             self.training = None
+
+    def why_none(self, dispatcher: Dispatcher) -> str:
+        """Why no mini-batch is ready while the run goes on, in the words a user acts on."""
+        b, t = self.buffer, self.state.trainer
+        if not dispatcher.active() and not b.in_flight:
+            return (
+                "no replica is serving rollout (all asleep beside the trainer or down): switch one with "
+                "SwitchToRollout or add one with add_replica()"
+            )
+        serving = self.state.serving_version(dispatcher.__contains__)
+        v = t.version if serving is None else serving
+        if b.capacity(v) <= 0 and not b.in_flight:
+            return (
+                f"the staleness gate is closed: {b.dispatched - sum(b.dropped.values())} groups started, the "
+                f"most rollout.max_staleness = {b.max_staleness} allows on version {v}; it opens when weights "
+                f"are published (publish_weights() after training; {t.steps_since_publish} steps since version "
+                f"{t.version})"
+            )
+        return (
+            f"{b.in_flight} prompt groups are still generating ({b.ready_samples} of "
+            f"{self.state.ppo_mini_batch_size} samples of the next mini-batch are ready)"
+        )

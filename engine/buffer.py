@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from shunter.engine.config import EngineConfig
 from shunter.events import Batch, PromptSpec, Sample
 
 
@@ -87,6 +88,17 @@ class SampleBuffer:
         self._next_batch = 0
         self.trained = 0
         self.dropped: Counter[str] = Counter()
+
+    @classmethod
+    def for_run(cls, cfg: EngineConfig) -> SampleBuffer:
+        r = cfg.rollout
+        return cls(
+            group_size=r.n_samples_per_prompt,
+            groups_per_batch=cfg.groups_per_mini_batch,
+            batches_per_version=cfg.trainer.parameter_sync_step,
+            max_staleness=r.max_staleness,
+            on_stale=r.on_stale,
+        )
 
     # -- dispatch side ---------------------------------------------------------------
     @property

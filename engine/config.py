@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from shunter.events.data import parse_length_dist
+from shunter.events.data import SamplingSpec, parse_length_dist
 
 
 class ConfigError(ValueError):
@@ -298,6 +298,18 @@ class EngineConfig(_Section):
     @property
     def groups_per_mini_batch(self) -> int:
         return self.trainer.ppo_mini_batch_size // self.rollout.n_samples_per_prompt
+
+    def sampling(self) -> SamplingSpec:
+        """How every sample of the run is generated."""
+        r = self.rollout
+        return SamplingSpec(
+            max_tokens=r.max_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            ignore_eos=r.ignore_eos,
+            length_dist=r.length_dist,
+        )
 
 
 def from_dict(data: dict[str, Any], *, origin: str = "config") -> EngineConfig:

@@ -155,11 +155,15 @@ class Intents:
         self.load(intent.replica_ids)
 
     def load(self, ids: list[str]) -> None:
-        """Load the current weights on the live replicas among ``ids``."""
+        """Load the current weights on the live replicas among ``ids`` that neither hold them
+        nor have a load of them on its way (so a policy and the finale never load twice)."""
         t, reps = self.state.trainer, self.state.replicas
         for rid in ids:
-            if rid in reps and reps[rid].mode != DOWN:
-                self.executor.send(rid, InstallWeights(version=t.version, handle=t.handle))
+            r = reps.get(rid)
+            if r is None or r.mode == DOWN or r.version >= t.version or r.loading >= t.version:
+                continue
+            r.loading = t.version
+            self.executor.send(rid, InstallWeights(version=t.version, handle=t.handle))
 
     def _rebalance(self, intent: Rebalance) -> None:
         """Replicas above the mean in-flight load shed the excess (it resumes on the least

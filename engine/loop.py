@@ -60,7 +60,6 @@ from shunter.events import (
     RunEnded,
     RunResumed,
     RunStarted,
-    SamplingSpec,
     Stamper,
     tag_of,
 )
@@ -90,40 +89,22 @@ class Coordinator:
         clock: Callable[[], float] = time.time,
         checkpoints: CheckpointStore | None = None,
     ) -> None:
-        r, t = cfg.rollout, cfg.trainer
         self.cfg, self.policy, self.executor, self.clock = cfg, policy, executor, clock
         self.sinks: list[Sink] = list(sinks or [])
         self.stamp = Stamper(run_id, "coordinator", clock)
         self.policy_stamp = Stamper(run_id, "policy", clock)
-        self.state = EngineState(
-            run_id=run_id,
-            ppo_mini_batch_size=t.ppo_mini_batch_size,
-            parameter_sync_step=t.parameter_sync_step,
-            train_batch_size=t.train_batch_size,
-            n_samples_per_prompt=r.n_samples_per_prompt,
-            max_staleness=r.max_staleness,
-            validate_every=cfg.validation.every,
-            trainer_driver=cfg.run.trainer_driver,
-        )
-        self.buffer = SampleBuffer(
-            group_size=r.n_samples_per_prompt,
-            groups_per_batch=cfg.groups_per_mini_batch,
-            batches_per_version=t.parameter_sync_step,
-            max_staleness=r.max_staleness,
-            on_stale=r.on_stale,
-        )
+        self.state = EngineState.for_run(cfg, run_id)
+        self.buffer = SampleBuffer.for_run(cfg)
         self.dispatcher = Dispatcher()
-        self.sampling = SamplingSpec(
-            max_tokens=r.max_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            ignore_eos=r.ignore_eos,
-            length_dist=r.length_dist,
-        )
         self.tally = Tally(clock)
         self.inflight = InFlight(
-            self.state, self.buffer, self.dispatcher, executor, prompts, self.sampling, r.n_samples_per_prompt
+            self.state,
+            self.buffer,
+            self.dispatcher,
+            executor,
+            prompts,
+            cfg.sampling(),
+            cfg.rollout.n_samples_per_prompt,
         )
         self.batches = Batches(self.buffer, self.state, self.emit)
         self.guard = PolicyGuard(
@@ -137,9 +118,9 @@ class Coordinator:
             executor,
             emit=self.emit,
             stop=self.stop,
-            loss_fn=t.loss_fn,
+            loss_fn=cfg.trainer.loss_fn,
             validation_prompts=list(validation_prompts or []),
-            group_size=r.n_samples_per_prompt,
+            group_size=cfg.rollout.n_samples_per_prompt,
         )
         self.finale = Finale(
             self.state, self.intents, self.cuts, validate=cfg.validation.every > 0, snapshot=self.snapshot, end=self.end
@@ -324,26 +305,7 @@ class Coordinator:
             return f"the run ended ({e.reason}" + (f": {e.error})" if e.error else ")")
         if self.finale.finishing:
             return "the run is ending (total_steps reached or Stop): no new groups start"
-        b, t, d = self.buffer, self.state.trainer, self.dispatcher
-        if not d.active() and not b.in_flight:
-            return (
-                "no replica is serving rollout (all asleep beside the trainer or down): switch one with "
-                "SwitchToRollout or add one with add_replica()"
-            )
-        serving = self.state.serving_version(d.__contains__)
-        v = t.version if serving is None else serving
-        if b.capacity(v) <= 0 and not b.in_flight:
-            return (
-                f"the staleness gate is closed: {b.dispatched - sum(b.dropped.values())} groups started, the "
-                f"most rollout.max_staleness = {b.max_staleness} allows on version {v}; it opens when weights "
-                f"are published (publish_weights() after training; {t.steps_since_publish} steps since version "
-                f"{t.version})"
-            )
-        ready = b.ready_samples
-        return (
-            f"{b.in_flight} prompt groups are still generating ({ready} of {self.state.ppo_mini_batch_size} "
-            f"samples of the next mini-batch are ready)"
-        )
+        return self.batches.why_none(self.dispatcher)
 
     def view(self) -> EngineView:
         b, t = self.buffer, self.state.trainer
@@ -428,43 +390,14 @@ class Coordinator:
     # -- checkpoints -------------------------------------------------------------------------
     def snapshot(self) -> snapshot_mod.CoordinatorSnapshot:
         """The coordinator's state at this cut (see ``shunter.engine.snapshot``)."""
-        t, tally = self.state.trainer, self.tally
-        return snapshot_mod.CoordinatorSnapshot(
-            run_id=self.state.run_id,
-            step=t.step,
-            version=t.version,
-            prompts_taken=self.inflight.prompts_taken,
-            buffer=self.buffer.snapshot(),
-            in_flight=self.inflight.unfinished(),
-            policy=self.policy.snapshot(),
-            tokens=tally.tokens,
-            wall_s=tally.wall_s(),
-            rewards=list(tally.rewards),
-            validations=list(tally.validations),
-            failed_groups=tally.failed_groups,
-        )
+        return snapshot_mod.take(self)
 
     def restore(
         self, snap: snapshot_mod.CoordinatorSnapshot, *, checkpoint: str = "", attempt: int = 1, reason: str = ""
     ) -> None:
         """Continue a run from a snapshot (before :meth:`run`): the buffer, the samples in
         flight (they resume from their prefixes), the prompt stream, the policy's state."""
-        self.buffer.restore(snap.buffer)
-        self.inflight.restore(snap.in_flight, snap.prompts_taken)
-        t = self.state.trainer
-        t.step, t.version, t.steps_since_publish = snap.step, snap.version, 0
-        self.cuts.last_step = snap.step
-        if self.state.trainer_driver == "engine" and snap.step >= self.cfg.run.total_steps:
-            self.finale.begin()  # saved at the very end: only the finale is left
-        if snap.policy:
-            self.policy.restore(snap.policy)
-        self.tally.restore(
-            tokens=snap.tokens,
-            rewards=snap.rewards,
-            validations=snap.validations,
-            failed_groups=snap.failed_groups,
-            wall_s=snap.wall_s,
-        )
+        snapshot_mod.restore(self, snap)
         self._resumed = RunResumed(
             checkpoint=checkpoint, step=snap.step, version=snap.version, attempt=attempt, reason=reason
         )

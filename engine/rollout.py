@@ -101,6 +101,7 @@ class RolloutCore:
         self._evicting = False
         self._pending_weights: tuple[int, bytes] | None = None
         self._stable = asyncio.Lock()  # held by a validation: no weight swap under it
+        self._weights = asyncio.Lock()  # one weight load at a time, in arrival order (a group's bytes too)
 
     async def handle(self, cmd: Order, payload: bytes | None = None, *, max_tokens: int = 16) -> list[Event]:
         """Carry out one order addressed to this replica; returns the events it produced."""
@@ -326,6 +327,10 @@ class RolloutCore:
             await getattr(self.backend, "receive_weights")(blob)  # noqa: B009 - optional in the protocol
 
     async def load_weights(self, version: int, blob: bytes | None) -> list[Event]:
+        async with self._weights:
+            return await self._load_weights(version, blob)
+
+    async def _load_weights(self, version: int, blob: bytes | None) -> list[Event]:
         if version <= self.version:
             await self._consume(blob)
             return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=self.version, duration_s=0.0))]
@@ -405,15 +410,16 @@ class RolloutCore:
         await self.backend.wake_up()
         taken = self._memory() - used
         t1 = _now()
-        pending, self._pending_weights = self._pending_weights, None
-        sent = blob  # the command's own payload (its bytes may be on their way over a weight group)
-        if blob is None and pending is not None:
-            version, blob = pending
-        if blob is not None and version > self.version:
-            await self.backend.load_weights(blob)
-            self.version = version
-        elif sent is not None:
-            await self._consume(sent)
+        async with self._weights:
+            pending, self._pending_weights = self._pending_weights, None
+            sent = blob  # the order's own payload (its bytes may be on their way over a weight group)
+            if blob is None and pending is not None:
+                version, blob = pending
+            if blob is not None and version > self.version:
+                await self.backend.load_weights(blob)
+                self.version = version
+            elif sent is not None:
+                await self._consume(sent)
         t2 = _now()
         previous, self.mode = self.mode, ROLLOUT
         return [

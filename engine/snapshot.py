@@ -10,12 +10,15 @@ and resumes from it; the prompt stream goes on after ``prompts_taken``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from shunter.engine.buffer import BufferState
 from shunter.events import Sample, ValidateEnd
+
+if TYPE_CHECKING:
+    from shunter.engine.loop import Coordinator
 
 SNAPSHOT_FILE = "coordinator.msgpack"
 
@@ -44,3 +47,43 @@ def encode(snap: CoordinatorSnapshot) -> bytes:
 
 def decode(data: bytes) -> CoordinatorSnapshot:
     return msgspec.msgpack.decode(data, type=CoordinatorSnapshot)
+
+
+def take(c: Coordinator) -> CoordinatorSnapshot:
+    """The coordinator's state now (called at a cut: right after a publish)."""
+    t, tally = c.state.trainer, c.tally
+    return CoordinatorSnapshot(
+        run_id=c.state.run_id,
+        step=t.step,
+        version=t.version,
+        prompts_taken=c.inflight.prompts_taken,
+        buffer=c.buffer.snapshot(),
+        in_flight=c.inflight.unfinished(),
+        policy=c.policy.snapshot(),
+        tokens=tally.tokens,
+        wall_s=tally.wall_s(),
+        rewards=list(tally.rewards),
+        validations=list(tally.validations),
+        failed_groups=tally.failed_groups,
+    )
+
+
+def restore(c: Coordinator, snap: CoordinatorSnapshot) -> None:
+    """Put a snapshot back into a coordinator that has not started: buffer, samples in flight,
+    prompt stream, trainer step and version, the policy's state, the tallies."""
+    c.buffer.restore(snap.buffer)
+    c.inflight.restore(snap.in_flight, snap.prompts_taken)
+    t = c.state.trainer
+    t.step, t.version, t.steps_since_publish = snap.step, snap.version, 0
+    c.cuts.last_step = snap.step
+    if c.state.trainer_driver == "engine" and snap.step >= c.cfg.run.total_steps:
+        c.finale.begin()  # saved at the very end: only the finale is left
+    if snap.policy:
+        c.policy.restore(snap.policy)
+    c.tally.restore(
+        tokens=snap.tokens,
+        rewards=snap.rewards,
+        validations=snap.validations,
+        failed_groups=snap.failed_groups,
+        wall_s=snap.wall_s,
+    )

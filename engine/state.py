@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shunter.engine.config import EngineConfig
 from shunter.events import BufferView, EngineView, ReplicaView, TrainerView
 from shunter.events.vocab import ROLLOUT, TRAINER, Mode, ReplicaKind, TrainerActivity, TrainerDriver
 
@@ -70,6 +71,8 @@ class ReplicaState:
     rank: int
     mode: Mode
     version: int = 0
+    loading: int = -1
+    """The version an ``InstallWeights`` is on its way for (-1: none)."""
     rate: WindowRate = field(default_factory=WindowRate)
     samples_done: int = 0
     tokens_done: int = 0
@@ -117,6 +120,20 @@ class EngineState:
             self._serving = max(vs) if vs else None
             self.serving_dirty = False
         return self._serving
+
+    @classmethod
+    def for_run(cls, cfg: EngineConfig, run_id: str) -> EngineState:
+        r, t = cfg.rollout, cfg.trainer
+        return cls(
+            run_id=run_id,
+            ppo_mini_batch_size=t.ppo_mini_batch_size,
+            parameter_sync_step=t.parameter_sync_step,
+            train_batch_size=t.train_batch_size,
+            n_samples_per_prompt=r.n_samples_per_prompt,
+            max_staleness=r.max_staleness,
+            validate_every=cfg.validation.every,
+            trainer_driver=cfg.run.trainer_driver,
+        )
 
     def touch(self, replica_id: str) -> None:
         """The replica's view must be rebuilt (its state or in-flight count changed)."""

@@ -47,7 +47,15 @@ def virtual(make: Callable[[], Awaitable[T]], timeout: float = 3600.0) -> T:
                 return await make()
 
         return loop.run_until_complete(bounded())
-    finally:
+    finally:  # like asyncio.run: what is still running is cancelled, then the loop closes
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+
+        async def drain() -> None:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        loop.run_until_complete(drain())
         loop.close()
 
 

@@ -14,7 +14,7 @@ from shunter.events import (
     ComponentFailed,
     Generate,
     PromptSpec,
-    PublishWeights,
+    Publish,
     ReplicaDown,
     SamplingSpec,
 )
@@ -111,7 +111,7 @@ async def test_a_replica_that_dies_under_many_calls_is_reported_down_once(ray_cl
 async def test_hung_trainer_is_killed_and_reported_failed_naming_it(ray_cluster):
     hung = ray_cluster.remote(num_cpus=0)(Hangs).remote()
     ex = RayExecutor("t", hung, {}, timeout_s=1.0)
-    got = await run(ex, "trainer", PublishWeights())
+    got = await run(ex, "trainer", Publish())
     assert isinstance(got[0], ComponentFailed) and got[0].component == "trainer", got
     assert "within run.timeout_s = 1s; killed" in got[0].error
     with pytest.raises(ray_cluster.exceptions.RayActorError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fakes import local_run
+from fakes import local_run, virtual_time
 from test_coordinator import cfg
 
 from shunter.events import CommandFailed, GroupDropped
@@ -18,6 +18,7 @@ def _limit(coord, max_model_len: int) -> None:
         core.max_model_len = max_model_len
 
 
+@virtual_time
 async def test_prompts_longer_than_the_context_are_refused_by_name_and_accounted():
     c = cfg(run={"total_steps": 4}, validation={"every": 0})
     coord, _, trainer = local_run(c)
@@ -38,6 +39,7 @@ async def test_prompts_longer_than_the_context_are_refused_by_name_and_accounted
     assert k["dispatched"] == k["trained"] + k["dropped"] + k["in_flight"] + k["ready"]
 
 
+@virtual_time
 async def test_when_every_prompt_is_too_long_the_run_ends_with_the_cause():
     c = cfg(run={"total_steps": 4}, validation={"every": 0})
     coord, _, _ = local_run(c)

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fakes import local_run
+from fakes import local_run, virtual_time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_coordinator import cfg
@@ -140,6 +140,7 @@ def _check_exactly_once(c, batches: list[list[int]]):
     assert sorted(prompts) == list(range(n * g))
 
 
+@virtual_time
 async def test_trainer_death_resumes_from_the_last_checkpoint_exactly_once(tmp_path):
     c = _config()
     coord, _, trainer = local_run(c, token_s=0.002, checkpoints=tmp_path)
@@ -173,6 +174,7 @@ async def test_trainer_death_resumes_from_the_last_checkpoint_exactly_once(tmp_p
     assert [e.step for e in seen2 if isinstance(e, CheckpointSaved)][-1] == 12
 
 
+@virtual_time
 async def test_a_lost_coordinator_resumes_with_its_policy_state(tmp_path):
     c = cfg(
         run={
@@ -204,6 +206,7 @@ async def test_a_lost_coordinator_resumes_with_its_policy_state(tmp_path):
     assert coord2.policy.state.lends > snap.policy["lends"], "the resumed policy goes on lending"
 
 
+@virtual_time
 async def test_resuming_a_finished_run_only_runs_its_finale(tmp_path):
     c = _config(total_steps=4)
     coord, _, _ = local_run(c, checkpoints=tmp_path)
@@ -229,6 +232,7 @@ async def test_resuming_a_finished_run_only_runs_its_finale(tmp_path):
         ("colocated", {"standalone_replicas": 0, "hybrid_replicas": 2}),
     ],
 )
+@virtual_time
 async def test_every_builtin_policy_resumes_after_a_trainer_death(tmp_path, policy, replicas):
     c = cfg(
         run={"total_steps": 10, "checkpoint_every": 2, "policy": policy},
@@ -249,6 +253,7 @@ async def test_every_builtin_policy_resumes_after_a_trainer_death(tmp_path, poli
     assert ended.steps == c.run.total_steps and ended.summary["version"] == 5
 
 
+@virtual_time
 async def test_the_final_checkpoint_follows_the_final_validation(tmp_path):
     c = cfg(run={"total_steps": 6, "checkpoint_every": 4}, validation={"every": 2})
     coord, _, _ = local_run(c, checkpoints=tmp_path)

@@ -7,13 +7,12 @@ and those after a recovery included — and the buffer accounts for every group.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-from fakes import ACTIONS, run_with_faults
+from fakes import ACTIONS, run_with_faults, virtual
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_coordinator import cfg
@@ -40,7 +39,7 @@ def test_any_fault_schedule_completes_exactly_once_within_the_staleness_bound(sc
     )
     root = Path(tempfile.mkdtemp())
     try:
-        batches, steps, attempts, coord = asyncio.run(run_with_faults(c, schedule, root))
+        batches, steps, attempts, coord = virtual(lambda: run_with_faults(c, schedule, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     assert len(batches) == TOTAL

@@ -6,27 +6,32 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from fakes import local_run
+from fakes import local_run, virtual_time
 from test_coordinator import cfg
 
 from shunter.events import ReplicaDown, SampleAborted, SampleEnd
 
 
+@virtual_time
 async def test_replicas_killed_mid_run_lose_no_sample_and_train_none_twice():
     c = cfg(
         run={"total_steps": 8}, rollout={"standalone_replicas": 4, "max_in_flight_per_replica": 16, "max_staleness": 1}
     )
     coord, backends, trainer = local_run(c, token_s=0.004)
     seen = []
-    coord.sinks.append(seen.append)
+    plan = {10: "standalone-1", 30: "standalone-3", 50: "standalone-0"}  # after this many finished samples
 
-    async def chaos():
-        for victim, delay in (("standalone-1", 0.03), ("standalone-3", 0.05), ("standalone-0", 0.05)):
-            await asyncio.sleep(delay)
-            coord.executor.kill(victim, reason="test kill")
+    def chaos(m):
+        seen.append(m)
+        if isinstance(m, SampleEnd):
+            done = sum(isinstance(x, SampleEnd) for x in seen)
+            if done in plan:
+                coord.executor.kill(plan.pop(done), reason="test kill")
 
-    async with asyncio.timeout(30):
-        _, ended = await asyncio.gather(chaos(), coord.run())
+    coord.sinks.append(chaos)
+    async with asyncio.timeout(3600):
+        ended = await coord.run()
+    await coord.executor.close()
     assert ended.reason == "completed", ended
     down = [e.replica_id for e in seen if isinstance(e, ReplicaDown)]
     assert sorted(down) == ["standalone-0", "standalone-1", "standalone-3"]

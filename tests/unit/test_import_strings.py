@@ -1,0 +1,92 @@
+"""Import strings (``module:Name``) resolve where users keep their code: the config file's
+folder and the working directory first, in the user's process and in every actor (each gets
+``run.import_paths``); and every import string the README and the examples show resolves from
+a fresh clone, as the CLI resolves it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shunter.engine.config import ConfigError, load_config
+from shunter.policies.registry import import_object, import_paths
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "examples").glob("*.py"))]
+SHOWN = sorted({m for p in DOCS for m in re.findall(r"\b((?:examples|shunter)\.[\w.]+:\w+)", p.read_text())})
+
+
+def test_the_docs_show_import_strings():
+    assert "examples.custom_policy:EagerLendPolicy" in SHOWN and "examples.custom_loop:reinforce_loss" in SHOWN
+
+
+@pytest.mark.parametrize("spec", SHOWN)
+def test_every_import_string_shown_resolves_from_a_checkout(spec):
+    code = f"from shunter.policies.registry import import_object; import_object({spec!r}, 'doc')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _job(folder: Path, policy: str = "my_policy:Mine") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "my_policy.py").write_text(
+        textwrap.dedent("""
+        from shunter.policies import SeparatePolicy
+
+        class Mine(SeparatePolicy):
+            name = "mine"
+    """)
+    )
+    cfg = folder / "job.toml"
+    cfg.write_text(f'[run]\npolicy = "{policy}"\n')
+    return cfg
+
+
+def test_a_policy_next_to_the_config_loads_whatever_the_working_directory(tmp_path, monkeypatch):
+    cfg_path = _job(tmp_path / "job")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(cfg_path)
+    assert str((tmp_path / "job").resolve()) in cfg.run.import_paths
+    code = textwrap.dedent(f"""
+        import msgspec
+        from shunter.engine.config import EngineConfig
+        from shunter.policies import make_policy
+        from shunter.policies.registry import use_import_paths
+        cfg = msgspec.json.decode({msgspec_json(cfg)!r}, type=EngineConfig)
+        use_import_paths(cfg.run.import_paths)   # what every actor of the run does first
+        print(type(make_policy(cfg.run.policy)).__name__)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and out.stdout.strip() == "Mine", out.stderr[-2000:]
+
+
+def msgspec_json(cfg) -> str:
+    import msgspec
+
+    return msgspec.json.encode(cfg).decode()
+
+
+def test_a_missing_module_says_where_it_looked(tmp_path):
+    cfg = _job(tmp_path / "job", policy="not_here:Mine")
+    with pytest.raises(ConfigError, match=r"cannot import module 'not_here'.*config file's folder"):
+        load_config(cfg)
+
+
+def test_a_module_that_raises_on_import_is_named_with_its_error(tmp_path):
+    (tmp_path / "broken.py").write_text("raise RuntimeError('half-written module')\n")
+    with (
+        import_paths([str(tmp_path)]),
+        pytest.raises(ValueError, match="importing module 'broken' raised RuntimeError"),
+    ):
+        import_object("broken:X", "policy")
+
+
+def test_a_typo_in_the_name_says_what_the_module_lacks(tmp_path):
+    cfg = _job(tmp_path / "job", policy="my_policy:Mien")
+    with pytest.raises(ConfigError, match="has no attribute 'Mien'"):
+        load_config(cfg)

@@ -12,7 +12,8 @@
 - ``saving`` (``run.checkpoint_every > 0``): the final checkpoint is written and committed;
 - ``ended``: ``RunEnded(reason="completed" | "stopped")``.
 
-Invariant: each phase issues its orders once and moves on only when the facts it waits for
+Invariant: each phase issues its intents once (recorded in the event log like the policy's, with
+source ``coordinator``) and moves on only when the facts it waits for
 have arrived (``WeightsReady``, ``WeightsLoaded`` / ``ReplicaDown``, ``ValidateEnd``,
 ``CheckpointSaved`` / a failed save); a fatal error ends the run from any phase
 (:meth:`Coordinator.end`), and nothing is handled after ``ended``.
@@ -27,7 +28,16 @@ from shunter.engine.cuts import CheckpointCuts
 from shunter.engine.intents import Intents
 from shunter.engine.snapshot import CoordinatorSnapshot
 from shunter.engine.state import EngineState, ReplicaState
-from shunter.events import Message, ReplicaDown, ValidateEnd
+from shunter.events import (
+    Intent,
+    LoadWeights,
+    Message,
+    PublishWeights,
+    ReplicaDown,
+    SwitchToRollout,
+    Validate,
+    ValidateEnd,
+)
 from shunter.events.vocab import DOWN, ROLLOUT, SWITCHING, TRAINER, EndReason
 
 Phase = Literal["running", "draining", "publishing", "loading", "validating", "saving", "ended"]
@@ -38,6 +48,7 @@ class Finale:
         self,
         state: EngineState,
         intents: Intents,
+        issue: Callable[[Intent], None],
         cuts: CheckpointCuts,
         *,
         validate: bool,
@@ -46,6 +57,8 @@ class Finale:
     ) -> None:
         self.state = state
         self.intents = intents
+        self.issue = issue
+        """Records an intent of the coordinator's own and carries it out (like the policy's)."""
         self.cuts = cuts
         self.validate = validate
         self.snapshot = snapshot
@@ -91,7 +104,7 @@ class Finale:
             case "draining":
                 self.phase = "publishing"
                 if t.steps_since_publish > 0 and st.trainer_driver == "engine":
-                    self.intents.publish()
+                    self.issue(PublishWeights())
                     return False
             case "publishing":
                 self.phase = "loading"
@@ -99,7 +112,7 @@ class Finale:
                 behind = [r.replica_id for r in serving if r.version < t.version]
                 if behind and not self._loads_sent:
                     self._loads_sent = True
-                    self.intents.load(behind)
+                    self.issue(LoadWeights(replica_ids=behind))
                 if behind:
                     return False
                 self.phase = "validating"
@@ -127,10 +140,10 @@ class Finale:
             asleep = sorted((r for r in st.replicas.values() if r.mode == TRAINER), key=lambda r: r.rank)
             if asleep and not self._woken:
                 self._woken = asleep[0].replica_id
-                self.intents.to_rollout([self._woken])
+                self.issue(SwitchToRollout(replica_ids=[self._woken]))
                 return False
             return True  # no replica can serve the final weights: nothing to validate on
         if not self._validate_sent:
             self._validate_sent = True
-            self.intents.validate([r.replica_id for r in current])
+            self.issue(Validate(replica_ids=[r.replica_id for r in current]))
         return False

@@ -123,7 +123,13 @@ class Coordinator:
             group_size=cfg.rollout.n_samples_per_prompt,
         )
         self.finale = Finale(
-            self.state, self.intents, self.cuts, validate=cfg.validation.every > 0, snapshot=self.snapshot, end=self.end
+            self.state,
+            self.intents,
+            self.issue,
+            self.cuts,
+            validate=cfg.validation.every > 0,
+            snapshot=self.snapshot,
+            end=self.end,
         )
         self.applier = Applier(
             cfg,
@@ -161,6 +167,12 @@ class Coordinator:
     def emit(self, event: Event) -> None:
         """An event the coordinator itself derived; handled before the next inbox item."""
         self._derived.append(self.stamp(event))
+
+    def issue(self, intent: Intent) -> None:
+        """An intent of the coordinator's own (the finale's): recorded and carried out like the policy's."""
+        intent = self.stamp(intent)
+        self._record(intent)
+        self.intents.carry_out(intent)
 
     def stop(self, reason: str) -> None:
         """End the run (a ``Stop`` intent): nothing new starts; the finale takes over."""

@@ -1,7 +1,8 @@
-"""One fixed instance of every message type; their encodings are committed under
-tests/golden/ and decoded in CI, so a change that breaks the wire format fails loudly.
+"""The golden encodings of the example messages (``shunter.events.examples.CASES``, one
+instance of every message type), committed under tests/golden/ and decoded in CI, so a change
+that breaks the wire format fails loudly.
 
-A new message type needs a case here; regenerate with
+A new message type needs a case in ``events/examples.py``; regenerate with
 ``python tests/golden_cases.py --write`` (only for *new* tags — an existing golden file
 must never change: a breaking change gets a new tag).
 

@@ -11,12 +11,14 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+LOSSES = """
 def typo_loss(inp):
     return inp.logpp.sum(), {}  # the user's typo
 
 
 def no_stats_loss(inp):
     return (inp.advantages * inp.logp * inp.mask).sum()
+"""
 
 
 async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, tiny_model, tmp_path):
@@ -25,10 +27,16 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
     from shunter.events import StepEnd
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    (tmp_path / "my_losses.py").write_text(LOSSES)  # the user's own module, found through run.import_paths
     cfg = load_config(
         root / "examples" / "sort_separate.toml",
         {
-            "run": {"output_dir": str(tmp_path), "progress": False, "trainer_driver": "user"},
+            "run": {
+                "output_dir": str(tmp_path),
+                "progress": False,
+                "trainer_driver": "user",
+                "import_paths": [str(tmp_path)],
+            },
             "model": {"path": tiny_model, "build_tiny": ""},
             "validation": {"every": 0},
             "rollout": {"max_staleness": 0},
@@ -37,13 +45,13 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
     async with Engine(cfg) as engine:
         batch = await engine.next_batch(timeout_s=120)
         with pytest.raises(UserCodeError) as typo:
-            await engine.train(batch, loss_fn="test_user_loop:typo_loss")
-        assert str(typo.value).startswith("test_user_loop:typo_loss raised AttributeError")
+            await engine.train(batch, loss_fn="my_losses:typo_loss")
+        assert str(typo.value).startswith("my_losses:typo_loss raised AttributeError")
         assert "logpp" in str(typo.value) and "\x1b[" not in str(typo.value) and len(str(typo.value)) < 600
         with pytest.raises(UserCodeError, match="returned Tensor"):
-            await engine.train(batch, loss_fn="test_user_loop:no_stats_loss")
+            await engine.train(batch, loss_fn="my_losses:no_stats_loss")
         with pytest.raises(UserCodeError, match="cannot be loaded"):
-            await engine.train(batch, loss_fn="test_user_loop:not_there")
+            await engine.train(batch, loss_fn="my_losses:not_there")
         assert engine.ended is None
         end = await engine.train(batch)  # the same batch, with the built-in loss
         assert isinstance(end, StepEnd) and end.step == 1
@@ -53,9 +61,10 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
             await engine.train(msgspec.structs.replace(batch, batch_id=999))
         ready = await engine.publish_weights()
         assert ready is not None and ready.version == 1
-        assert await engine.publish_weights() is None  # nothing new: a no-op
-        await engine.train(await engine.next_batch(timeout_s=120))
-        await engine.train(await engine.next_batch(timeout_s=120))
+        again = await engine.publish_weights()  # nothing new: a no-op that returns what is published
+        assert again == ready
+        for _ in range(3):  # max_staleness 0: 2 versions' worth of groups (64) may start before version 2
+            await engine.train(await engine.next_batch(timeout_s=120))
         with pytest.raises(NoBatchError, match="publish_weights"):  # max_staleness 0: the gate waits for us
             await engine.next_batch(timeout_s=3)
         t0 = time.perf_counter()
@@ -66,4 +75,4 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
         ended = await engine.stop("test done")
         with pytest.raises(RunEndedError, match="the run ended \\(stopped"):
             await engine.next_batch(timeout_s=1)
-    assert engine.ended is ended and ended.reason == "stopped" and ended.steps == 3
+    assert engine.ended is ended and ended.reason == "stopped" and ended.steps == 4

@@ -97,6 +97,22 @@ class Coordinator:
         self.buffer = SampleBuffer.for_run(cfg)
         self.dispatcher = Dispatcher()
         self.tally = Tally(clock)
+        self._wire(prompts, list(validation_prompts or []), checkpoints)
+        self.ended: RunEnded | None = None
+        self._inbox: asyncio.Queue[Message | object] = asyncio.Queue()
+        self._derived: deque[Event] = deque()
+        self._opened = False
+        self._resumed: RunResumed | None = None
+        self._stage = "open"
+        self._current: Message | None = None
+        self._idle = False
+        executor.bind(self.post_many)
+
+    def _wire(
+        self, prompts: Iterator[PromptSpec], validation_prompts: list[PromptSpec], checkpoints: CheckpointStore | None
+    ) -> None:
+        """The loop's parts, each holding what it needs of the others (see the module docstring)."""
+        cfg, executor = self.cfg, self.executor
         self.inflight = InFlight(
             self.state,
             self.buffer,
@@ -108,9 +124,11 @@ class Coordinator:
         )
         self.batches = Batches(self.buffer, self.state, self.emit)
         self.guard = PolicyGuard(
-            policy, emit=self.emit, max_failures=cfg.run.policy_max_failures, budget_ms=cfg.run.policy_budget_ms
+            self.policy, emit=self.emit, max_failures=cfg.run.policy_max_failures, budget_ms=cfg.run.policy_budget_ms
         )
-        self.cuts = CheckpointCuts(checkpoints, cfg.run.checkpoint_every, executor, run_id=run_id, emit=self.emit)
+        self.cuts = CheckpointCuts(
+            checkpoints, cfg.run.checkpoint_every, executor, run_id=self.state.run_id, emit=self.emit
+        )
         self.intents = Intents(
             self.state,
             self.dispatcher,
@@ -119,7 +137,7 @@ class Coordinator:
             emit=self.emit,
             stop=self.stop,
             loss_fn=cfg.trainer.loss_fn,
-            validation_prompts=list(validation_prompts or []),
+            validation_prompts=validation_prompts,
             group_size=cfg.rollout.n_samples_per_prompt,
         )
         self.finale = Finale(
@@ -146,15 +164,6 @@ class Coordinator:
             end=self.end,
             snapshot=self.snapshot,
         )
-        self.ended: RunEnded | None = None
-        self._inbox: asyncio.Queue[Message | object] = asyncio.Queue()
-        self._derived: deque[Event] = deque()
-        self._opened = False
-        self._resumed: RunResumed | None = None
-        self._stage = "open"
-        self._current: Message | None = None
-        self._idle = False
-        executor.bind(self.post_many)
 
     # -- inputs ----------------------------------------------------------------------------
     def post(self, msg: Message) -> None:

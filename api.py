@@ -103,6 +103,17 @@ class Engine:
     def registry(self) -> Any:
         return self._launch.registry if self._launch is not None else None
 
+    def _live(self) -> Any:
+        """The coordinator's handle; ``EngineError`` before ``start()``, ``RunEndedError`` after
+        the run ended and the engine was closed."""
+        if self.coordinator is None:
+            if self.ended is not None:
+                raise RunEndedError(self.ended)
+            raise EngineError(
+                "the engine is not started: use `async with Engine(cfg) as engine:` (or `await engine.start()`)"
+            )
+        return self.coordinator
+
     def _seen(self, msg: Message) -> Message:
         """Every answer from the coordinator passes here: a ``RunEnded`` sets ``ended``."""
         if isinstance(msg, RunEnded):
@@ -152,7 +163,12 @@ class Engine:
         replica that fails to start is reported as ``ComponentFailed`` and by ``replica_ready``."""
         if kind not in (STANDALONE, HYBRID):
             raise ValueError(f"kind must be {STANDALONE!r} or {HYBRID!r}, got {kind!r}")
-        rid, h, rank, opening = await self._launch.new_replica(kind)
+        self._live()
+        if self.ended is not None:
+            raise RunEndedError(self.ended)
+        rid, h, rank, opening = await self._launch.new_replica(kind, mid_run=True)
+        await self._live().ingest.remote(self._codec.encode_batch(opening), "engine")  # its rank, at once
+        opening = []
         task = asyncio.get_running_loop().create_task(self._launch.bring_up(rid, h, kind, rank, opening))
         self._starting[rid] = task
         return rid
@@ -191,7 +207,7 @@ class Engine:
         cursor = 0
         while True:
             try:
-                items, cursor, missed = await self.coordinator.fetch.remote(cursor, 4096, 1.0)
+                items, cursor, missed = await self._live().fetch.remote(cursor, 4096, 1.0)
             except RayActorError as e:
                 if await self._restart(f"coordinator died: {e}"):
                     cursor = 0
@@ -220,14 +236,16 @@ class Engine:
 
     async def _recover(self, ended: RunEnded) -> bool:
         """True if the run that ended this way was restarted from its last checkpoint."""
-        return bool(ended.failed_component) and await self._restart(f"{ended.failed_component} failed: {ended.error}")
+        return bool(ended.failed_component) and await self._restart(ended.error)
 
     async def submit(self, intent: Intent) -> None:
         """Put an intent on the bus (``SwitchToRollout``, ``Rebalance``, ``Stop`` …); its outcome
         arrives in ``events()``."""
         if not isinstance(intent, Intent):
             raise TypeError(f"submit() takes an intent (SwitchToRollout, Stop, ...), got {type(intent).__name__}")
-        if not await self.coordinator.submit.remote(self._codec.encode(intent)):
+        if self.ended is not None:
+            raise RunEndedError(self.ended)
+        if not await self._live().submit.remote(self._codec.encode(intent)):
             raise ValueError(f"the coordinator rejected {intent!r}")
 
     async def wait(self) -> RunEnded:
@@ -236,7 +254,7 @@ class Engine:
 
         while True:
             try:
-                ended = self._codec.decode(await self.coordinator.wait_ended.remote())
+                ended = self._codec.decode(await self._live().wait_ended.remote())
             except RayActorError as e:
                 if await self._restart(f"coordinator died: {e}"):
                     continue
@@ -248,7 +266,9 @@ class Engine:
     async def stop(self, reason: str = "stopped") -> RunEnded:
         """End the run (the finale: final publish, load, validation, checkpoint) and return
         its ``RunEnded``."""
-        self.ended = self._codec.decode(await self.coordinator.stop.remote(reason))
+        if self.ended is not None:
+            return self.ended
+        self.ended = self._codec.decode(await self._live().stop.remote(reason))
         return self.ended
 
     # -- user-driven training (run.trainer_driver = "user") ------------------------------
@@ -258,11 +278,11 @@ class Engine:
         Raises ``NoBatchError`` after ``timeout_s`` saying why none is ready (groups still
         generating, the staleness gate waiting for ``publish_weights()``, no replica serving),
         or ``RunEndedError`` once the run is over."""
-        data, why = await self.coordinator.next_batch.remote(timeout_s)
+        data, why = await self._live().next_batch.remote(timeout_s)
         if data is not None:
             return msgspec.msgpack.decode(data, type=Batch)
         if self.ended is None and why.startswith("the run ended"):
-            self.ended = self._codec.decode(await self.coordinator.wait_ended.remote())
+            self.ended = self._codec.decode(await self._live().wait_ended.remote())
         if self.ended is not None:
             raise RunEndedError(self.ended)
         raise NoBatchError(f"no mini-batch within {timeout_s:g}s: {why}")
@@ -277,8 +297,11 @@ class Engine:
         ``RunEndedError`` once the run is over."""
         if not isinstance(batch, Batch):
             raise TypeError(f"train() takes the Batch next_batch() returned, got {type(batch).__name__}")
+        loss_fn = _loss_spec(loss_fn)
+        if self.ended is not None:
+            raise RunEndedError(self.ended)
         intent = TrainBatch(batch_id=batch.batch_id, samples=batch.samples, loss_fn=loss_fn)
-        out = self._seen(self._codec.decode(await self.coordinator.train.remote(self._codec.encode(intent))))
+        out = self._seen(self._codec.decode(await self._live().train.remote(self._codec.encode(intent))))
         match out:
             case StepEnd():
                 return out
@@ -294,7 +317,7 @@ class Engine:
         """Publish the trainer's weights as the next version and return its ``WeightsReady``.
         With no optimizer step since the last publish nothing is published: the last
         ``WeightsReady`` is returned (None before the first publish)."""
-        out = self._seen(self._codec.decode(await self.coordinator.publish.remote()))
+        out = self._seen(self._codec.decode(await self._live().publish.remote()))
         match out:
             case WeightsReady():
                 return out
@@ -307,4 +330,23 @@ class Engine:
         raise EngineError(f"publishing weights failed: {getattr(out, 'error', out)}")
 
     async def counters(self) -> dict[str, int]:
-        return await self.coordinator.counters.remote()
+        return await self._live().counters.remote()
+
+
+def _loss_spec(loss_fn: object) -> str:
+    """``loss_fn`` as the ``"module:function"`` the trainer actor imports: a string as given, or
+    a function defined at module level in an importable module (not ``__main__``)."""
+    if isinstance(loss_fn, str):
+        return loss_fn
+    module, name = getattr(loss_fn, "__module__", None), getattr(loss_fn, "__qualname__", "")
+    if callable(loss_fn) and module and module != "__main__" and "<" not in name:
+        return f"{module}:{name}"
+    raise TypeError(
+        f"loss_fn takes a 'module:function' string (the trainer runs in its own process and imports "
+        f"it); got {loss_fn!r}"
+        + (
+            " — a function defined in __main__ cannot be imported there: put it in a module next to your script"
+            if module == "__main__"
+            else ""
+        )
+    )

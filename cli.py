@@ -18,7 +18,7 @@ from shunter.engine.config import ConfigError, load_config, schema
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="shunter", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="shunter", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run an async RL job from a TOML config")
     r.add_argument("config")
@@ -37,10 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check-policy", help="run the policy contract on any policy ('module:Class' or a built-in)")
     c.add_argument("policy")
     c.add_argument("--options", default="{}", help="JSON object of constructor options (run.policy_options)")
-    c.add_argument("--standalone", type=int, help="standalone replicas (default: the first setup the policy accepts)")
-    c.add_argument("--hybrid", type=int, help="hybrid replicas")
-    c.add_argument("--only", action="append", help="run only this check (repeatable)")
-    c.add_argument("--time-limit", type=float, default=60.0, help="real seconds per check (default 60)")
+    c.add_argument(
+        "--standalone", type=_count, help="standalone replicas (default: the first setup the policy accepts)"
+    )
+    c.add_argument("--hybrid", type=_count, help="hybrid replicas")
+    c.add_argument("--only", action="append", choices=_checks(), help="run only this check (repeatable)")
+    c.add_argument("--time-limit", type=_positive, default=30.0, help="real seconds per check (default 30)")
+    c.add_argument(
+        "--budget-ms",
+        type=_positive,
+        default=10.0,
+        help="run.policy_budget_ms: more than 3 decide() calls slower than this fail (default 10)",
+    )
     e = sub.add_parser("events", help="print an event log (events.bin) as JSON lines")
     e.add_argument("path")
     e.add_argument("--kind", action="append", help="only these tags (repeatable)")
@@ -83,6 +91,8 @@ def _run(args) -> int:
     except EngineSetupError as e:
         print(f"shunter: the run did not start: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the run was stopped on the way out; progress said how to resume
+        return 130
     if ended.reason == "error":
         print(f"shunter: the run failed: {ended.error}", file=sys.stderr)
     return 0 if ended.reason == "completed" else 1
@@ -104,24 +114,42 @@ def _check_policy(args) -> int:
     with import_paths([os.getcwd()]):
         try:
             subject = contract.subject_for(args.policy, options, standalone=args.standalone, hybrid=args.hybrid)
+            subject.make()  # options the constructor refuses: a usage error, said once
         except ValueError as e:
             print(f"shunter: {e}", file=sys.stderr)
             return 2
-        subject.time_limit_s = args.time_limit
-        print(f"checking {args.policy} with {subject.standalone} standalone + {subject.hybrid} hybrid replicas")
-        results = contract.run_checks(subject, args.only)
-    for r in results:
-        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.check:<17} {r.seconds:6.2f}s  {r.detail}")
+        subject.time_limit_s, subject.budget_ms = args.time_limit, args.budget_ms
+        setup = f"{subject.standalone} standalone + {subject.hybrid} hybrid replicas"
+        print(f"checking {args.policy} with {setup}", flush=True)
+        results = []
+        for name in args.only or list(contract.CHECKS):
+            (r,) = contract.run_checks(subject, [name])
+            results.append(r)
+            print(f"  {'ok  ' if r.ok else 'FAIL'} {r.check:<17} {r.seconds:6.2f}s  {r.detail}", flush=True)
     failed = [r.check for r in results if not r.ok]
-    print(
-        f"{args.policy}: "
-        + (
-            f"{len(failed)} of {len(results)} checks failed ({', '.join(failed)})"
-            if failed
-            else f"all {len(results)} checks passed"
-        )
-    )
+    verdict = f"{len(failed)} of {len(results)} checks failed ({', '.join(failed)})" if failed else "all passed"
+    print(f"{args.policy}: {verdict}")
     return 1 if failed else 0
+
+
+def _checks() -> list[str]:
+    from shunter import contract
+
+    return list(contract.CHECKS)
+
+
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
+def _positive(text: str) -> float:
+    x = float(text)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return x
 
 
 def _events(args) -> int:

@@ -105,8 +105,11 @@ class Subject:
     standalone: int = 1
     hybrid: int = 1
     steps: int = 6
-    time_limit_s: float = 60.0
+    time_limit_s: float = 30.0
+    budget_ms: float = 10.0
+    """``run.policy_budget_ms``: the run check fails a policy slower than this in more than 3 calls."""
     _trace: list[tuple[Event, EngineView]] | None = None
+    _run_failed: str = ""
 
     def make(self) -> Policy:
         return make_policy(self.spec, self.options)
@@ -120,6 +123,7 @@ class Subject:
                     "policy": self.spec,
                     "policy_options": self.options,
                     "stall_timeout_s": 600.0,
+                    "policy_timeout_s": max(0.5, min(10.0, self.time_limit_s / 3)),
                     **run,
                 },
                 "rollout": {
@@ -146,7 +150,8 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
         return
 
     def fire(signum: int, frame: object) -> None:
-        raise CheckTimeout(f"{what} took longer than {seconds:g} s of real time")
+        inside = f" (decide() on {_DECIDING[0]} had not returned: an endless loop?)" if _DECIDING[0] else ""
+        raise CheckTimeout(f"{what} took longer than {seconds:g} s of real time{inside}")
 
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -157,16 +162,37 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-class Recording(Policy):
-    """Wraps a policy and records every (event, view) it is asked to decide on."""
+class OverBudget(BaseException):
+    """``decide()`` was slower than the budget too often (a BaseException: the guard around the
+    policy must not contain it)."""
 
-    def __init__(self, inner: Policy, trace: list[tuple[Event, EngineView]]) -> None:
-        self.inner, self.trace = inner, trace
+
+class Recording(Policy):
+    """Wraps a policy, records every (event, view) it is asked to decide on, and holds it to the
+    time budget: more than ``SLOW_CALLS_ALLOWED`` calls over ``budget_ms`` end the check."""
+
+    SLOW_CALLS_ALLOWED = 3  # a garbage collection may stretch one call; a slow policy is slow every time
+
+    def __init__(self, inner: Policy, trace: list[tuple[Event, EngineView]], budget_ms: float = 0.0) -> None:
+        self.inner, self.trace, self.budget_ms = inner, trace, budget_ms
         self.wrapped = inner  # the guard names the policy inside
+        self.slow: list[tuple[str, float]] = []
 
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
         self.trace.append((event, view))
-        return self.inner.decide(event, view)  # type: ignore[no-any-return]
+        t0 = time.perf_counter()
+        out = self.inner.decide(event, view)
+        ms = (time.perf_counter() - t0) * 1e3
+        if self.budget_ms and ms > self.budget_ms:
+            self.slow.append((tag_of(event), ms))
+            if len(self.slow) > self.SLOW_CALLS_ALLOWED:
+                worst = max(self.slow, key=lambda x: x[1])
+                raise OverBudget(
+                    f"decide() took more than run.policy_budget_ms = {self.budget_ms:g} ms in "
+                    f"{len(self.slow)} calls (the slowest {worst[1]:.1f} ms on {worst[0]}); it runs on "
+                    "the coordinator's loop, so every replica waits that long"
+                )
+        return out  # type: ignore[no-any-return]
 
     def snapshot(self) -> dict[str, Any]:
         return self.inner.snapshot()
@@ -196,30 +222,39 @@ def _ended_ok(result: Any, what: str) -> None:
 
 def check_run(subject: Subject) -> str:
     trace: list[tuple[Event, EngineView]] = []
-    result = _sim(subject, Recording(subject.make(), trace))
+    subject._run_failed = "the run check failed"  # until it passes: the checks that replay its trace skip
+    try:
+        result = _sim(subject, Recording(subject.make(), trace, subject.budget_ms))
+    except OverBudget as e:
+        raise CheckFailed(str(e)) from None
     _ended_ok(result, "the simulated run")
     if not trace or not isinstance(trace[0][0], RunStarted):
         raise CheckFailed(f"the policy's first event was {tag_of(trace[0][0]) if trace else 'none'}, not run.started")
     if result.ended.steps != subject.steps:
         raise CheckFailed(f"the run trained {result.ended.steps} of {subject.steps} steps")
-    subject._trace = trace
+    subject._trace, subject._run_failed = trace, ""
     return f"{len(trace)} events decided, {subject.steps} steps in {result.sim_s:.0f} simulated s"
 
 
 def _trace(subject: Subject) -> list[tuple[Event, EngineView]]:
-    if subject._trace is None:
+    if subject._trace is None and not subject._run_failed:
         check_run(subject)
-    assert subject._trace is not None
+    if subject._trace is None:
+        raise CheckFailed(f"not run: it replays the trace of the run check, and {subject._run_failed}")
     return subject._trace
 
 
+_DECIDING = [""]  # the event a direct decide() call is on (named when a deadline interrupts it)
+
+
 def _decide(policy: Policy, event: Event, view: EngineView) -> list[Intent]:
+    _DECIDING[0] = tag_of(event)
     try:
         out = policy.decide(event, view)
-    except CheckTimeout:
-        raise
     except Exception as e:
         raise CheckFailed(f"decide() raised {describe(e)} on {tag_of(event)}") from e
+    finally:
+        _DECIDING[0] = ""
     problem = check_intents(out)
     if problem:
         raise CheckFailed(f"decide() on {tag_of(event)} {problem}")
@@ -316,11 +351,14 @@ def subject_for(
 ) -> Subject:
     """The policy ``spec`` with the first replica setup its ``check_setup`` accepts (or the one given)."""
     cls = policy_class(spec)
+    make_policy(spec, options)  # options its constructor refuses: said once, before any setup is tried
     setups = [(standalone, hybrid)] if standalone is not None and hybrid is not None else SETUPS
+    said = ""
     for s, h in setups:
         try:
             cls.check_setup(standalone=s, hybrid=h)
-        except ValueError:
+        except ValueError as e:
+            said = str(e)
             continue
         subject = Subject(spec, dict(options or {}), s, h)
         try:
@@ -328,7 +366,8 @@ def subject_for(
         except ConfigError:
             continue
         return subject
-    raise ValueError(f"{spec}: check_setup refused every replica setup tried ({setups})")
+    tried = ", ".join(f"{s} standalone + {h} hybrid" for s, h in setups)
+    raise ValueError(f"{spec}: check_setup refused every replica setup tried ({tried}); it said: {said}")
 
 
 def run_checks(subject: Subject, only: list[str] | None = None) -> list[CheckResult]:

@@ -6,6 +6,7 @@ mean batch reward, rollout tokens/s and staleness, the summary the ``RunEnded`` 
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 from tqdm import tqdm
@@ -30,44 +31,60 @@ from shunter.events import (
 
 async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id: str | None = None) -> RunEnded:
     bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
-    val = ""
-    tokens, t0 = 0, None
-    async with Engine(cfg, resume=resume, run_id=run_id) as engine:
-        print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
-        async for ev in engine.events():
-            if isinstance(ev, SampleEnd):
-                tokens += len(ev.sample.token_ids)
-                t0 = t0 or ev.wall_time
-            elif isinstance(ev, StepEnd):
-                m = ev.metrics
-                rate = tokens / (ev.wall_time - t0) if t0 and ev.wall_time > t0 else 0.0
-                bar.update(ev.step - bar.n)
-                bar.set_postfix_str(
-                    f"reward {m.get('batch/reward_mean', 0):.3f} | stale {m.get('batch/staleness_mean', 0):.2f}"
-                    f" | {rate:.0f} tok/s{val}",
-                    refresh=False,
-                )
-            elif isinstance(ev, ValidateEnd):
-                val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
-            elif isinstance(ev, RunResumed):
-                tqdm.write(
-                    f"resumed from {ev.checkpoint} at step {ev.step}"
-                    + (f" (attempt {ev.attempt}: {ev.reason})" if ev.reason else ""),
-                    file=sys.stderr,
-                )
-            elif isinstance(ev, PolicyFailed | CommandFailed | ComponentFailed | EventRejected | IntentRejected):
-                tqdm.write(f"{tag_of(ev)}: {_said(ev)}", file=sys.stderr)
-            elif isinstance(ev, PolicySlow):
-                tqdm.write(
-                    f"policy.slow: {ev.policy}.decide() took {ev.decide_ms:.1f} ms on {ev.on_kind} "
-                    f"(budget run.policy_budget_ms = {ev.budget_ms:g}; {ev.slow_calls} of {ev.calls} calls "
-                    "over it): every replica waits that long",
-                    file=sys.stderr,
-                )
-        ended = engine.ended or await engine.wait()
+    engine = Engine(cfg, resume=resume, run_id=run_id)
+    try:
+        async with engine:
+            print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
+            ended = await _follow(engine, bar)
+    except asyncio.CancelledError:  # Ctrl-C: leaving the block stopped the run (final checkpoint included)
+        bar.close()
+        how = f" ({engine.ended.reason} at step {engine.ended.steps})" if engine.ended else ""
+        print(f"\ninterrupted: the run stopped{how}; continue it with --resume {engine.out_dir}", file=sys.stderr)
+        raise
     bar.close()
     print_summary(ended)
     return ended
+
+
+async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
+    """Show the run's events until it ends; errors once, then at the 10th, 100th … repeat."""
+    val = ""
+    tokens, t0 = 0, None
+    repeats: dict[str, int] = {}
+    async for ev in engine.events():
+        if isinstance(ev, SampleEnd):
+            tokens += len(ev.sample.token_ids)
+            t0 = t0 or ev.wall_time
+        elif isinstance(ev, StepEnd):
+            m = ev.metrics
+            rate = tokens / (ev.wall_time - t0) if t0 and ev.wall_time > t0 else 0.0
+            bar.update(ev.step - bar.n)
+            bar.set_postfix_str(
+                f"reward {m.get('batch/reward_mean', 0):.3f} | stale {m.get('batch/staleness_mean', 0):.2f}"
+                f" | {rate:.0f} tok/s{val}",
+                refresh=False,
+            )
+        elif isinstance(ev, ValidateEnd):
+            val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
+        elif isinstance(ev, RunResumed):
+            tqdm.write(
+                f"resumed from {ev.checkpoint} at step {ev.step}"
+                + (f" (attempt {ev.attempt}: {ev.reason})" if ev.reason else ""),
+                file=sys.stderr,
+            )
+        elif isinstance(ev, PolicyFailed | CommandFailed | ComponentFailed | EventRejected | IntentRejected):
+            line = f"{tag_of(ev)}: {_said(ev)}"
+            n = repeats[line[:160]] = repeats.get(line[:160], 0) + 1
+            if n in (1, 10, 100, 1000, 10_000):
+                tqdm.write(line + (f" (x{n})" if n > 1 else ""), file=sys.stderr)
+        elif isinstance(ev, PolicySlow):
+            tqdm.write(
+                f"policy.slow: {ev.policy}.decide() took {ev.decide_ms:.1f} ms on {ev.on_kind} "
+                f"(budget run.policy_budget_ms = {ev.budget_ms:g}; {ev.slow_calls} of {ev.calls} calls "
+                "over it): every replica waits that long",
+                file=sys.stderr,
+            )
+    return engine.ended or await engine.wait()
 
 
 def _said(ev) -> str:

@@ -189,6 +189,8 @@ class CoordinatorActor:
 
     def submit(self, data: bytes) -> bool:
         """An intent from the user (``Engine.submit``); anything else is rejected."""
+        if self.core.ended is not None:
+            return False
         try:
             msg = codec().decode(data)
             if not isinstance(msg, Intent):
@@ -249,6 +251,8 @@ class CoordinatorActor:
         intent = self.user(codec().decode(data))
         if not isinstance(intent, TrainBatch):
             raise TypeError(f"train() takes trainer.train_batch, got {tag_of(intent)}")
+        if self.core.ended is not None:  # nothing would ever answer
+            return codec().encode(self.core.ended)
         k = intent.batch_id
         done = self.waiters.wait_for(
             lambda m: (
@@ -263,6 +267,8 @@ class CoordinatorActor:
     async def publish(self) -> bytes:
         """Publish; the answer is ``WeightsReady`` — the last one if nothing new was trained —
         or why not (``IntentRejected``, a failure, ``RunEnded``)."""
+        if self.core.ended is not None:
+            return codec().encode(self.core.ended)
         intent = self.user(PublishWeights())
         done = self.waiters.wait_for(
             lambda m: (

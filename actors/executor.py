@@ -24,8 +24,8 @@ import msgspec
 import ray
 from ray.exceptions import RayActorError
 
-from shunter.actors.wire import codec
-from shunter.engine.errors import bounded, describe
+from shunter.actors.wire import codec, root_cause
+from shunter.engine.errors import bounded
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.events import (
     CommandFailed,
@@ -137,7 +137,7 @@ class RayExecutor(TaskExecutor):
         except Exception as e:  # noqa: BLE001 - every failure becomes an event; the next load joins anew
             self._joins.pop(replica_id, None)
             self._emit(
-                [CommandFailed(command_kind=tag_of(cmd), target=TRAINER, error=f"to {replica_id}: {describe(e)}")]
+                [CommandFailed(command_kind=tag_of(cmd), target=TRAINER, error=f"to {replica_id}: {root_cause(e)}")]
             )
 
     def _leave(self, replica_id: str) -> None:
@@ -220,7 +220,7 @@ class RayExecutor(TaskExecutor):
                     CommandFailed(
                         command_kind=tag_of(cmd),
                         target=target,
-                        error=describe(e),
+                        error=root_cause(e),
                         group_id=cmd.group_id if isinstance(cmd, Generate) else -1,
                     )
                 ]

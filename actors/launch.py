@@ -18,9 +18,10 @@ from typing import Any
 
 import msgspec
 
+from shunter.actors.wire import root_cause
 from shunter.engine.checkpoint import Manifest
 from shunter.engine.config import EngineConfig
-from shunter.engine.errors import EngineSetupError, describe
+from shunter.engine.errors import EngineSetupError
 from shunter.events import Codec, ComponentFailed, ComponentPlaced, ComponentReady, Message, ReplicaUp
 from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
 
@@ -131,9 +132,11 @@ class Launcher:
             self.serve = (str(resume[0] / "model"), resume[1].version)
         else:
             self.serve = (self.model_dir, 0)
-        kinds: list[ReplicaKind] = [STANDALONE] * cfg.rollout.standalone_replicas + [
-            HYBRID
-        ] * cfg.rollout.hybrid_replicas
+        r = cfg.rollout
+        kinds: list[ReplicaKind] = [STANDALONE] * r.standalone_replicas + [HYBRID] * r.hybrid_replicas
+        if self._placer is None:  # a placement group reserved its room already
+            cpus, gpus = cfg.trainer.num_cpus + len(kinds) * r.num_cpus, cfg.trainer.num_gpus + len(kinds) * r.num_gpus
+            self._fits("this run", cpus, gpus, total=True)
         replicas = {}
         for kind in kinds:
             rid, h, rank, evs = await self.new_replica(kind)
@@ -188,17 +191,18 @@ class Launcher:
             )
         )
         self.actors.append(self.coordinator)
-        await self.coordinator.start.remote(self.codec.encode_batch(opening))
+        await self._setup("coordinator", self.coordinator.start.remote(self.codec.encode_batch(opening)))
         return self.coordinator
 
     async def _setup(self, component: str, ref: Any) -> float:
+        """Await an actor's setup (or start) call; its time, or ``EngineSetupError`` with its cause."""
         timeout = self.cfg.run.timeout_s
         try:
-            return float(await asyncio.wait_for(ref, timeout))
+            return float(await asyncio.wait_for(ref, timeout) or 0.0)
         except TimeoutError:
             raise EngineSetupError(f"{component} did not finish setup within run.timeout_s = {timeout:g}s") from None
         except Exception as e:  # noqa: BLE001 - surface the actor's own error
-            raise EngineSetupError(f"{component} failed to start: {describe(getattr(e, 'cause', None) or e)}") from e
+            raise EngineSetupError(f"{component} failed to start: {root_cause(e)}") from e
 
     async def stop_attempt(self) -> None:
         import ray
@@ -215,6 +219,22 @@ class Launcher:
                 pass
         self.actors.clear()
         self.coordinator = None
+
+    def _fits(self, what: str, cpus: float, gpus: float, *, total: bool = False) -> None:
+        """``EngineSetupError`` now, instead of an actor Ray can never schedule (it would wait
+        for resources for ever): the cluster's total (a whole attempt) or free (one more actor)
+        CPUs and GPUs must cover the request."""
+        import ray
+
+        have = ray.cluster_resources() if total else ray.available_resources()
+        for res, need, knob in (("CPU", cpus, "num_cpus"), ("GPU", gpus, "num_gpus")):
+            free = float(have.get(res, 0.0))
+            if need > free + 1e-9:
+                raise EngineSetupError(
+                    f"no room in the Ray cluster for {what}: it needs {need:g} {res}, the cluster has {free:g} "
+                    f"{'in all' if total else 'free'} (trainer.{knob} + rollout.{knob} per replica; a local cluster "
+                    f"has run.num_cpus = {self.cfg.run.num_cpus or os.cpu_count()} CPUs)"
+                )
 
     # -- replicas ------------------------------------------------------------------------
     def _resources(self, component: str, slot: Any, num_gpus: float, num_cpus: float) -> dict[str, Any]:
@@ -259,11 +279,14 @@ class Launcher:
             wall_time=time.time(),
         )
 
-    async def new_replica(self, kind: ReplicaKind) -> tuple[str, Any, int, list[Message]]:
-        """Register a replica (rank + actor name from the registry) and create its actor."""
+    async def new_replica(self, kind: ReplicaKind, *, mid_run: bool = False) -> tuple[str, Any, int, list[Message]]:
+        """Register a replica (rank + actor name from the registry) and create its actor; one
+        added ``mid_run`` must fit in what the cluster has free (outside the placement plan)."""
         from shunter.actors import rollout
 
         cfg = self.cfg
+        if mid_run and self._placer is None:  # with a placement plan, it may take a reserved bundle
+            self._fits(f"another {kind} replica", cfg.rollout.num_cpus, cfg.rollout.num_gpus)
         i = self._made
         self._made += 1
         rid = f"{kind}-{i}"

@@ -7,8 +7,11 @@ naming the cause, never a crash deeper in.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
+from shunter.engine.errors import bounded, describe
 from shunter.events import Codec, Message, Order
 
 _codec: Codec | None = None
@@ -37,3 +40,18 @@ def decode_order(data: bytes) -> Order:
 
 def encode_events(events: list[Message]) -> bytes:
     return codec().encode_batch(events)
+
+
+def root_cause(e: BaseException) -> str:
+    """The error an actor raised, without Ray's wrapping: ``.cause`` followed down, and for an
+    actor that died in its constructor the last ``SomethingError: ...`` line of Ray's report."""
+    for _ in range(5):
+        inner = getattr(e, "cause", None)
+        if not isinstance(inner, BaseException) or inner is e:
+            break
+        e = inner
+    if type(e).__name__.endswith("ActorDiedError"):
+        lines = [ln.strip() for ln in str(e).splitlines() if re.match(r"^\s*[\w.]+(Error|Exception): ", ln)]
+        if lines:
+            return bounded(lines[-1])
+    return describe(e)

@@ -85,6 +85,14 @@ class Batches:
         if self.training is not None and self.training.batch_id == batch_id:
             self.training = None
 
+    def untrained(self) -> list[Batch]:
+        """Batches out of the buffer that no optimizer step trained (handed to a user, or on the
+        trainer when the run ended)."""
+        out = list(self.handed.values())
+        if self.training is not None:
+            out.append(self.training)
+        return out
+
     def failed(self, batch_id: int) -> None:
         """The step on ``batch_id`` failed in the user's code: the user may train it again."""
         if self.training is not None and self.training.batch_id == batch_id:

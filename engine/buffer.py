@@ -215,6 +215,14 @@ class SampleBuffer:
         self.dropped[reason] += 1
         return g
 
+    def forfeit(self, groups: int) -> None:
+        """Groups taken for a batch whose optimizer step never happened (the run ended first):
+        counted as dropped at the run's end, not as trained."""
+        groups = min(groups, self.trained)
+        self.trained -= groups
+        if groups:
+            self.dropped["run_end"] += groups
+
     def drop_all(self, reason: str) -> list[Group]:
         return [g for gid in list(self._groups) if (g := self.drop(gid, reason))]
 

@@ -93,6 +93,12 @@ class RunConfig(_Section):
             "Warn (policy.slow) when one decide() call takes longer than this; it runs on the coordinator's loop, so every millisecond delays every replica's next request."
         ),
     ] = 10.0
+    policy_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "A decide() call still running after this long is interrupted and the run ends with an error naming the policy (an endless loop would otherwise freeze the coordinator's loop)."
+        ),
+    ] = 10.0
     import_paths: Annotated[
         list[str],
         _d(
@@ -317,9 +323,27 @@ def from_dict(data: dict[str, Any], *, origin: str = "config") -> EngineConfig:
     try:
         cfg = msgspec.convert(data, EngineConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{origin}: {e}") from None
+        raise ConfigError(f"{origin}: {e}{_did_you_mean(str(e))}") from None
     check(cfg)
     return cfg
+
+
+def _did_you_mean(error: str) -> str:
+    """For msgspec's "Object contains unknown field `x` - at `$.run`": the closest field names."""
+    import difflib
+    import re
+
+    m = re.search(r"unknown field `([^`]+)`(?: - at `\$(?:\.(\w+))?`)?", error)
+    if not m:
+        return ""
+    section = {f.name: f.type for f in msgspec.structs.fields(EngineConfig)}.get(m.group(2) or "")
+    names = (
+        [f.name for f in msgspec.structs.fields(section)]
+        if section
+        else [f.name for f in msgspec.structs.fields(EngineConfig)]
+    )
+    close = difflib.get_close_matches(m.group(1), names, n=3)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> EngineConfig:
@@ -396,15 +420,32 @@ def check(cfg: EngineConfig) -> None:
     from shunter.engine.placement import plan  # GPU configs must fit a placement plan
 
     plan(cfg)
-    from shunter.policies import policy_class  # policies know what replicas they need
+    from shunter.policies import make_policy, policy_class  # policies know what replicas they need
     from shunter.policies.registry import import_paths
 
     with import_paths(cfg.run.import_paths):
         try:
             cls = policy_class(cfg.run.policy)
             cls.check_setup(standalone=r.standalone_replicas, hybrid=r.hybrid_replicas)
+            make_policy(cfg.run.policy, cfg.run.policy_options)  # its options, as its constructor takes them
         except ValueError as e:
             raise ConfigError(f"run.policy = {cfg.run.policy!r}: {e}") from None
+        _check_task(cfg)
+
+
+def _check_task(cfg: EngineConfig) -> None:
+    """The task and the reward override load (the replicas load them again, in their processes)."""
+    from shunter.engine.tasks import load_reward, load_task
+
+    try:
+        load_task(cfg.task.name)
+    except ValueError as e:
+        raise ConfigError(f"task.name = {cfg.task.name!r}: {e}") from None
+    if cfg.task.reward:
+        try:
+            load_reward(cfg.task.reward)
+        except ValueError as e:
+            raise ConfigError(f"task.reward = {cfg.task.reward!r}: {e}") from None
 
 
 def schema() -> dict[str, Any]:

@@ -5,7 +5,9 @@ trainer holds exactly the weights of the current version) and only one at a time
 coordinator writes its snapshot into a staging folder first, then orders the trainer's part
 (``SaveCheckpoint``, queued ahead of any later train step); ``TrainerStateSaved`` for that
 folder commits it atomically (``CheckpointSaved``). A checkpoint that cannot be written or
-committed is reported as ``CommandFailed`` and the previous one stays the one to resume from.
+committed is reported as ``CommandFailed`` and the previous one stays the one to resume from —
+except when the policy's own state cannot be saved: that would lose every checkpoint of the
+run, so the run ends at the first cut, naming the policy.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ class CheckpointCuts:
         *,
         run_id: str,
         emit: Callable[[Event], None],
+        fatal: Callable[[str], None] = lambda error: None,
     ) -> None:
+        self.fatal = fatal
+        """Ends the run: a policy whose state cannot be saved would lose every checkpoint."""
         self.store = store
         self.every = every
         self.executor = executor
@@ -65,6 +70,9 @@ class CheckpointCuts:
         try:
             staging = self.store.staging(trainer.step)
             (staging / snapshot_mod.SNAPSHOT_FILE).write_bytes(snapshot_mod.encode(snapshot()))
+        except snapshot_mod.PolicyStateError as e:  # every later checkpoint would fail alike: stop here
+            self.fatal(f"checkpoint at step {trainer.step}: {e}")
+            return False
         except Exception as e:  # noqa: BLE001 - a checkpoint that cannot be written is reported, not fatal
             self.emit(CommandFailed(command_kind="checkpoint.write", target="coordinator", error=describe(e)))
             return False

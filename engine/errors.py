@@ -51,7 +51,11 @@ def user_frame(exc: BaseException, module_hint: str = "") -> str:
     return ""
 
 
-class UserCodeError(Exception):
+class EngineError(RuntimeError):
+    """Base of the errors the ``Engine`` raises in the caller."""
+
+
+class UserCodeError(EngineError):
     """User code (a loss, a reward, a task, a policy) raised or returned something unusable.
 
     ``str()`` starts with the user's own message: ``"<spec> raised KeyError: 'x' (loss.py:12 in
@@ -81,10 +85,6 @@ def type_name(value: object) -> str:
 
 
 # -- what the Engine facade raises in the caller ---------------------------------------------
-
-
-class EngineError(RuntimeError):
-    """Base of the errors the ``Engine`` raises in the caller."""
 
 
 class EngineSetupError(EngineError):

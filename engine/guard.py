@@ -10,7 +10,8 @@ Invariants:
   occurrence with the count (so logs stay small), and after ``max_failures`` failures in a
   row :attr:`fatal` holds the reason the run must end with;
 - every call is timed (:attr:`decide_ms`); a call over ``budget_ms`` yields ``PolicySlow`` on
-  the 1st, 10th, 100th … slow call.
+  the 1st, 10th, 100th … slow call; a call still running after ``timeout_s`` is interrupted
+  (``engine/watchdog.py``) and ends the run: a policy stuck in a loop must not freeze it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from shunter.engine.errors import bounded, describe, type_name
+from shunter.engine.errors import bounded, describe, type_name, user_frame
+from shunter.engine.watchdog import WATCHDOG, Stuck
 from shunter.events import Event, Intent, Order, PolicyFailed, PolicySlow, tag_of
 from shunter.events.view import EngineView
 from shunter.policies import Policy
+
+
+def _where(e: BaseException) -> str:
+    where = user_frame(e)
+    return f" ({where})" if where else ""
 
 
 def _milestone(n: int) -> bool:
@@ -59,6 +66,7 @@ class PolicyGuard:
         emit: Callable[[Event], None],
         max_failures: int = 10,
         budget_ms: float = 10.0,
+        timeout_s: float = 10.0,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.policy = policy
@@ -68,6 +76,7 @@ class PolicyGuard:
         self.emit = emit
         self.max_failures = max_failures
         self.budget_ms = budget_ms
+        self.timeout_s = timeout_s
         self.timer = timer
         self.decide_ms = Timings()
         self.failures_in_a_row = 0
@@ -82,10 +91,23 @@ class PolicyGuard:
             return []
         t0 = self.timer()
         try:
-            out = self.policy.decide(event, view)
+            WATCHDOG.begin(self.timeout_s)
+            try:
+                out = self.policy.decide(event, view)
+            finally:
+                WATCHDOG.end()
+        except Stuck:
+            self._timed(event, t0)
+            self._failed(
+                event,
+                f"did not return within run.policy_timeout_s = {self.timeout_s:g}s (an endless "
+                "loop?) and was interrupted",
+            )
+            self.fatal = self.fatal or f"policy {self.label}.decide() never returned on {tag_of(event)}"
+            return []
         except Exception as e:  # noqa: BLE001 - the policy is user code: contain it
             self._timed(event, t0)
-            return self._failed(event, f"raised {describe(e)}")
+            return self._failed(event, f"raised {describe(e)}{_where(e)}")
         self._timed(event, t0)
         problem = self._check(out)
         if problem:

@@ -82,6 +82,10 @@ class Intents:
         self._refused: dict[tuple[str, str], int] = {}
 
     def carry_out(self, intent: Intent) -> None:
+        ids = getattr(intent, "replica_ids", None)
+        if ids and (unknown := [i for i in ids if i not in self.state.replicas]):
+            known = ", ".join(sorted(self.state.replicas)) or "none"
+            self.reject(intent, "unknown_replica", f"no replica {', '.join(unknown)} in this run (known: {known})")
         match intent:
             case SwitchToRollout():
                 self.to_rollout(intent.replica_ids)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -124,10 +124,19 @@ class Coordinator:
         )
         self.batches = Batches(self.buffer, self.state, self.emit)
         self.guard = PolicyGuard(
-            self.policy, emit=self.emit, max_failures=cfg.run.policy_max_failures, budget_ms=cfg.run.policy_budget_ms
+            self.policy,
+            emit=self.emit,
+            max_failures=cfg.run.policy_max_failures,
+            budget_ms=cfg.run.policy_budget_ms,
+            timeout_s=cfg.run.policy_timeout_s,
         )
         self.cuts = CheckpointCuts(
-            checkpoints, cfg.run.checkpoint_every, executor, run_id=self.state.run_id, emit=self.emit
+            checkpoints,
+            cfg.run.checkpoint_every,
+            executor,
+            run_id=self.state.run_id,
+            emit=self.emit,
+            fatal=lambda error: self.end("error", error=error),
         )
         self.intents = Intents(
             self.state,
@@ -286,6 +295,7 @@ class Coordinator:
             self._stage = "intent"
             self.intents.carry_out(intent)
         if self.guard.fatal:
+            self._drain()  # the policy's last failure reaches the sinks before the end
             self.end("error", error=self.guard.fatal)
 
     def _record(self, msg: Message) -> None:
@@ -295,10 +305,15 @@ class Coordinator:
 
     def _stalled(self, stall: float) -> None:
         if self.state.trainer_driver == "engine" and self.executor.pending() == 0 and self._inbox.empty():
+            v = self.view()
+            modes = Counter(r.mode for r in v.replicas)
             self.end(
                 "error",
-                error=f"stalled: nothing in flight and no message for {stall:.0f}s "
-                f"(run.stall_timeout_s); last view: {self.view()}",
+                error=f"stalled: nothing in flight and no message for {stall:.0f}s (run.stall_timeout_s) — the "
+                f"policy asked for nothing more: trainer {v.trainer.state} at step {v.trainer.step} (version "
+                f"{v.trainer.version}, {v.trainer.steps_since_publish} steps since), {v.buffer.ready_batches} "
+                f"mini-batches ready, staleness gate {'open' if v.buffer.gate_open else 'closed'}, replicas "
+                + ", ".join(f"{n} {m}" for m, n in sorted(modes.items())),
             )
 
     # -- a user's loop (run.trainer_driver = "user") --------------------------------------------
@@ -356,6 +371,14 @@ class Coordinator:
             return
         self.finale.phase = "ended"
         notes: list[str] = []
+        for b in self.batches.untrained():  # taken, never trained: they count as dropped
+            self.buffer.forfeit(len(b.group_ids))
+            for gid in b.group_ids:
+                self._deliver(
+                    GroupDropped(group_id=gid, reason="run_end", samples=self.state.n_samples_per_prompt),
+                    careful,
+                    notes,
+                )
         for g in self.buffer.drop_all("run_end"):
             self._deliver(GroupDropped(group_id=g.group_id, reason="run_end", samples=len(g.samples)), careful, notes)
         try:

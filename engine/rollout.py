@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import numbers
 import random
 from collections.abc import Callable
 from typing import Literal, TypeVar
@@ -23,7 +24,7 @@ from typing import Literal, TypeVar
 import msgspec
 
 from shunter.engine.backend import Backend, GenParams, Tokenizer
-from shunter.engine.errors import describe
+from shunter.engine.errors import describe, type_name
 from shunter.events import (
     CommandFailed,
     EnterRollout,
@@ -250,30 +251,35 @@ class RolloutCore:
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
         text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
         try:
-            r = float(self.reward(prompt.text, text, prompt.answer))
+            r = self.reward(prompt.text, text, prompt.answer)
         except Exception as e:  # noqa: BLE001 - report the user's reward error, drop the group
-            return [
-                self._stamp(
-                    SampleAborted(
-                        sample_id=s.sample_id,
-                        group_id=s.group_id,
-                        replica_id=self.replica_id,
-                        reason="failed",
-                        tokens=len(s.token_ids),
-                    )
-                ),
-                self._stamp(
-                    CommandFailed(
-                        command_kind=tag_of(Generate),
-                        target=self.replica_id,
-                        group_id=s.group_id,
-                        error=f"reward function {self.reward_name} raised {describe(e)}",
-                        user_code=self.reward_name,
-                    )
-                ),
-            ]
-        s = msgspec.structs.replace(s, reward=r, response_text=text)
+            return self._reward_failed(s, f"raised {describe(e)}")
+        if not isinstance(r, numbers.Real) or not math.isfinite(float(r)):
+            return self._reward_failed(s, f"returned {type_name(r)}; expected a finite float")
+        s = msgspec.structs.replace(s, reward=float(r), response_text=text)
         return [self._stamp(SampleEnd(replica_id=self.replica_id, sample=s))]
+
+    def _reward_failed(self, s: Sample, what: str) -> list[Event]:
+        return [
+            self._stamp(
+                SampleAborted(
+                    sample_id=s.sample_id,
+                    group_id=s.group_id,
+                    replica_id=self.replica_id,
+                    reason="failed",
+                    tokens=len(s.token_ids),
+                )
+            ),
+            self._stamp(
+                CommandFailed(
+                    command_kind=tag_of(Generate),
+                    target=self.replica_id,
+                    group_id=s.group_id,
+                    error=f"reward function {self.reward_name} {what}",
+                    user_code=self.reward_name,
+                )
+            ),
+        ]
 
     def _aborted(self, s: Sample, reason: AbortReason, *, partial: bool) -> SampleAborted:
         return self._stamp(
@@ -454,10 +460,14 @@ class RolloutCore:
             res = await self.backend.generate(rid, self.tok.encode(p.text), params)
             text = self.tok.decode([t for t in res.token_ids if t != self.tok.eos_token_id])
             try:
-                return float(self.reward(p.text, text, p.answer))
+                r = self.reward(p.text, text, p.answer)
             except Exception as e:  # noqa: BLE001 - counted and reported below
                 errors.append(describe(e, limit=500))
                 return 0.0
+            if not isinstance(r, numbers.Real) or not math.isfinite(float(r)):
+                errors.append(f"returned {type_name(r)}")
+                return 0.0
+            return float(r)
 
         async with self._stable:
             version = self.version

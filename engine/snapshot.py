@@ -49,6 +49,27 @@ def decode(data: bytes) -> CoordinatorSnapshot:
     return msgspec.msgpack.decode(data, type=CoordinatorSnapshot)
 
 
+class PolicyStateError(Exception):
+    """The policy's ``snapshot()`` raised or returned something that is not plain data."""
+
+
+def policy_state(policy: Any) -> dict[str, Any]:
+    """``policy.snapshot()``, checked to be plain data a checkpoint can hold."""
+    shown = getattr(policy, "wrapped", policy)
+    label = f"{type(shown).__module__}.{type(shown).__qualname__}"
+    try:
+        state = policy.snapshot()
+        msgspec.msgpack.encode(state)
+    except Exception as e:  # noqa: BLE001 - the policy is user code: name it
+        raise PolicyStateError(
+            f"policy {label}.snapshot() cannot be saved in a checkpoint: {type(e).__name__}: {e} "
+            "(its State must hold plain data: numbers, strings, lists, dicts, Structs)"
+        ) from e
+    if not isinstance(state, dict):
+        raise PolicyStateError(f"policy {label}.snapshot() returned {type(state).__name__}, not a dict")
+    return state
+
+
 def take(c: Coordinator) -> CoordinatorSnapshot:
     """The coordinator's state now (called at a cut: right after a publish)."""
     t, tally = c.state.trainer, c.tally
@@ -59,7 +80,7 @@ def take(c: Coordinator) -> CoordinatorSnapshot:
         prompts_taken=c.inflight.prompts_taken,
         buffer=c.buffer.snapshot(),
         in_flight=c.inflight.unfinished(),
-        policy=c.policy.snapshot(),
+        policy=policy_state(c.policy),
         tokens=tally.tokens,
         wall_s=tally.wall_s(),
         rewards=list(tally.rewards),

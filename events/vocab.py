@@ -34,7 +34,9 @@ FinishReason = Literal["", "stop", "length", "abort"]
 """How a sample's generation ended (``abort``: a partial, cut before its end)."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
-RejectReason = Literal["busy", "no_batch", "unknown_batch", "already_trained", "nothing_new", "not_current", "ending"]
+RejectReason = Literal[
+    "unknown_replica", "busy", "no_batch", "unknown_batch", "already_trained", "nothing_new", "not_current", "ending"
+]
 """Why the coordinator refused an intent (``IntentRejected``)."""
 
 ROLLOUT: Final = "rollout"

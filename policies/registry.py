@@ -49,8 +49,20 @@ def import_object(spec: str, what: str) -> Any:
         raise ValueError(f"{what} spec {spec!r} must look like 'package.module:name'")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and e.name != module_name and not module_name.startswith(e.name + "."):
+            raise ValueError(
+                f"{what} spec {spec!r}: module {module_name!r} was found, but it imports {e.name!r}, "
+                f"which is not installed ({e})"
+            ) from e
+        where = ", ".join(dict.fromkeys(p for p in sys.path[:4] if p)) or "sys.path"
+        raise ValueError(
+            f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {where} "
+            "first — import strings resolve from the config file's folder and the working "
+            "directory, then installed packages)"
+        ) from e
     except ImportError as e:
-        where = ", ".join(p for p in sys.path[:3] if p) or "sys.path"
+        where = ", ".join(dict.fromkeys(p for p in sys.path[:4] if p)) or "sys.path"
         raise ValueError(
             f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {where} "
             "first — import strings resolve from the config file's folder and the working "

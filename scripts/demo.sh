@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/shunter run "${1:-examples/sort_separate.toml}" "${@:2}"
+if [ "$#" -eq 0 ] || [ "${1#-}" != "$1" ]; then set -- examples/sort_separate.toml "$@"; fi  # flags alone: the default config
+exec .venv/bin/shunter run "$@"

@@ -63,3 +63,15 @@ async def test_a_full_disk_ends_the_run_and_every_reader_hears_of_it(ray_cluster
     assert "No space left on device" in ended.error
     assert seen[-1] == ended
     ray_cluster.kill(actor)
+
+
+def test_an_actor_the_cluster_has_no_room_for_is_refused_at_once_not_left_waiting(ray_cluster, tmp_path):
+    """Ray would keep an unschedulable actor pending for ever (an ``add_replica`` that never
+    comes up); the launcher checks the room first and says what is missing."""
+    from shunter.actors.launch import Launcher
+    from shunter.engine.errors import EngineSetupError
+
+    launcher = Launcher(from_dict({"run": {"output_dir": str(tmp_path)}}), "no-room", tmp_path)
+    with pytest.raises(EngineSetupError, match=r"no room in the Ray cluster for another replica: it needs 64 CPU"):
+        launcher._fits("another replica", 64, 0)
+    launcher._fits("a small one", 0.01, 0)

@@ -37,7 +37,8 @@ def test_policy_meets_the_contract(name, check):
         ("ReturnsBare", "every_event", "returned a bare TrainStep, not a list"),
         ("ReturnsJunk", "every_event", "holding str 'publish' at index 1"),
         ("ReturnsOrder", "every_event", "an order only the coordinator gives"),
-        ("Hangs", "run", "took longer than 2 s of real time"),
+        ("Hangs", "every_event", "took longer than 2 s of real time (decide() on"),
+        ("Slow", "run", "decide() took more than run.policy_budget_ms = 10 ms in 4 calls"),
     ],
 )
 def test_the_contract_fails_a_broken_policy_with_its_cause_in_bounded_time(broken, check, says):
@@ -69,3 +70,31 @@ def test_calling_super_init_is_optional():
         contract.subject_for("broken_policies:NoSuper", {"patience": 5}), only=["run", "snapshot_restore"]
     )
     assert all(r.ok for r in results), results
+
+
+def test_a_stuck_policy_in_a_run_is_interrupted_by_the_engine_and_named():
+    s = contract.subject_for("broken_policies:Hangs")
+    s.time_limit_s = 6.0
+    (result,) = contract.run_checks(s, only=["run"])
+    assert not result.ok and "did not return within run.policy_timeout_s = 2s" in result.detail
+    assert result.seconds < 6
+
+
+def test_a_setup_the_policy_refuses_says_what_the_policy_said():
+    import pytest
+
+    with pytest.raises(ValueError, match="it said: needs at least one standalone replica"):
+        contract.subject_for("separate", standalone=0, hybrid=1)
+
+
+def test_the_cli_refuses_bad_usage_once_with_status_2(capsys):
+    import pytest
+
+    from shunter.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["check-policy", "separate", "--only", "nosuch"])
+    assert exit_.value.code == 2
+    assert main(["check-policy", "separate", "--options", '{"kk": 2}']) == 2
+    err = capsys.readouterr().err
+    assert err.count("takes no options") == 1

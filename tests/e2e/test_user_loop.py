@@ -24,7 +24,7 @@ def no_stats_loss(inp):
 async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, tiny_model, tmp_path):
     from shunter import Engine, IntentRefused, NoBatchError, RunEndedError, UserCodeError
     from shunter.engine.config import load_config
-    from shunter.events import StepEnd
+    from shunter.events import StepEnd, Stop
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
     (tmp_path / "my_losses.py").write_text(LOSSES)  # the user's own module, found through run.import_paths
@@ -50,6 +50,15 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
         assert "logpp" in str(typo.value) and "\x1b[" not in str(typo.value) and len(str(typo.value)) < 600
         with pytest.raises(UserCodeError, match="returned Tensor"):
             await engine.train(batch, loss_fn="my_losses:no_stats_loss")
+        import importlib
+        import sys
+
+        sys.path.insert(0, str(tmp_path))
+        my_losses = importlib.import_module("my_losses")  # a function object works too: it names its module
+        with pytest.raises(UserCodeError, match="my_losses:typo_loss raised AttributeError"):
+            await engine.train(batch, loss_fn=my_losses.typo_loss)
+        with pytest.raises(TypeError, match="loss_fn takes a 'module:function' string"):
+            await engine.train(batch, loss_fn=lambda inp: inp)
         with pytest.raises(UserCodeError, match="cannot be loaded"):
             await engine.train(batch, loss_fn="my_losses:not_there")
         assert engine.ended is None
@@ -75,4 +84,9 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
         ended = await engine.stop("test done")
         with pytest.raises(RunEndedError, match="the run ended \\(stopped"):
             await engine.next_batch(timeout_s=1)
+        t0 = time.perf_counter()
+        for late in (engine.train(batch), engine.publish_weights(), engine.add_replica(), engine.submit(Stop())):
+            with pytest.raises(RunEndedError):
+                await late
+        assert time.perf_counter() - t0 < 5, "after the end, every call answers at once"
     assert engine.ended is ended and ended.reason == "stopped" and ended.steps == 4

@@ -78,3 +78,22 @@ def test_every_example_config_loads():
     assert len(examples) >= 3
     for p in examples:
         load_config(p)
+
+
+def test_a_misspelled_key_gets_the_field_it_probably_meant():
+    with pytest.raises(ConfigError, match=r"unknown field `total_step` - at `\$.run` \(did you mean 'total_steps'\?\)"):
+        from_dict({"run": {"total_step": 3}})
+    with pytest.raises(ConfigError, match=r"unknown field `rolout` \(did you mean 'rollout'\?\)"):
+        from_dict({"rolout": {}})
+
+
+def test_policy_options_the_policy_does_not_take_are_refused_at_load():
+    with pytest.raises(ConfigError, match=r"run.policy = 'separate'.*SeparatePolicy takes no options, got \['k'\]"):
+        from_dict({"run": {"policy": "separate", "policy_options": {"k": 1}}})
+
+
+def test_an_unknown_task_or_reward_is_refused_at_load():
+    with pytest.raises(ConfigError, match=r"task.name = 'sort_digitz'.*unknown task"):
+        from_dict({"task": {"name": "sort_digitz"}})
+    with pytest.raises(ConfigError, match=r"task.reward = 'no_such_module:f'.*cannot import module"):
+        from_dict({"task": {"reward": "no_such_module:f"}})

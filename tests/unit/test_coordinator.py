@@ -186,7 +186,8 @@ async def test_a_policy_that_stops_acting_ends_the_run_with_a_stall_error_not_a_
 
     coord, _, _ = local_run(cfg(run={"stall_timeout_s": 0.5}), policy=Idle())
     ended, _ = await run(coord, timeout=10)
-    assert ended.reason == "error" and "stalled" in ended.error and "ready_batches" in ended.error
+    assert ended.reason == "error" and "stalled" in ended.error and "mini-batches ready" in ended.error
+    assert len(ended.error) < 600 and "EngineView(" not in ended.error
 
 
 @virtual_time
@@ -273,3 +274,29 @@ async def test_length_dist_gives_each_sample_its_own_budget_reproducibly():
     values = [m for _, m in budgets[0]]
     assert min(values) >= 1 and max(values) <= 12 and len(set(values)) > 3
     assert all(len(s.token_ids) <= s.max_tokens for b in trainer.seen for s in b)
+
+
+@virtual_time
+async def test_a_reward_that_returns_a_string_is_the_users_error_not_a_score():
+    from shunter.events import CommandFailed
+
+    def stringly(prompt, response, answer):
+        return "1.0"
+
+    coord, _, trainer = local_run(cfg(), reward=stringly)
+    ended, seen = await run(coord)
+    assert ended.reason == "error" and trainer.step == 0
+    failed = [e for e in seen if isinstance(e, CommandFailed) and e.user_code == "stringly"]
+    assert failed and "reward function stringly returned str '1.0'; expected a finite float" in failed[0].error
+
+
+@virtual_time
+async def test_an_intent_naming_a_replica_that_does_not_exist_is_refused_by_name():
+    from shunter.events import IntentRejected, SwitchToRollout
+
+    coord, _, _ = local_run(cfg(run={"total_steps": 2}))
+    coord.post(coord.stamp(SwitchToRollout(replica_ids=["ghost-7", "standalone-0"])))
+    ended, seen = await run(coord)
+    assert ended.reason == "completed"
+    (refused,) = [e for e in seen if isinstance(e, IntentRejected)]
+    assert refused.reason == "unknown_replica" and "ghost-7" in refused.detail and "standalone-0" in refused.detail

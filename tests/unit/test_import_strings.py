@@ -90,3 +90,34 @@ def test_a_typo_in_the_name_says_what_the_module_lacks(tmp_path):
     cfg = _job(tmp_path / "job", policy="my_policy:Mien")
     with pytest.raises(ConfigError, match="has no attribute 'Mien'"):
         load_config(cfg)
+
+
+def test_a_module_that_imports_something_missing_says_so_not_that_it_is_missing(tmp_path):
+    (tmp_path / "needs_dep.py").write_text("import nonexistent_pkg_xyz\n")
+    with (
+        import_paths([str(tmp_path)]),
+        pytest.raises(
+            ValueError,
+            match="module 'needs_dep' was found, but it imports 'nonexistent_pkg_xyz', which is not installed",
+        ),
+    ):
+        import_object("needs_dep:X", "policy")
+
+
+def test_an_actor_that_died_in_its_constructor_is_reported_by_its_own_error():
+    from shunter.actors.wire import root_cause
+
+    class ActorDiedError(Exception):
+        pass
+
+    ray_text = (
+        "The actor died because of an error raised in its creation task, ray::CoordinatorActor.__init__()\n"
+        '  File "x.py", line 3, in f\n    raise ValueError(...)\n'
+        "ValueError: group 480 has 8 samples per prompt; this run uses 4"
+    )
+    assert root_cause(ActorDiedError(ray_text)) == "ValueError: group 480 has 8 samples per prompt; this run uses 4"
+
+    class Wrapped(Exception):
+        cause = KeyError("x")
+
+    assert root_cause(Wrapped("long ray text")) == "KeyError: 'x'"

@@ -91,9 +91,11 @@ async def test_policy_failures_are_never_fed_back_to_the_policy():
     coord, _, _ = local_run(cfg(), policy=FailsOnce())
     ended, seen = await run_to_end(coord)
     assert ended.reason == "completed", ended
-    assert [m.error for m in seen if isinstance(m, PolicyFailed)] == [
+    (failed,) = [m.error for m in seen if isinstance(m, PolicyFailed)]
+    assert failed.startswith(
         f"{FailsOnce.__module__}.{FailsOnce.__qualname__}.decide() raised RuntimeError: one bad step"
-    ]
+    )
+    assert "test_loop_faults.py:" in failed and failed.endswith(" in decide)")  # the user's own line
     assert not [e for e in decided if isinstance(e, PolicyFailed | PolicySlow | IntentRejected)]
 
 
@@ -285,3 +287,64 @@ def test_calling_the_base_init_is_optional():
             self.k = k
 
     assert Mine().snapshot() == {}
+
+
+@virtual_time
+async def test_a_policy_stuck_in_an_endless_loop_is_interrupted_and_ends_the_run():
+    """The watchdog (real time: the loop is frozen, virtual time cannot move) interrupts the
+    call after run.policy_timeout_s; what the test checks does not depend on how long that took."""
+    from broken_policies import Hangs
+
+    coord, _, _ = local_run(cfg(run={"policy_timeout_s": 0.3}), policy=Hangs())
+    ended, seen = await run_to_end(coord)
+    assert ended.reason == "error"
+    assert "policy broken_policies.Hangs.decide() never returned on" in ended.error
+    failed = [m for m in seen if isinstance(m, PolicyFailed)]
+    assert failed and "did not return within run.policy_timeout_s = 0.3s" in failed[0].error
+
+
+def test_the_watchdog_never_fires_into_code_after_the_call():
+    """Calls that end right at their deadline, many times: Stuck is raised inside the watched
+    call or not at all — never after ``end``."""
+    import time as _time
+
+    from shunter.engine.watchdog import WATCHDOG, Stuck
+
+    leaked = 0
+    for _ in range(30):
+        try:
+            WATCHDOG.begin(0.01)
+            try:
+                t = _time.monotonic()
+                while _time.monotonic() - t < 0.012:
+                    pass
+            finally:
+                WATCHDOG.end()
+        except Stuck:
+            pass
+        try:
+            for _ in range(200_000):  # after end(): a Stuck here would be a leak
+                pass
+        except Stuck:
+            leaked += 1
+    assert leaked == 0
+
+
+@virtual_time
+async def test_a_policy_whose_state_cannot_be_saved_ends_the_run_at_the_first_checkpoint(tmp_path):
+    from shunter.policies.separate import SeparateState
+
+    class Bad(SeparateState):
+        thing: object = None
+
+    class Unsaveable(SeparatePolicy):
+        State = Bad
+
+        def decide(self, event, view):
+            self.state.thing = object()  # not plain data
+            return super().decide(event, view)
+
+    coord, _, _ = local_run(cfg(run={"checkpoint_every": 2}), policy=Unsaveable(), checkpoints=tmp_path)
+    ended, _ = await run_to_end(coord)
+    assert ended.reason == "error" and ended.steps == 2
+    assert "checkpoint at step 2: policy" in ended.error and "Unsaveable.snapshot() cannot be saved" in ended.error

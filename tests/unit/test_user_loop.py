@@ -186,3 +186,5 @@ async def test_an_engine_driven_run_whose_loss_fails_ends_cleanly_naming_it():
     await coord.executor.close()
     assert ended.reason == "error" and not ended.failed_component  # not restarted: it would fail again
     assert ended.error.startswith("trainer.loss_fn failed: test_user_loop:missing_name raised NameError")
+    assert ended.summary["buffer/trained_groups"] == 0, "the batch the failed step took counts as dropped"
+    assert ended.summary["buffer/dropped_run_end_groups"] >= 2

@@ -33,20 +33,20 @@ def test_a_policy_next_to_the_config_that_always_raises_ends_the_run_fast(
 
     folder = tmp_path / "job"
     folder.mkdir()
-    (folder / "my_policy.py").write_text(
+    (folder / "typo_policy.py").write_text(
         "from shunter.policies import Policy\n\n\n"
         "class Typo(Policy):\n"
         "    def decide(self, event, view):\n"
         "        return view.bufer.ready_batches\n"
     )
-    cfg = _config(folder, tiny_model, policy="my_policy:Typo")
+    cfg = _config(folder, tiny_model, policy="typo_policy:Typo")
     monkeypatch.chdir(tmp_path)  # not the config's folder: the import resolves from there anyway
     t0 = time.perf_counter()
     rc = main(["run", str(cfg), "--no-progress", "--run-id", "typo"])
     took = time.perf_counter() - t0
     err = capsys.readouterr().err
     assert rc == 1
-    assert "policy my_policy.Typo failed 10 times in a row" in err
+    assert "policy typo_policy.Typo failed 10 times in a row" in err
     assert "AttributeError: 'EngineView' object has no attribute 'bufer'" in err
     log = folder / "runs" / "typo" / "events.bin"
     assert log.stat().st_size < 1_000_000

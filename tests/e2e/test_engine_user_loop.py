@@ -89,4 +89,4 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
             with pytest.raises(RunEndedError):
                 await late
         assert time.perf_counter() - t0 < 5, "after the end, every call answers at once"
-    assert engine.ended is ended and ended.reason == "stopped" and ended.steps == 4
+    assert engine.ended == ended and ended.reason == "stopped" and ended.steps == 4

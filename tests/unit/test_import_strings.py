@@ -32,9 +32,13 @@ def test_every_import_string_shown_resolves_from_a_checkout(spec):
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def _job(folder: Path, policy: str = "my_policy:Mine") -> Path:
+def _job(folder: Path, policy: str = "") -> Path:
+    """A folder holding a config and, next to it, the policy module it names (a name unique to
+    the test: a module imported once stays imported in this process)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "my_policy.py").write_text(
+    module = f"my_policy_{folder.parent.name.replace('-', '_')}"
+    policy = policy.replace("my_policy", module) if policy else f"{module}:Mine"
+    (folder / f"{module}.py").write_text(
         textwrap.dedent("""
         from shunter.policies import SeparatePolicy
 
@@ -88,7 +92,7 @@ def test_a_module_that_raises_on_import_is_named_with_its_error(tmp_path):
 
 def test_a_typo_in_the_name_says_what_the_module_lacks(tmp_path):
     cfg = _job(tmp_path / "job", policy="my_policy:Mien")
-    with pytest.raises(ConfigError, match="has no attribute 'Mien'"):
+    with pytest.raises(ConfigError, match="has no attribute 'Mien'"):  # the module is found, the class is not
         load_config(cfg)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from threading import get_ident
 
 from shunter.engine.errors import bounded, describe, type_name, user_frame
 from shunter.engine.watchdog import WATCHDOG, Stuck
@@ -91,11 +92,12 @@ class PolicyGuard:
             return []
         t0 = self.timer()
         try:
-            WATCHDOG.begin(self.timeout_s)
+            tid = get_ident()  # the loop's thread (in a Ray actor, not the one that built the guard)
+            WATCHDOG.begin(self.timeout_s, tid)
             try:
                 out = self.policy.decide(event, view)
             finally:
-                WATCHDOG.end()
+                WATCHDOG.end(tid)
         except Stuck:
             self._timed(event, t0)
             self._failed(

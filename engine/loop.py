@@ -103,7 +103,7 @@ class Coordinator:
         self._derived: deque[Event] = deque()
         self._opened = False
         self._resumed: RunResumed | None = None
-        self._stage = "open"
+        self._stage: str | Sink = "open"
         self._current: Message | None = None
         self._idle = False
         executor.bind(self.post_many)
@@ -244,8 +244,9 @@ class Coordinator:
 
     def _settle(self) -> None:
         while self.ended is None:
-            self._drain()
-            if not self._opened or self.ended is not None:
+            if self._derived:
+                self._drain()
+            if not self._opened or self.ended is not None or self.finale.phase == "running":
                 return
             self._stage = "finale"
             self.finale.advance()
@@ -300,7 +301,7 @@ class Coordinator:
 
     def _record(self, msg: Message) -> None:
         for sink in self.sinks:
-            self._stage = f"sink:{_sink_name(sink)}"
+            self._stage = sink  # named only if it raises (formatting a name per message costs)
             sink(msg)
 
     def _stalled(self, stall: float) -> None:
@@ -418,10 +419,11 @@ class Coordinator:
         where = (
             f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
         )
-        fault = f"{self._stage} on {on}"
+        stage = self._stage if isinstance(self._stage, str) else f"sink:{_sink_name(self._stage)}"
+        fault = f"{stage} on {on}"
         self.end(
             "error",
-            error=f"coordinator loop failed in {self._stage} while handling {on}: {describe(exc)}{where}",
+            error=f"coordinator loop failed in {stage} while handling {on}: {describe(exc)}{where}",
             fault=fault,
             careful=True,
         )

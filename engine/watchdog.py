@@ -32,14 +32,14 @@ class Watchdog:
         self._fired: set[int] = set()
         self._thread: threading.Thread | None = None
 
-    def begin(self, timeout_s: float) -> None:
-        """Watch the calling thread's next ``timeout_s`` seconds (until :meth:`end`)."""
+    def begin(self, timeout_s: float, tid: int) -> None:
+        """Watch thread ``tid``'s (the caller's, ``threading.get_ident()``) next ``timeout_s``
+        seconds, until :meth:`end`."""
         if self._thread is None:
             self._start()
-        self._deadlines[threading.get_ident()] = time.monotonic() + timeout_s
+        self._deadlines[tid] = time.monotonic() + timeout_s
 
-    def end(self) -> None:
-        tid = threading.get_ident()
+    def end(self, tid: int) -> None:
         with self._lock:
             self._deadlines.pop(tid, None)
             if tid in self._fired:  # fired but perhaps not delivered: withdraw it

@@ -306,6 +306,7 @@ async def test_a_policy_stuck_in_an_endless_loop_is_interrupted_and_ends_the_run
 def test_the_watchdog_never_fires_into_code_after_the_call():
     """Calls that end right at their deadline, many times: Stuck is raised inside the watched
     call or not at all — never after ``end``."""
+    import threading
     import time as _time
 
     from shunter.engine.watchdog import WATCHDOG, Stuck
@@ -313,13 +314,13 @@ def test_the_watchdog_never_fires_into_code_after_the_call():
     leaked = 0
     for _ in range(30):
         try:
-            WATCHDOG.begin(0.01)
+            WATCHDOG.begin(0.01, threading.get_ident())
             try:
                 t = _time.monotonic()
                 while _time.monotonic() - t < 0.012:
                     pass
             finally:
-                WATCHDOG.end()
+                WATCHDOG.end(threading.get_ident())
         except Stuck:
             pass
         try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from shunter.engine.checkpoint import CheckpointStore, Manifest, resolve
+from shunter.engine.checkpoint import CheckpointStore, Found, resolve
 from shunter.engine.config import EngineConfig, load_config
 from shunter.engine.errors import (
     EngineError,
@@ -80,7 +80,7 @@ class Engine:
         the run continues under its own id and folder. Raises ``CheckpointError`` naming
         what is wrong with it."""
         self.cfg = config if isinstance(config, EngineConfig) else load_config(config)
-        self._resume: tuple[Path, Manifest] | None = resolve(resume) if resume else None
+        self._resume: Found | None = resolve(resume) if resume else None
         if self._resume is not None:
             self.run_id = self._resume[1].run_id
             self.out_dir = self._resume[0].parent.parent
@@ -121,6 +121,25 @@ class Engine:
         return msg
 
     # -- lifecycle ---------------------------------------------------------------------
+    def _check_run_folder(self) -> None:
+        """Before anything starts: a resumed run's registry state must be its own and whole; a
+        new run must not write into the records of another (same id, same folder)."""
+        from shunter.engine.ranks import RankTable, RegistryStateError
+
+        if self._resume is not None:
+            try:
+                RankTable.load(self.out_dir / "registry.msgpack", self.run_id)
+            except RegistryStateError as e:
+                raise EngineSetupError(f"cannot resume run {self.run_id}: {e}") from None
+            return
+        held = [n for n in ("events.bin", "checkpoints", "registry.msgpack") if (self.out_dir / n).exists()]
+        if held:
+            raise EngineSetupError(
+                f"run folder {self.out_dir} already holds run {self.run_id!r} ({', '.join(held)}): continue it "
+                f"with `shunter run CONFIG --resume {self.out_dir}` (Engine(cfg, resume=...)) if it "
+                "saved a checkpoint, or choose another run id (or move the folder aside); nothing there was changed"
+            )
+
     async def __aenter__(self) -> Engine:
         try:
             await self.start()
@@ -135,6 +154,7 @@ class Engine:
     async def start(self) -> None:
         from shunter.actors.launch import Launcher
 
+        self._check_run_folder()
         self._launch = Launcher(self.cfg, self.run_id, self.out_dir)
         await self._launch.open()
         self.coordinator = await self._launch.start_attempt(self._resume)

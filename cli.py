@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run an async RL job from a TOML config")
     r.add_argument("config")
-    r.add_argument("--steps", type=int, help="override run.total_steps")
+    r.add_argument("--steps", type=_at_least_one, help="override run.total_steps (1 or more)")
     r.add_argument("--policy", help="override run.policy")
     r.add_argument("--output-dir", help="override run.output_dir")
     r.add_argument("--no-progress", action="store_true")
@@ -49,9 +49,18 @@ def main(argv: list[str] | None = None) -> int:
         default=10.0,
         help="run.policy_budget_ms: more than 3 decide() calls slower than this fail (default 10)",
     )
-    e = sub.add_parser("events", help="print an event log (events.bin) as JSON lines")
+    e = sub.add_parser(
+        "events",
+        help="print an event log (events.bin) as JSON lines; damage goes to stderr with byte offsets (exit status 1)",
+    )
     e.add_argument("path")
     e.add_argument("--kind", action="append", help="only these tags (repeatable)")
+    e.add_argument(
+        "--repair",
+        action="store_true",
+        help="make a damaged log readable: the damaged bytes are kept aside (nothing is deleted), "
+        "the readable frames stay in place",
+    )
     sub.add_parser("config-schema", help="print the documented config schema (JSON schema)")
     args = p.parse_args(argv)
     if args.cmd == "run":
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     over: dict = {"run": {}}
-    if args.steps:
+    if args.steps is not None:
         over["run"]["total_steps"] = args.steps
     if args.policy:
         over["run"]["policy"] = args.policy
@@ -145,6 +154,16 @@ def _count(text: str) -> int:
     return n
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
+
+
 def _positive(text: str) -> float:
     x = float(text)
     if not x > 0:
@@ -155,13 +174,36 @@ def _positive(text: str) -> float:
 def _events(args) -> int:
     import msgspec
 
-    from shunter.events import read_log, tag_of
+    from shunter.events import BY_TAG, LogReader, repair, tag_of
 
-    for msg in read_log(Path(args.path)):
+    path = Path(args.path)
+    if not path.is_file():
+        print(
+            f"shunter: no event log at {path}" + (" (a folder: its events.bin?)" if path.is_dir() else ""),
+            file=sys.stderr,
+        )
+        return 2
+    if unknown := sorted(set(args.kind or ()) - set(BY_TAG)):
+        print(f"shunter: unknown --kind {', '.join(unknown)} (tags: shunter.events.BY_TAG)", file=sys.stderr)
+        return 2
+    if args.repair:
+        fix = repair(path)
+        print(fix.describe() if fix else f"{path}: whole, nothing to repair", file=sys.stderr)
+        return 0
+    reader = LogReader(path)
+    for msg in reader:
         if args.kind and tag_of(msg) not in args.kind:
             continue
         sys.stdout.write(msgspec.json.encode(msg).decode() + "\n")
-    return 0
+    for d in reader.damage:
+        print(f"shunter: damaged event log: {d.describe(path)}", file=sys.stderr)
+    if reader.damage and reader.size:
+        print(
+            f"shunter: read {reader.frames} frames of {path}; `shunter events --repair {path}` keeps the damaged "
+            "bytes aside and the readable frames in place",
+            file=sys.stderr,
+        )
+    return 1 if reader.damage else 0
 
 
 if __name__ == "__main__":

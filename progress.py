@@ -12,12 +12,14 @@ import sys
 from tqdm import tqdm
 
 from shunter.api import Engine
+from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.config import EngineConfig
 from shunter.events import (
     CommandFailed,
     ComponentFailed,
     EventRejected,
     IntentRejected,
+    LogRepaired,
     PolicyFailed,
     PolicySlow,
     RunEnded,
@@ -39,7 +41,14 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
     except asyncio.CancelledError:  # Ctrl-C: leaving the block stopped the run (final checkpoint included)
         bar.close()
         how = f" ({engine.ended.reason} at step {engine.ended.steps})" if engine.ended else ""
-        print(f"\ninterrupted: the run stopped{how}; continue it with --resume {engine.out_dir}", file=sys.stderr)
+        saved = CheckpointStore(engine.out_dir / "checkpoints").latest()
+        then = (
+            f"continue it with --resume {engine.out_dir} (from step {saved.manifest.step})"
+            if saved is not None
+            else "no checkpoint was saved, so there is nothing to resume: start it again "
+            f"(a new run id, or move {engine.out_dir} aside)"
+        )
+        print(f"\ninterrupted: the run stopped{how}; {then}", file=sys.stderr)
         raise
     bar.close()
     print_summary(ended)
@@ -72,11 +81,20 @@ async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
                 + (f" (attempt {ev.attempt}: {ev.reason})" if ev.reason else ""),
                 file=sys.stderr,
             )
+            for name, why in ev.skipped.items():
+                tqdm.write(f"  passed over {name}: {why}", file=sys.stderr)
         elif isinstance(ev, PolicyFailed | CommandFailed | ComponentFailed | EventRejected | IntentRejected):
             line = f"{tag_of(ev)}: {_said(ev)}"
             n = repeats[line[:160]] = repeats.get(line[:160], 0) + 1
             if n in (1, 10, 100, 1000, 10_000):
                 tqdm.write(line + (f" (x{n})" if n > 1 else ""), file=sys.stderr)
+        elif isinstance(ev, LogRepaired):
+            tqdm.write(
+                f"run.log_repaired: {ev.path}: kept {ev.frames} readable frames; damaged bytes at {ev.kept_as}",
+                file=sys.stderr,
+            )
+            for line in ev.damage[:3]:
+                tqdm.write(f"  {line}", file=sys.stderr)
         elif isinstance(ev, PolicySlow):
             tqdm.write(
                 f"policy.slow: {ev.policy}.decide() took {ev.decide_ms:.1f} ms on {ev.on_kind} "

@@ -22,7 +22,7 @@ from shunter.actors.wire import codec
 from shunter.engine import config as config_mod
 from shunter.engine import snapshot
 from shunter.engine.checkpoint import CheckpointStore
-from shunter.engine.errors import describe
+from shunter.engine.errors import bounded, describe
 from shunter.engine.loop import Coordinator
 from shunter.engine.records import EventLog, Feed, LogSink, MetricsSink, make_logger
 from shunter.engine.tasks import load_task
@@ -34,6 +34,7 @@ from shunter.events import (
     EventRejected,
     Intent,
     IntentRejected,
+    LogRepaired,
     Message,
     PromptSpec,
     PublishWeights,
@@ -85,6 +86,7 @@ class CoordinatorActor:
         resume: str = "",
         attempt: int = 0,
         reason: str = "",
+        skipped: dict[str, str] | None = None,
     ) -> None:
         self.cfg = msgspec.msgpack.decode(cfg, type=config_mod.EngineConfig)
         use_import_paths(self.cfg.run.import_paths)
@@ -142,7 +144,7 @@ class CoordinatorActor:
         )
         if resume:  # a checkpoint folder, already verified by the Engine
             snap = snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes())
-            self.core.restore(snap, checkpoint=resume, attempt=attempt, reason=reason)
+            self.core.restore(snap, checkpoint=resume, attempt=attempt, reason=reason, skipped=skipped)
         self.registry = registry
         self._task: asyncio.Task | None = None
 
@@ -166,6 +168,18 @@ class CoordinatorActor:
     async def start(self, initial: bytes) -> None:
         """Post the replicas' opening events (ReplicaUp, RankAssigned ...) and start the loop."""
         self.ingest(initial, "engine")
+        if (fix := self.log.repaired) is not None:
+            self.core.post(
+                self.core.stamp(
+                    LogRepaired(
+                        path=str(fix.path),
+                        kept_as=str(fix.kept_as),
+                        frames=fix.frames,
+                        whole=fix.whole,
+                        damage=[bounded(d.describe(fix.path), 400) for d in fix.damage[:20]],
+                    )
+                )
+            )
         self._task = asyncio.get_running_loop().create_task(self.core.run())
 
     def add_replica(self, replica_id: str, handle, opening: bytes) -> int:

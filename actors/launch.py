@@ -19,9 +19,10 @@ from typing import Any
 import msgspec
 
 from shunter.actors.wire import root_cause
-from shunter.engine.checkpoint import Manifest
+from shunter.engine.checkpoint import Found
 from shunter.engine.config import EngineConfig
 from shunter.engine.errors import EngineSetupError
+from shunter.engine.model_dir import check_model_dir
 from shunter.events import Codec, ComponentFailed, ComponentPlaced, ComponentReady, Message, ReplicaUp
 from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
 
@@ -72,12 +73,7 @@ class Launcher:
             from shunter.engine.tiny_model import build_tiny_model
 
             build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps, preset=m.preset)
-        if not (path / "config.json").is_file():
-            raise EngineSetupError(
-                f"model.path = {str(path)!r} holds no HF model (no config.json); "
-                "set model.build_tiny to build the tiny model there"
-            )
-        return str(path.resolve())
+        return str(check_model_dir(m.path))
 
     def _init_ray(self) -> None:
         import ray
@@ -89,6 +85,7 @@ class Launcher:
         if self.cfg.run.ray_address:
             ray.init(address=self.cfg.run.ray_address, **kw)
         else:
+            local_only()
             ray.init(
                 num_cpus=self.cfg.run.num_cpus or os.cpu_count(),
                 include_dashboard=False,
@@ -118,7 +115,7 @@ class Launcher:
     def _name(self, component: str) -> str:
         return f"shunter.{self.run_id}.{component}" + (f".{self.attempt}" if self.attempt else "")
 
-    async def start_attempt(self, resume: tuple[Path, Manifest] | None, reason: str = "") -> Any:
+    async def start_attempt(self, resume: Found | None, reason: str = "") -> Any:
         """Start trainer, replicas and coordinator — from the checkpoint ``resume`` if any;
         returns the coordinator's handle, its loop running."""
         from shunter.actors import coordinator, trainer
@@ -188,6 +185,7 @@ class Launcher:
                 resume=str(ckpt) if ckpt else "",
                 attempt=self.attempt,
                 reason=reason,
+                skipped=resume.skipped if resume else {},
             )
         )
         self.actors.append(self.coordinator)
@@ -337,3 +335,21 @@ class Launcher:
         opening = [*opening, *await self.placed({rid: h}), up]
         await self.coordinator.add_replica.remote(rid, h, self.codec.encode_batch(opening))
         return up
+
+
+def local_only() -> None:
+    """Make the local Ray cluster about to start listen on 127.0.0.1 only.
+
+    ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough in Ray 2.60: it replaces a
+    loopback node address with the machine's routable one (``ray/_private/services.py``,
+    ``resolve_ip_for_localhost``) and every server binds from that — the GCS, the raylet,
+    each worker's gRPC server, the runtime-env agent on all interfaces, and the autoscaler's
+    Prometheus metrics (no token) on ``0.0.0.0``. Ray has no bind-address setting; the switch
+    that keeps a node on loopback is ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (it marks the
+    node as local-only), read once at import, so both the variable (for the processes Ray
+    starts) and the constant (for this one, whose ``ray`` may already be imported) are set.
+    ``tests/actors/test_exposure.py`` lists the sockets of a running cluster to hold this."""
+    import ray._private.ray_constants as ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False

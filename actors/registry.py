@@ -6,7 +6,8 @@ one at a time, so concurrent registrations are atomic; the actor is named per ru
 Every change is returned as an event for the bus, and — when the actor has a
 ``state_path`` — written to disk atomically before the call returns, so a registry that
 Ray restarts after a crash (``max_restarts=-1``; its calls are idempotent and retried)
-comes back with the same table, and a run resumed later sees the ranks it held.
+comes back with the same table, and a run resumed later sees the ranks it held. A state file
+that is damaged or another run's is refused (``RankTable.load``), never silently replaced.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from shunter.events import RankAssigned, RankReleased, Stamper
 class ReplicaRegistryActor:
     def __init__(self, run_id: str, snapshot: bytes | None = None, state_path: str = "") -> None:
         self.path = Path(state_path) if state_path else None
-        if self.path is not None and self.path.is_file():
-            snapshot = self.path.read_bytes()  # a restart (or a resumed run): the table as last written
-        self.table = RankTable.restore(snapshot) if snapshot else RankTable(run_id)
+        saved = RankTable.load(self.path, run_id) if self.path is not None else None  # a restart, or a resumed run
+        if saved is None and snapshot is not None:
+            saved = RankTable.restore(snapshot, run_id)
+        self.table = saved if saved is not None else RankTable(run_id)
         self.stamp = Stamper(run_id, "registry")
         self._save()
 

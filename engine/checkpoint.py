@@ -5,8 +5,11 @@ it is complete. Its parts are written into a staging folder (``.step-00000010.tm
 fsynced; ``MANIFEST.json`` — every file with its size and SHA-256 — is written last; then
 the folder is renamed into place and the ``latest`` pointer is replaced atomically. A crash
 at any moment leaves the previous checkpoint usable, and :meth:`latest` returns the newest
-folder whose files match its manifest (a torn or tampered one is skipped, with the reason
-kept in :attr:`skipped`).
+folder (by step number) whose files match its manifest. Nothing is passed over silently: a
+torn or tampered folder, a ``latest`` pointer that is unreadable or names an older or missing
+checkpoint, and stray folders that only look like checkpoints are each named, with the reason,
+in ``Found.skipped`` — the resumed run reports them (``RunResumed.skipped``). The ``latest``
+pointer is for people and tools; the resolver trusts the manifests, never the pointer.
 
 Layout::
 
@@ -23,9 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -52,6 +57,18 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def nbytes(self) -> int:
         return sum(f.size for f in self.files.values())
+
+
+class Found(NamedTuple):
+    """A checkpoint chosen to resume from, and what was passed over on the way (name -> why)."""
+
+    path: Path
+    manifest: Manifest
+    skipped: dict[str, str] = {}
+
+
+_FINAL = re.compile(r"step-(\d+)")
+_STAGING = re.compile(r"\.step-(\d+)\.tmp")
 
 
 def _name(step: int) -> str:
@@ -93,7 +110,6 @@ class CheckpointStore:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
-        self.skipped: dict[str, str] = {}  # folder -> why latest() passed over it
 
     # -- writing ---------------------------------------------------------------------
     def staging(self, step: int) -> Path:
@@ -138,22 +154,21 @@ class CheckpointStore:
         done = self.complete()
         for p in done[: -self.keep]:
             shutil.rmtree(p, ignore_errors=True)
-        newest = self._step(done[-1]) if done else -1
+        newest = _step_of(done[-1]) if done else -1
         for p in self.root.glob(".step-*.tmp"):
-            if self._step(p) <= newest:
+            m = _STAGING.fullmatch(p.name)
+            if m is not None and int(m[1]) <= newest:
                 shutil.rmtree(p, ignore_errors=True)
 
     # -- reading ---------------------------------------------------------------------
-    @staticmethod
-    def _step(p: Path) -> int:
-        return int(p.name.strip(".").split("-")[1].split(".")[0])
-
     def complete(self) -> list[Path]:
-        """Folders with a final name and a manifest, oldest first (not yet verified)."""
+        """Folders named ``step-<number>`` holding a manifest, oldest first (not yet verified)."""
         if not self.root.is_dir():
             return []
-        found = [p for p in self.root.glob("step-*") if p.is_dir() and (p / MANIFEST).is_file()]
-        return sorted(found, key=self._step)
+        found = [
+            p for p in self.root.glob("step-*") if _FINAL.fullmatch(p.name) and p.is_dir() and (p / MANIFEST).is_file()
+        ]
+        return sorted(found, key=_step_of)
 
     def verify(self, path: str | Path) -> Manifest:
         """The manifest of a checkpoint whose files all match it; else CheckpointError naming the file."""
@@ -177,34 +192,69 @@ class CheckpointStore:
                 )
         return manifest
 
-    def latest(self) -> tuple[Path, Manifest] | None:
-        """The newest checkpoint that verifies (the ``latest`` pointer first), or None."""
-        self.skipped = {}
-        order = list(reversed(self.complete()))
-        pointer = self.root / LATEST
-        if pointer.is_file():
-            named = self.root / pointer.read_text().strip()
-            order = [named] + [p for p in order if p != named]
-        for p in order:
+    def latest(self) -> Found | None:
+        """The newest checkpoint (by step) that verifies, with what was passed over; or None."""
+        return self.scan()[0]
+
+    def scan(self) -> tuple[Found | None, dict[str, str]]:
+        """(the newest checkpoint that verifies or None, everything passed over: name -> why)."""
+        skipped = self._strays()
+        for p in reversed(self.complete()):
             try:
-                return p, self.verify(p)
+                manifest = self.verify(p)
             except CheckpointError as e:
-                self.skipped[p.name] = str(e)
-        return None
+                skipped[p.name] = str(e)
+                continue
+            if (why := self._pointer_disagrees(p)) is not None:
+                skipped[LATEST] = why
+            return Found(p, manifest, skipped), skipped
+        return None, skipped
+
+    def _strays(self) -> dict[str, str]:
+        """Entries that look like checkpoints but cannot be one (never deleted: a person decides)."""
+        out: dict[str, str] = {}
+        if not self.root.is_dir():
+            return out
+        for p in self.root.glob("step-*"):
+            if not _FINAL.fullmatch(p.name):
+                out[p.name] = f"{self.root / p.name}: not a checkpoint name (step-<number>); left as it is"
+            elif not p.is_dir():
+                out[p.name] = f"{self.root / p.name}: not a folder"
+            elif not (p / MANIFEST).is_file():
+                out[p.name] = f"{p}: no {MANIFEST} (an unfinished or damaged checkpoint)"
+        return out
+
+    def _pointer_disagrees(self, chosen: Path) -> str | None:
+        pointer = self.root / LATEST
+        if not pointer.exists():
+            return None
+        try:
+            named = pointer.read_bytes().decode("ascii").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            return f"{pointer} is unreadable ({type(e).__name__}); chose {chosen.name}, the newest that verifies"
+        if named == chosen.name:
+            return None
+        return f"{pointer} names {named!r}; chose {chosen.name}, the newest that verifies"
 
 
-def resolve(path: str | Path) -> tuple[Path, Manifest]:
+def _step_of(p: Path) -> int:
+    m = _FINAL.fullmatch(p.name)
+    if m is None:
+        raise ValueError(f"{p.name!r} is not a checkpoint name")
+    return int(m[1])
+
+
+def resolve(path: str | Path) -> Found:
     """A checkpoint folder from what a user names: the folder itself, a ``checkpoints``
     folder, or a run folder holding one. Raises CheckpointError naming what was looked at."""
     p = Path(path)
     if (p / MANIFEST).is_file():
-        return p, CheckpointStore(p.parent).verify(p)
+        return Found(p, CheckpointStore(p.parent).verify(p), {})
     for root in (p, p / "checkpoints"):
         if root.is_dir():
-            store = CheckpointStore(root)
-            found = store.latest()
+            found, skipped = CheckpointStore(root).scan()
             if found is not None:
                 return found
-            if store.skipped:
-                raise CheckpointError(f"no usable checkpoint under {root}: " + "; ".join(store.skipped.values()))
+            if skipped:
+                raise CheckpointError(f"no usable checkpoint under {root}: " + "; ".join(skipped.values()))
     raise CheckpointError(f"no checkpoint found at {p} (looked for {MANIFEST} there, and under {p}/checkpoints)")

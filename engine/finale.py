@@ -1,8 +1,15 @@
 """``Finale``: how a run ends — one explicit state machine.
 
-    running ──(total_steps reached | Stop)──> draining ──> publishing ──> loading
+    running ──(total_steps reached | Stop)──> [cycling] ──> draining ──> publishing ──> loading
         ──> validating ──> saving ──> ended
 
+- ``cycling`` (a ``Stop`` of an engine-driven run between two publishes): the run goes on to
+  the end of the current sync cycle (at most ``trainer.parameter_sync_step - 1`` more steps,
+  whose groups the staleness gate has already let start), so the stop ends at the same
+  consistent cut an uninterrupted run passes through — never a half-cycle publish, which would
+  put the version ahead of the step and make the gate of the resumed run let in groups that
+  go stale. If the cycle cannot complete (the loop is idle with the trainer waiting), the run
+  ends without publishing, and a resume starts from the last checkpoint;
 - ``draining``: no new group starts; wait for the trainer to be idle;
 - ``publishing``: an engine-driven run publishes the steps taken since the last publish;
 - ``loading``: every replica in rollout mode loads the final weights;
@@ -31,6 +38,7 @@ from shunter.engine.state import EngineState, ReplicaState
 from shunter.events import (
     Intent,
     LoadWeights,
+    LoopIdle,
     Message,
     PublishWeights,
     ReplicaDown,
@@ -40,7 +48,7 @@ from shunter.events import (
 )
 from shunter.events.vocab import DOWN, ROLLOUT, SWITCHING, TRAINER, EndReason
 
-Phase = Literal["running", "draining", "publishing", "loading", "validating", "saving", "ended"]
+Phase = Literal["running", "cycling", "draining", "publishing", "loading", "validating", "saving", "ended"]
 
 
 class Finale:
@@ -69,20 +77,35 @@ class Finale:
         self._validate_sent = False
         self._validated = False
         self._woken = ""
+        self._half_cycle = False  # the cycle could not complete: no publish, no final checkpoint
+        self._quiet = False
 
     @property
     def finishing(self) -> bool:
-        return self.phase != "running"
+        """No new group starts (the run is past the point where it goes on as usual)."""
+        return self.phase not in ("running", "cycling")
 
     def begin(self, stop_reason: str = "") -> None:
-        """The run should end (``total_steps`` reached, or a ``Stop``)."""
+        """The run should end (``total_steps`` reached, or a ``Stop`` with its reason)."""
         self.stop_reason = self.stop_reason or stop_reason
-        if self.phase == "running":
+        st = self.state
+        if self.phase == "running" and stop_reason and st.trainer_driver == "engine" and not self._at_cut():
+            self.phase = "cycling"
+        elif self.phase in ("running", "cycling"):
             self.phase = "draining"
-            self.state.done = True
+            st.done = True
+
+    def _at_cut(self) -> bool:
+        """The trainer is idle right after a publish (no step taken or under way since)."""
+        t = self.state.trainer
+        return t.state == "idle" and t.steps_since_publish == 0
 
     def observe(self, msg: Message) -> None:
-        """Facts the current phase waits for."""
+        """Facts the current phase waits for (before the policy sees ``msg``)."""
+        self._quiet = isinstance(msg, LoopIdle)
+        if self.phase == "cycling" and self._at_cut():
+            self.phase = "draining"  # the cycle's publish is in: stop here, before the next step
+            self.state.done = True
         final = self.phase in ("loading", "validating") and self.state.trainer.state == "idle"
         if isinstance(msg, ValidateEnd) and final and msg.version >= self.state.trainer.version:
             self._validated = True
@@ -101,9 +124,15 @@ class Finale:
         t = st.trainer
         serving = [r for r in st.replicas.values() if r.mode == ROLLOUT]
         match self.phase:
+            case "cycling":
+                if not self._quiet:
+                    return False  # the cycle's steps are on their way
+                self._half_cycle = True  # idle with the trainer waiting: the cycle cannot complete
+                self.phase = "draining"
+                st.done = True
             case "draining":
                 self.phase = "publishing"
-                if t.steps_since_publish > 0 and st.trainer_driver == "engine":
+                if t.steps_since_publish > 0 and st.trainer_driver == "engine" and not self._half_cycle:
                     self.issue(PublishWeights())
                     return False
             case "publishing":

@@ -439,11 +439,22 @@ class Coordinator:
         return snapshot_mod.take(self)
 
     def restore(
-        self, snap: snapshot_mod.CoordinatorSnapshot, *, checkpoint: str = "", attempt: int = 1, reason: str = ""
+        self,
+        snap: snapshot_mod.CoordinatorSnapshot,
+        *,
+        checkpoint: str = "",
+        attempt: int = 1,
+        reason: str = "",
+        skipped: dict[str, str] | None = None,
     ) -> None:
         """Continue a run from a snapshot (before :meth:`run`): the buffer, the samples in
         flight (they resume from their prefixes), the prompt stream, the policy's state."""
         snapshot_mod.restore(self, snap)
         self._resumed = RunResumed(
-            checkpoint=checkpoint, step=snap.step, version=snap.version, attempt=attempt, reason=reason
+            checkpoint=checkpoint,
+            step=snap.step,
+            version=snap.version,
+            attempt=attempt,
+            reason=reason,
+            skipped=skipped or {},
         )

@@ -11,15 +11,30 @@ Invariants (checked by :meth:`check`):
   "name already taken".
 
 The table is plain data (``snapshot``/``restore``) so the registry actor can recover it.
+A saved table is taken back only whole and only by its own run (:meth:`RankTable.load`): an
+empty, undecodable, foreign or inconsistent state file raises ``RegistryStateError`` naming
+the file, the cause and the way out — never a silent fresh table, which would hand out the
+ranks and names of replicas that may still hold them. The checks are explicit raises, so
+``python -O`` keeps them.
 """
 
 from __future__ import annotations
 
 import heapq
+from pathlib import Path
 
 import msgspec
 
 KINDS = ("hybrid", "standalone")
+
+RECOVERY = (
+    "if no replica of this run is alive (after a stop or a crash of the whole run, none is), "
+    "move the file aside and resume: the registry starts an empty table"
+)
+
+
+class RegistryStateError(ValueError):
+    """A saved rank table that cannot be trusted; the message names the file, why, and what to do."""
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -83,18 +98,49 @@ class RankTable:
         return msgspec.msgpack.encode(self._s)
 
     @classmethod
-    def restore(cls, data: bytes) -> RankTable:
+    def restore(cls, data: bytes, run_id: str | None = None) -> RankTable:
+        """The table of a snapshot; ``RegistryStateError`` if it is empty, undecodable, of another
+        run than ``run_id`` (when given) or inconsistent."""
+        if not data:
+            raise RegistryStateError("the saved rank table is empty (0 bytes)")
+        try:
+            state = msgspec.msgpack.decode(data, type=RankTableState)
+        except msgspec.MsgspecError as e:
+            raise RegistryStateError(f"the saved rank table does not decode: {e}") from None
+        if run_id is not None and state.run_id != run_id:
+            raise RegistryStateError(f"the saved rank table belongs to run {state.run_id!r}, not {run_id!r}")
         table = cls.__new__(cls)
-        table._s = msgspec.msgpack.decode(data, type=RankTableState)
+        table._s = state
         table.check()
         return table
 
+    @classmethod
+    def load(cls, path: str | Path, run_id: str) -> RankTable | None:
+        """The table saved at ``path`` for ``run_id``; None if there is no file."""
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return cls.restore(data, run_id)
+        except RegistryStateError as e:
+            raise RegistryStateError(f"{path}: {e}; {RECOVERY}") from None
+
     def check(self) -> None:
-        """Raise AssertionError if an invariant is broken."""
-        ranks = [lease.rank for lease in self._s.leases.values()]
-        assert len(ranks) == len(set(ranks)), f"duplicate ranks {sorted(ranks)}"
-        assert not set(ranks) & set(self._s.free), "a held rank is also free"
-        assert len(set(self._s.free)) == len(self._s.free), "a free rank is listed twice"
-        assert set(ranks) | set(self._s.free) == set(range(self._s.next_rank)), "ranks leaked"
-        names = [lease.actor_name for lease in self._s.leases.values()]
-        assert len(names) == len(set(names)), "duplicate actor names"
+        """Raise ``RegistryStateError`` if an invariant is broken."""
+        s = self._s
+        ranks = [lease.rank for lease in s.leases.values()]
+        names = [lease.actor_name for lease in s.leases.values()]
+        broken = [
+            (len(ranks) != len(set(ranks)), f"duplicate ranks {sorted(ranks)}"),
+            (bool(set(ranks) & set(s.free)), "a held rank is also free"),
+            (len(set(s.free)) != len(s.free), "a free rank is listed twice"),
+            (set(ranks) | set(s.free) != set(range(s.next_rank)), "ranks leaked"),
+            (len(names) != len(set(names)), "duplicate actor names"),
+            (any(lease.kind not in KINDS for lease in s.leases.values()), "a lease of an unknown kind"),
+            (any(k != lease.replica_id for k, lease in s.leases.items()), "a lease filed under another replica"),
+            (s.generation < len(s.leases), "fewer generations than leases"),
+        ]
+        if why := [w for bad, w in broken if bad]:
+            raise RegistryStateError(f"the rank table is inconsistent: {'; '.join(why)}")

@@ -28,28 +28,25 @@ from shunter.events import (
     ValidateEnd,
     tag_of,
 )
-from shunter.events.codec import whole_frames
+from shunter.events.logfile import Repair, repair
 from shunter.events.rollout import SampleBegin, SampleEnd, SampleResumed
 
 QUIET = (SampleBegin, SampleEnd, SampleResumed)
 
 
 class EventLog:
-    """Appends frames to ``events.bin``. A resumed attempt appends to the same log; a tail
-    torn by a crash of the previous writer is cut off first, so the log stays readable
-    end to end. Written through at least every 0.5 s and on every ``RunEnded`` /
-    ``CheckpointSaved``, so a killed coordinator loses at most the last half second."""
+    """Appends frames to ``events.bin``. A resumed attempt appends to the same log; if the
+    previous writer left it damaged (a tail torn by a kill, or worse) it is repaired first
+    without losing a byte (``shunter.events.logfile.repair``: the damaged bytes are kept aside,
+    ``repaired`` says where, and the coordinator announces it as ``run.log_repaired``), so the
+    log stays readable end to end. Written through at least every 0.5 s and on every
+    ``RunEnded`` / ``CheckpointSaved``, so a killed coordinator loses at most the last half second."""
 
     FLUSH_S = 0.5
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        if path.is_file():
-            data = path.read_bytes()
-            keep = whole_frames(data)
-            if keep < len(data):
-                with open(path, "rb+") as f:
-                    f.truncate(keep)
+        self.repaired: Repair | None = repair(path) if path.is_file() else None
         self._f = open(path, "ab")  # noqa: SIM115 - closed in close()
         self._codec = Codec()
         self._n = 0

@@ -38,12 +38,13 @@ class WeightGroupError(RuntimeError):
     pass
 
 
-def listen_socket() -> tuple[socket.socket, int]:
-    """A bound, listening TCP socket on a free port (handed to the group's store, so no
-    other process can take the port between choosing and using it)."""
+def listen_socket(host: str = "127.0.0.1") -> tuple[socket.socket, int]:
+    """A bound, listening TCP socket on a free port of ``host`` — the address replicas reach
+    the trainer at, never all interfaces (handed to the group's store, so no other process can
+    take the port between choosing and using it)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("", 0))
+    sock.bind((host, 0))
     sock.listen()
     return sock, sock.getsockname()[1]
 
@@ -177,7 +178,7 @@ class WeightSender:
     def open(self, replica_id: str) -> tuple[str, int]:
         """Open the replica's group (dropping an older one): returns (host, port) for it to join."""
         self.drop(replica_id)
-        sock, port = listen_socket()
+        sock, port = listen_socket(self.host)
         self._groups[replica_id] = self._pool.submit(
             make_group, self.backend, self.host, port, SENDER, 2, self.timeout_s, sock, self.device
         )

@@ -13,8 +13,6 @@ from shunter.events.codec import (
     MESSAGE_TYPES,
     ORDER_TYPES,
     Codec,
-    TornLog,
-    read_log,
 )
 from shunter.events.data import Batch, PromptSpec, Sample, SamplingSpec, group_of, sample_id
 from shunter.events.intents import (
@@ -38,6 +36,7 @@ from shunter.events.lifecycle import (
     ComponentReady,
     EventRejected,
     IntentRejected,
+    LogRepaired,
     LoopIdle,
     PolicyFailed,
     PolicySlow,
@@ -45,6 +44,7 @@ from shunter.events.lifecycle import (
     RunResumed,
     RunStarted,
 )
+from shunter.events.logfile import Damage, LogReader, TornLog, read_log, repair
 from shunter.events.orders import (
     EnterRollout,
     EnterTrainer,
@@ -114,6 +114,7 @@ __all__ = [
     "JoinWeightGroup",
     "LeaveWeightGroup",
     "LoadWeights",
+    "LogRepaired",
     "LoopIdle",
     "MESSAGE_TYPES",
     "Message",
@@ -157,6 +158,9 @@ __all__ = [
     "SwitchToRollout",
     "SwitchToTrainer",
     "TornLog",
+    "Damage",
+    "LogReader",
+    "repair",
     "Train",
     "TrainBatch",
     "TrainStep",

@@ -9,16 +9,11 @@ cause. Encoders and decoders cannot be pickled, so each process makes its own
 Batches of messages travel as one msgpack array (``encode_batch``), so an actor call
 carries many events at the cost of one.
 
-Event logs on disk are a sequence of length-prefixed frames (4-byte big-endian length +
-one encoded message), readable with :func:`read_log` even if the writer crashed mid-frame
-(the torn tail is reported, not silently dropped).
+Event logs on disk (frames of this codec) are read and repaired by ``shunter.events.logfile``.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Union
 
@@ -51,8 +46,6 @@ if len(BY_TAG) != len(MESSAGE_TYPES):  # pragma: no cover - guards a programming
 
 AnyMessage = Union[MESSAGE_TYPES]  # type: ignore[valid-type]  # noqa: UP007 - a union built from a tuple
 
-_FRAME = struct.Struct(">I")
-
 
 class Codec:
     """Per-process encoder + typed decoders."""
@@ -75,40 +68,6 @@ class Codec:
         return self._many.decode(data)
 
     def frame(self, msg: Message) -> bytes:
+        """One event-log frame: the encoded message after its 4-byte big-endian length."""
         body = self._enc.encode(msg)
-        return _FRAME.pack(len(body)) + body
-
-
-class TornLog(ValueError):
-    """The log ends in the middle of a frame (the writer stopped mid-write)."""
-
-
-def whole_frames(data: bytes) -> int:
-    """Length of the longest prefix of ``data`` made of whole frames (where a torn tail starts)."""
-    pos = 0
-    while pos + 4 <= len(data):
-        (n,) = _FRAME.unpack_from(data, pos)
-        if pos + 4 + n > len(data):
-            break
-        pos += 4 + n
-    return pos
-
-
-def read_log(path: str | Path, *, strict: bool = False) -> Iterator[Message]:
-    """Yield the messages of an event log. A torn last frame raises ``TornLog`` if
-    ``strict``, else ends the iteration after the last whole frame."""
-    codec = Codec()
-    data = Path(path).read_bytes()
-    pos = 0
-    while pos < len(data):
-        if pos + 4 > len(data):
-            if strict:
-                raise TornLog(f"{path}: torn frame header at byte {pos}")
-            return
-        (n,) = _FRAME.unpack_from(data, pos)
-        if pos + 4 + n > len(data):
-            if strict:
-                raise TornLog(f"{path}: frame at byte {pos} needs {n} bytes, {len(data) - pos - 4} left")
-            return
-        yield codec.decode(data[pos + 4 : pos + 4 + n])
-        pos += 4 + n
+        return len(body).to_bytes(4, "big") + body

@@ -108,7 +108,21 @@ CASES: list[e.Message] = [
         step=10, version=5, path="runs/r/checkpoints/.step-00000010.tmp", nbytes=4096, duration_s=0.1, **ENV
     ),
     e.CheckpointSaved(step=10, version=5, path="runs/r/checkpoints/step-00000010", nbytes=8192, duration_s=0.2, **ENV),
+    e.LogRepaired(
+        path="runs/r/events.bin",
+        kept_as="runs/r/events.bin.torn-4096",
+        frames=120,
+        whole=False,
+        damage=["runs/r/events.bin: bytes 4096-4100 (4 bytes) unreadable: torn tail: 4 bytes, not even a frame header"],
+        **ENV,
+    ),
     e.RunResumed(
-        checkpoint="runs/r/checkpoints/step-00000010", step=10, version=5, attempt=1, reason="trainer died", **ENV
+        checkpoint="runs/r/checkpoints/step-00000010",
+        step=10,
+        version=5,
+        attempt=1,
+        reason="trainer died",
+        skipped={"step-00000012": "runs/r/checkpoints/step-00000012: trainer.pt is missing"},
+        **ENV,
     ),
 ]

@@ -38,6 +38,9 @@ class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
     attempt: int
     reason: str = ""
     """Free text: why the previous attempt ended (empty for a resume asked for by the user)."""
+    skipped: dict[str, str] = {}
+    """What the checkpoint resolver passed over on the way to ``checkpoint`` (a damaged newer
+    checkpoint, a ``latest`` pointer naming another one, a stray folder) -> why. Empty: nothing."""
 
 
 class RunEnded(Event, frozen=True, kw_only=True, tag="run.ended"):
@@ -173,6 +176,24 @@ class PolicySlow(Event, frozen=True, kw_only=True, tag="policy.slow"):
     budget_ms: float
     slow_calls: int
     calls: int
+
+    to_policy: ClassVar[bool] = False
+
+
+class LogRepaired(Event, frozen=True, kw_only=True, tag="run.log_repaired"):
+    """The event log this attempt appends to was damaged (a tail torn by a kill, a frame
+    overwritten …); it was made readable again without losing a byte.
+
+    ``coordinator -> sinks`` (never to the policy), first thing of an attempt that found the
+    damage. ``kept_as`` holds the damaged bytes (the whole original when ``whole``)."""
+
+    path: str
+    kept_as: str
+    frames: int
+    """Readable frames kept in the log."""
+    whole: bool
+    damage: list[str]
+    """Each damaged byte range with its cause."""
 
     to_policy: ClassVar[bool] = False
 

@@ -317,7 +317,7 @@ def local_run(
 
 
 # -- fault schedules (tests/unit/test_fault_schedules.py, tests/fault_soak.py) ----------------
-ACTIONS = ("kill_replica", "trainer_dies", "coordinator_crashes")
+ACTIONS = ("kill_replica", "trainer_dies", "coordinator_crashes", "stop")
 
 
 class Crash(BaseException):
@@ -333,7 +333,7 @@ async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: flo
     import shutil
 
     from shunter.engine.checkpoint import CheckpointStore
-    from shunter.events import ComponentFailed, StepEnd
+    from shunter.events import ComponentFailed, SampleEnd, Stamper, StepEnd, Stop
 
     fired = [] if fired is None else fired
     pending = sorted(schedule)
@@ -345,7 +345,12 @@ async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: flo
         coord, _, trainer = local_run(c, token_s=token_s, checkpoints=root, resume=resume)
         killed = set()
 
-        def chaos(m, coord=coord, killed=killed):
+        armed: list[bool] = []
+
+        def chaos(m, coord=coord, killed=killed, armed=armed):
+            if armed and isinstance(m, SampleEnd):  # a stop lands at any moment, not only between steps
+                armed.clear()
+                coord.post(Stamper(coord.state.run_id, "user")(Stop(reason="stopped")))
             if not isinstance(m, StepEnd):
                 return
             steps_seen.append(m)
@@ -362,6 +367,9 @@ async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: flo
                 elif action == "coordinator_crashes":
                     fired.append(action)
                     raise Crash
+                elif action == "stop":  # an operator's SIGTERM / Ctrl-C: Engine.stop(), then --resume
+                    fired.append(action)
+                    armed.append(True)
 
         coord.sinks.append(chaos)
         try:
@@ -369,7 +377,7 @@ async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: flo
                 ended = await coord.run()
         except Crash:
             ended = None
-        if ended is not None and not ended.failed_component:
+        if ended is not None and not ended.failed_component and ended.reason != "stopped":
             assert ended.reason == "completed", ended
             batches = trainer.restored_batches + [[s.prompt_id for s in b] for b in trainer.seen]
             return batches, steps_seen, attempts, coord

@@ -6,9 +6,10 @@ A new message type needs a case in ``events/examples.py``; regenerate with
 ``python tests/golden_cases.py --write`` (only for *new* tags — an existing golden file
 must never change: a breaking change gets a new tag).
 
-A message that only *lost* optional fields is not a breaking change (msgspec ignores unknown
-fields in either direction): its old file stays as written, ``LEGACY`` says what the old bytes
-decode to now, and the new encoding is a revision ``<tag>@<n>.msgpack`` (``REVISIONS``).
+A message that only lost fields or gained fields with defaults is not a breaking change
+(msgspec ignores unknown fields and fills in defaults): its old file stays as written,
+``LEGACY`` says what the old bytes decode to now, and the new encoding is a revision
+``<tag>@<n>.msgpack`` (``REVISIONS``).
 """
 
 from __future__ import annotations
@@ -21,14 +22,24 @@ from shunter.events.examples import CASES, ENV
 
 GOLDEN = Path(__file__).parent / "golden"
 
-REVISIONS = {"replica.switch_to_rollout": 2, "trainer.train_step": 2, "rollout.load_weights": 2, "validate.run": 2}
-"""Tags whose message lost fields (issue 13: intents carry nothing the coordinator fills in)."""
+REVISIONS = {
+    "replica.switch_to_rollout": 2,
+    "trainer.train_step": 2,
+    "rollout.load_weights": 2,
+    "validate.run": 2,
+    "run.resumed": 2,
+}
+"""Tags whose message lost fields (issue 13: intents carry nothing the coordinator fills in) or
+gained optional ones (issue 14: ``RunResumed.skipped``)."""
 
 LEGACY: dict[str, e.Message] = {
     "replica.switch_to_rollout": e.SwitchToRollout(replica_ids=["hybrid-1"], **ENV),
     "trainer.train_step": e.TrainStep(loss_fn="my.mod:loss", **ENV),
     "rollout.load_weights": e.LoadWeights(version=2, replica_ids=["standalone-0"], **ENV),
     "validate.run": e.Validate(replica_ids=["standalone-0"], **ENV),
+    "run.resumed": e.RunResumed(
+        checkpoint="runs/r/checkpoints/step-00000010", step=10, version=5, attempt=1, reason="trainer died", **ENV
+    ),
 }
 """What the first golden file of a revised tag decodes to now (old event logs stay readable)."""
 

@@ -41,7 +41,7 @@ def test_commit_is_verified_and_latest_points_at_it(tmp_path):
     for step in (2, 4, 6):
         _write(store, step)
     assert [p.name for p in store.complete()] == ["step-00000004", "step-00000006"]  # pruned to keep=2
-    path, manifest = store.latest()
+    path, manifest, _ = store.latest()
     assert path.name == "step-00000006" and manifest.step == 6 and manifest.version == 3
     assert set(manifest.files) == {"model/weights.bin", "trainer.pt"}
     assert (tmp_path / "latest").read_text() == "step-00000006"
@@ -52,7 +52,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint_usable(tmp_path):
     _write(store, 2)
     staging = store.staging(4)  # the writer died here: parts written, never committed
     (staging / "trainer.pt").write_bytes(b"half")
-    path, manifest = store.latest()
+    path, manifest, _ = store.latest()
     assert manifest.step == 2
     _write(store, 4)  # the next commit clears the leftovers
     assert not list(tmp_path.glob(".step-*.tmp"))
@@ -79,13 +79,48 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_its_reason(tmp_path, damage
         (newest / "MANIFEST.json").write_bytes(b"{not json")
     else:  # the pointer names a folder that is gone: the newest valid one is used
         (root / "latest").write_text("step-00000099")
-    path, manifest = store.latest()
+    path, manifest, skipped = store.latest()
     if damage == "pointer":
-        assert manifest.step == 4
+        assert manifest.step == 4 and "step-00000099" in skipped["latest"]
     else:
-        assert manifest.step == 2 and "step-00000004" in store.skipped
+        assert manifest.step == 2 and "step-00000004" in skipped
+        assert resolve(root).skipped == skipped  # the resume is told what was passed over
         with pytest.raises(CheckpointError, match="step-00000004"):
             resolve(newest)
+
+
+def test_a_pointer_of_garbage_bytes_is_named_and_the_newest_valid_checkpoint_used(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    _write(store, 2)
+    _write(store, 4)
+    (tmp_path / "latest").write_bytes(b"\xff\xfe\x00step")
+    found = resolve(tmp_path)
+    assert found.manifest.step == 4
+    assert "unreadable" in found.skipped["latest"]
+
+
+def test_a_pointer_to_an_older_checkpoint_does_not_win_over_a_newer_valid_one(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    _write(store, 2)
+    _write(store, 4)
+    (tmp_path / "latest").write_text("step-00000002")
+    found = resolve(tmp_path)
+    assert found.manifest.step == 4
+    assert "names 'step-00000002'" in found.skipped["latest"]
+
+
+def test_stray_folders_that_look_like_checkpoints_are_named_and_left_alone(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    _write(store, 2)
+    (tmp_path / "step-final").mkdir()
+    (tmp_path / "step-00000009").mkdir()  # no manifest: a half-copied folder
+    (tmp_path / ".step-x.tmp").mkdir()
+    found = resolve(tmp_path)
+    assert found.manifest.step == 2
+    assert set(found.skipped) == {"step-final", "step-00000009"}
+    _write(store, 4)  # writing and pruning step over them too
+    assert (tmp_path / "step-final").is_dir() and (tmp_path / ".step-x.tmp").is_dir()
+    assert resolve(tmp_path).manifest.step == 4
 
 
 def test_resolve_names_what_it_looked_at(tmp_path):
@@ -153,7 +188,7 @@ async def test_trainer_death_resumes_from_the_last_checkpoint_exactly_once(tmp_p
     assert saved and saved[-1] == 6, saved
     assert all(isinstance(m, SaveCheckpoint) for m in seen if type(m).__name__ == "SaveCheckpoint")
 
-    ckpt, manifest = CheckpointStore(tmp_path).latest()
+    ckpt, manifest, _ = CheckpointStore(tmp_path).latest()
     coord2, _, trainer2 = local_run(c, token_s=0.002, checkpoints=tmp_path, resume=ckpt)
     seen2 = []
     coord2.sinks.append(seen2.append)
@@ -190,7 +225,7 @@ async def test_a_lost_coordinator_resumes_with_its_policy_state(tmp_path):
     seen, task = await _until(coord, lambda m: isinstance(m, StepEnd) and m.step == 9, crash=True)
     with pytest.raises(CoordinatorCrash):
         await task
-    ckpt, manifest = CheckpointStore(tmp_path).latest()
+    ckpt, manifest, _ = CheckpointStore(tmp_path).latest()
     from shunter.engine import snapshot
 
     snap = snapshot.decode((ckpt / snapshot.SNAPSHOT_FILE).read_bytes())
@@ -212,7 +247,7 @@ async def test_resuming_a_finished_run_only_runs_its_finale(tmp_path):
     coord, _, _ = local_run(c, checkpoints=tmp_path)
     async with asyncio.timeout(20):
         assert (await coord.run()).reason == "completed"
-    ckpt, manifest = CheckpointStore(tmp_path).latest()
+    ckpt, manifest, _ = CheckpointStore(tmp_path).latest()
     assert manifest.step == 4
     coord2, _, trainer2 = local_run(c, checkpoints=tmp_path, resume=ckpt)
     seen = []
@@ -244,7 +279,7 @@ async def test_every_builtin_policy_resumes_after_a_trainer_death(tmp_path, poli
     coord.post(coord.stamp(ComponentFailed(component="trainer", error="killed by the test")))
     async with asyncio.timeout(20):
         assert (await task).failed_component == "trainer"
-    ckpt, _ = CheckpointStore(tmp_path).latest()
+    ckpt, _, _ = CheckpointStore(tmp_path).latest()
     coord2, _, trainer2 = local_run(c, token_s=0.002, checkpoints=tmp_path, resume=ckpt)
     async with asyncio.timeout(30):
         ended = await coord2.run()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fakes import virtual_time
 
-from shunter import Engine, EngineError, UserCodeError
+from shunter import Engine, EngineError, EngineSetupError, UserCodeError
 from shunter.api import _loss_spec
 from shunter.engine.config import from_dict
 from shunter.events import Batch, Stop
@@ -37,3 +37,34 @@ def test_a_loss_given_as_a_function_becomes_its_import_string():
 
 def test_user_code_errors_are_engine_errors():
     assert issubclass(UserCodeError, EngineError)
+
+
+@pytest.mark.parametrize("held", ["events.bin", "checkpoints", "registry.msgpack"])
+@virtual_time
+async def test_a_new_run_under_a_used_run_id_is_refused_before_anything_starts(tmp_path, held):
+    """Was: re-running a finished run's id without --resume inherited its leases (same actor
+    names with no RankAssigned, or a stale lease holding a rank) and appended to its log."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / held).write_bytes(b"old")
+    engine = Engine(from_dict({"run": {"output_dir": str(tmp_path)}}), run_id="job")
+    with pytest.raises(EngineSetupError, match="already holds run 'job'.*--resume") as err:
+        await engine.start()
+    assert held in str(err.value) and engine._launch is None  # Ray and the model were never touched
+    assert (tmp_path / "job" / held).read_bytes() == b"old"
+
+
+@virtual_time
+async def test_a_resume_with_a_damaged_registry_state_is_refused_before_anything_starts(tmp_path):
+    from shunter.engine.checkpoint import CheckpointStore
+
+    store = CheckpointStore(tmp_path / "job" / "checkpoints")
+    staging = store.staging(2)
+    (staging / "trainer.pt").write_bytes(b"x")
+    store.commit(staging, run_id="job", step=2, version=1)
+    (tmp_path / "job" / "registry.msgpack").write_bytes(b"")
+    engine = Engine(from_dict({}), resume=tmp_path / "job")
+    with pytest.raises(
+        EngineSetupError, match="cannot resume run job: .*registry.msgpack: the saved rank table is empty"
+    ):
+        await engine.start()
+    assert engine._launch is None

@@ -1,6 +1,7 @@
 """Issue 4, item 6: whole runs under random fault schedules (hypothesis). Replicas die,
-the trainer dies, the coordinator crashes, at random optimizer steps, in any order; each
-time the run goes on (from the checkpoint when the trainer or coordinator was lost).
+the trainer dies, the coordinator crashes, an operator stops the run (issue 14), at random
+optimizer steps, in any order; each time the run goes on (from the checkpoint when the
+trainer or coordinator was lost or the run was stopped).
 Whatever the schedule: the run completes, every prompt group is trained exactly once over
 the steps that count, no trained sample exceeds the staleness bound — resumed samples
 and those after a recovery included — and the buffer accounts for every group."""
@@ -31,6 +32,8 @@ TOTAL = 10
     on_stale="wait",
     staleness=1,
 )
+@example(schedule=[(3, "stop"), (6, "stop")], on_stale="wait", staleness=1)
+@example(schedule=[(5, "stop")], on_stale="wait", staleness=0)
 def test_any_fault_schedule_completes_exactly_once_within_the_staleness_bound(schedule, on_stale, staleness):
     c = cfg(
         run={"total_steps": TOTAL, "checkpoint_every": 2},

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shunter.engine.ranks import RankTable
+import shunter.engine.ranks
+from shunter.engine.ranks import RankTable, RankTableState, RegistryStateError
 
 
 def test_hybrid_and_standalone_never_collide_in_any_order():
@@ -89,3 +92,67 @@ def test_invariants_hold_under_random_schedules(ops):
         t.check()
         held = [x.rank for x in t.leases()]
         assert held == sorted(set(held))
+
+
+# -- saved state, as operators find it on disk (issue 14) --------------------------------------
+def _saved(tmp_path, run_id="r"):
+    t = RankTable(run_id)
+    for i in range(3):
+        t.assign(f"s{i}", "standalone")
+    path = tmp_path / "registry.msgpack"
+    path.write_bytes(t.snapshot())
+    return path, t
+
+
+def test_a_saved_table_comes_back_whole(tmp_path):
+    path, t = _saved(tmp_path)
+    back = RankTable.load(path, "r")
+    assert back is not None and back.leases() == t.leases() and back.generation == 3
+    assert RankTable.load(tmp_path / "none.msgpack", "r") is None
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda b: b"", "empty"),
+        (lambda b: b[: len(b) // 2], "does not decode"),
+        (lambda b: b"\x00" + b[1:], "does not decode"),
+    ],
+    ids=["zero-bytes", "half", "first-byte"],
+)
+def test_a_damaged_state_file_is_refused_never_reset(tmp_path, damage, why):
+    """Was: a 0-byte file silently reset the table, so the next replica got the rank and name
+    of one still holding them."""
+    path, _ = _saved(tmp_path)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(RegistryStateError, match=why) as err:
+        RankTable.load(path, "r")
+    assert str(path) in str(err.value) and "move the file aside" in str(err.value)
+
+
+def test_another_runs_state_is_refused(tmp_path):
+    path, _ = _saved(tmp_path, run_id="other-run")
+    with pytest.raises(RegistryStateError, match="belongs to run 'other-run', not 'r'"):
+        RankTable.load(path, "r")
+
+
+def test_an_inconsistent_table_is_refused_by_explicit_checks_not_asserts(tmp_path):
+    """The checks survive ``python -O`` (they are raises, not asserts)."""
+    state = msgspec.msgpack.decode(_saved(tmp_path)[0].read_bytes(), type=RankTableState)
+    state.free = [1]  # rank 1 is held by s1 too
+    with pytest.raises(RegistryStateError, match="a held rank is also free"):
+        RankTable.restore(msgspec.msgpack.encode(state), "r")
+    src = Path(shunter.engine.ranks.__file__).read_text()
+    assert "assert " not in src
+
+
+def test_the_registry_actor_class_refuses_a_damaged_state_file(tmp_path):
+    from shunter.actors.registry import ReplicaRegistryActor
+
+    path, _ = _saved(tmp_path)
+    path.write_bytes(b"")
+    with pytest.raises(RegistryStateError):
+        ReplicaRegistryActor("r", None, str(path))
+    path.unlink()
+    actor = ReplicaRegistryActor("r", None, str(path))  # no file: a new run's empty table
+    assert actor.leases() == [] and path.is_file()

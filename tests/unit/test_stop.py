@@ -1,0 +1,60 @@
+"""Stopping a run (issue 14): an operator's stop (SIGTERM, Ctrl-C, ``Engine.stop``) lands at
+any moment; the run ends at a consistent cut — the end of a sync cycle, never a half-cycle
+publish that would put the version ahead of the step and make the resumed run's staleness
+gate let in groups that go stale (seen: 306 prompts skipped in ``wait`` mode over 5 resumes).
+If the cycle cannot complete, the run ends without publishing and keeps its last checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import local_run, run_to_end, virtual_time
+from test_coordinator import cfg
+
+from shunter.engine.checkpoint import CheckpointStore
+from shunter.events import CheckpointSaved, RunEnded, SampleEnd, Stamper, StepEnd, Stop, WeightsReady
+
+
+def _stop_at(coord, step: int, *, kill_all: bool = False):
+    """After ``StepEnd(step)``, at the next finished sample (the trainer is then as likely idle
+    mid-cycle as busy): the replicas die if ``kill_all``, and the operator stops the run."""
+    armed = []
+
+    def sink(m):
+        if isinstance(m, StepEnd) and m.step == step:
+            armed.append(True)
+        elif armed and isinstance(m, SampleEnd):
+            armed.clear()
+            if kill_all:
+                for rid in list(coord.executor.replicas):
+                    coord.executor.kill(rid, reason="chaos")
+            coord.post(Stamper("test", "user")(Stop(reason="stopped")))
+
+    return sink
+
+
+@pytest.mark.parametrize("kill_all", [False, True], ids=["replicas-alive", "no-replica-left"])
+@pytest.mark.parametrize("step", [1, 2, 3, 4, 5])
+@virtual_time
+async def test_a_stop_ends_at_a_sync_boundary_or_without_publishing(tmp_path, step, kill_all):
+    c = cfg(
+        run={"total_steps": 12, "checkpoint_every": 2},
+        validation={"every": 0},
+        rollout={"standalone_replicas": 2, "max_staleness": 1, "on_stale": "wait"},
+        trainer={"parameter_sync_step": 2},
+    )
+    coord, _, trainer = local_run(c, checkpoints=tmp_path)
+    coord.sinks.append(_stop_at(coord, step, kill_all=kill_all))
+    ended, seen = await run_to_end(coord, timeout=600)
+    assert isinstance(ended, RunEnded) and ended.reason == "stopped", ended
+    sync = c.trainer.parameter_sync_step
+    steps = [m.step for m in seen if isinstance(m, StepEnd)]
+    publishes = [m.version for m in seen if isinstance(m, WeightsReady)]
+    assert len(publishes) == len(steps) // sync, "a half-cycle publish"
+    for m in seen:
+        if isinstance(m, CheckpointSaved):
+            assert m.step % sync == 0 and m.version == m.step // sync, m
+    found = CheckpointStore(tmp_path).latest()
+    assert found is not None and found.manifest.step == max(s for s in steps if s % sync == 0)
+    stop_at = next(i for i, m in enumerate(seen) if isinstance(m, Stop))
+    after = [m.step for m in seen[stop_at:] if isinstance(m, StepEnd)]
+    assert len(after) <= sync, f"the stop let {len(after)} more steps run: only the cycle under way finishes"

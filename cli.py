@@ -100,8 +100,10 @@ def _run(args) -> int:
     except EngineSetupError as e:
         print(f"shunter: the run did not start: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # the run was stopped on the way out; progress said how to resume
-        return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):  # stopped on the way out; progress said how to resume
+        from shunter import progress
+
+        return 143 if progress.TERMINATED else 130
     if ended.reason == "error":
         print(f"shunter: the run failed: {ended.error}", file=sys.stderr)
     return 0 if ended.reason == "completed" else 1

@@ -7,6 +7,7 @@ mean batch reward, rollout tokens/s and staleness, the summary the ``RunEnded`` 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 
 from tqdm import tqdm
@@ -34,11 +35,13 @@ from shunter.events import (
 async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id: str | None = None) -> RunEnded:
     bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
     engine = Engine(cfg, resume=resume, run_id=run_id)
+    _stop_on_sigterm()
     try:
         async with engine:
+            _stop_on_sigterm()  # again: ray.init() put its own handler (exit at once) in place
             print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
             ended = await _follow(engine, bar)
-    except asyncio.CancelledError:  # Ctrl-C: leaving the block stopped the run (final checkpoint included)
+    except asyncio.CancelledError:  # Ctrl-C / SIGTERM: leaving the block stopped the run (at a consistent cut)
         bar.close()
         how = f" ({engine.ended.reason} at step {engine.ended.steps})" if engine.ended else ""
         saved = CheckpointStore(engine.out_dir / "checkpoints").latest()
@@ -53,6 +56,25 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
     bar.close()
     print_summary(ended)
     return ended
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a scheduler's preemption) stops the run like Ctrl-C does: the main
+    task is cancelled, the engine stops at a consistent cut and saves, the CLI exits 143."""
+    task = asyncio.current_task()
+    if task is None or sys.platform == "win32":
+        return
+
+    def stop() -> None:
+        global TERMINATED
+        TERMINATED = True
+        task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+
+
+TERMINATED = False
+"""A SIGTERM stopped the run (the CLI's exit status is then 143, not 130)."""
 
 
 async def _follow(engine: Engine, bar: tqdm) -> RunEnded:

@@ -102,6 +102,9 @@ def run_overhead(sc: Scenario) -> dict:
                 f"p50 {m['latency_p50_ms']:.3f} ms, p99 {m['latency_p99_ms']:.3f} ms"
             )
         metrics[v.name] = {k: _stats([x[k] for x in runs]) for k in runs[0]}
+    from shunter.actors.launch import local_only
+
+    local_only()
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         raw = [_ray_calls(500) for _ in sc.scenario.seeds]

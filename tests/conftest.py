@@ -18,7 +18,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # so tests can import fakes
 def ray_cluster():
     import ray
 
+    from shunter.actors.launch import local_only
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    local_only()  # as a default run: every socket on 127.0.0.1
     # three simulated GPUs: resources only (nothing here runs CUDA), for the placement tests
     ray.init(
         num_cpus=4,

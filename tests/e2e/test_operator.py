@@ -1,0 +1,125 @@
+"""``shunter run`` as an operator runs it (issue 14), in its own OS process: while it trains,
+every TCP socket its process tree listens on is bound to 127.0.0.1 (the Ray servers, the
+autoscaler's metrics, the actors' gRPC servers, the vLLM engine); Ctrl-C (SIGINT to the process
+group) or SIGTERM to the driver stops it at a sync boundary with exit status 130 / 143 and says
+how to resume; ``--resume`` completes it, and over both attempts
+every prompt up to the last trained one was trained exactly once (``on_stale = "wait"``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shunter.engine.records import trained_groups
+from shunter.events import LogReader, RunResumed, StepEnd
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 30
+STOP_AFTER = 11  # mid-cycle (parameter_sync_step = 2)
+
+
+def _config(folder: Path, tiny_model: str) -> Path:
+    text = (ROOT / "examples" / "sort_separate.toml").read_text()
+    cfg = folder / "job.toml"
+    cfg.write_text(
+        text.replace('path = ".shunter/models/sort-tiny"', f'path = "{tiny_model}"')
+        .replace('output_dir = "runs"', f'output_dir = "{folder / "runs"}"')
+        .replace("total_steps = 700", f"total_steps = {STEPS}")
+        .replace("checkpoint_every = 50", "checkpoint_every = 4")
+        .replace("every = 50", "every = 0")
+    )
+    return cfg
+
+
+def _shunter(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shunter.cli", "run", *args, "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal would start it
+    )
+
+
+def _steps(log: Path) -> int:
+    if not log.is_file():
+        return 0
+    return max((m.step for m in LogReader(log) if isinstance(m, StepEnd)), default=0)
+
+
+def _listening(pid: int) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every listening TCP socket of ``pid``'s process tree."""
+    root = psutil.Process(pid)
+    out = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            conns = p.net_connections(kind="tcp")
+            name = p.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out += [(c.laddr.ip, c.laddr.port, name) for c in conns if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+@pytest.mark.parametrize(
+    "how, status",
+    [("ctrl-c", 130), ("sigterm", 143)],
+    ids=["ctrl-c-to-the-process-group", "sigterm-to-the-driver"],
+)
+def test_a_run_listens_only_on_loopback_stops_on_a_signal_and_resumes_exactly_once(tiny_model, tmp_path, how, status):
+    cfg = _config(tmp_path, tiny_model)
+    run = tmp_path / "runs" / "op"
+    log = run / "events.bin"
+    proc = _shunter(str(cfg), "--run-id", "op")
+    try:
+        me = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 300  # a bound, not a synchronisation: the run reports its steps
+        while _steps(log) < STOP_AFTER:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run did not reach its steps"
+            psutil.wait_procs([me], timeout=0.5)  # returns at once if it exits
+        seen = _listening(proc.pid)
+        assert len(seen) >= 4, f"expected Ray's servers in the listing, got {seen}"
+        exposed = [s for s in seen if not _loopback(s[0])]
+        assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole process group
+        else:
+            proc.send_signal(signal.SIGTERM)  # `kill PID`, a scheduler's preemption
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == status, err[-3000:]
+    assert f"--resume {run}" in err and "Traceback" not in err, err[-3000:]
+    stopped_at = _steps(log)
+    assert stopped_at % 2 == 0, f"stopped mid-cycle at step {stopped_at}"
+
+    again = _shunter(str(cfg), "--resume", str(run))
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    msgs = list(LogReader(log))
+    assert sum(isinstance(m, RunResumed) for m in msgs) == 1
+    groups = Counter(g for _, gs in trained_groups(log) for g in gs)
+    assert len(trained_groups(log)) == STEPS
+    assert set(groups.values()) == {1}, "a group trained twice"
+    assert sorted(groups) == list(range(len(groups))), "prompts skipped (wait mode trains oldest first)"

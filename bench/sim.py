@@ -5,7 +5,9 @@ replica is a ``shunter.engine.backend.Backend`` behind the real ``RolloutCore``,
 a core behind the real ``TrainerHost`` — so the coordinator, policies, buffer, dispatcher
 and rank table run unchanged while generation, training, weight sync and switches spend
 simulated time on the running loop's clock (virtual under ``looptime``). Every random draw
-comes from generators seeded by the scenario, so a scenario replays identically.
+comes from generators seeded by the scenario, so a scenario replays identically — all but
+``policy.slow``, which reports the host's real time spent in ``decide()`` (a diagnostic of
+the machine, not of the simulated run).
 
 Cost model of one replica (continuous batching, processor sharing): every active sequence
 gains one token per decode step, and a step with ``b`` sequences takes

@@ -27,6 +27,7 @@ resume=path)`` continues a run from a checkpoint after the whole program stopped
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 import warnings
 from collections.abc import AsyncIterator
@@ -44,15 +45,18 @@ from shunter.engine.errors import (
     NoBatchError,
     RunEndedError,
     UserCodeError,
+    describe,
 )
 from shunter.events import (
     Batch,
     Codec,
     CommandFailed,
+    ComponentFailed,
     Event,
     Intent,
     IntentRejected,
     Message,
+    ReplicaRestart,
     ReplicaUp,
     RunEnded,
     StepEnd,
@@ -93,6 +97,7 @@ class Engine:
         self.coordinator: Any = None
         self.ended: RunEnded | None = None
         self._starting: dict[str, asyncio.Task[ReplicaUp]] = {}  # replicas added mid-run, until they serve
+        self._supervisor: asyncio.Task[None] | None = None  # carries out ReplicaRestart
 
     @property
     def attempt(self) -> int:
@@ -158,6 +163,7 @@ class Engine:
         self._launch = Launcher(self.cfg, self.run_id, self.out_dir)
         await self._launch.open()
         self.coordinator = await self._launch.start_attempt(self._resume)
+        self._supervise()
 
     async def _restart(self, reason: str) -> bool:
         """The trainer or the coordinator died: start the run again from its last
@@ -172,7 +178,58 @@ class Engine:
         self._launch.attempt += 1
         self._resume, self._restart_reason = found, reason
         self.coordinator = await self._launch.start_attempt(found, reason)
+        self._supervise()
         return True
+
+    # -- replacing dead replicas ---------------------------------------------------------------
+    def _supervise(self) -> None:
+        """Carry out the replacements the coordinator's supervisor asks for (``ReplicaRestart``)
+        for as long as this attempt runs, whether or not the caller reads ``events()``."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervising(self.coordinator))
+
+    async def _supervising(self, coordinator: Any) -> None:
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    items, over = await coordinator.restarts.remote(5.0)
+                except Exception:  # noqa: BLE001 - the coordinator is gone: its attempt is over
+                    return
+                for data in items:
+                    task = asyncio.get_running_loop().create_task(self._replace(self._codec.decode(data)))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                if over:
+                    return
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def _replace(self, restart: ReplicaRestart) -> None:
+        """One replacement: wait out the backoff, then start a replica as ``add_replica`` does;
+        one that cannot even be made is reported (``ComponentFailed`` naming the replica it was
+        to replace), so the coordinator tries again or gives the slot up."""
+        await asyncio.sleep(restart.delay_s)  # the backoff itself, not a synchronisation
+        try:
+            rid = await self.add_replica(restart.replica_kind)
+        except RunEndedError:
+            return
+        except Exception as e:  # noqa: BLE001 - it could not even be made (no room, no registry): say so
+            failed = ComponentFailed(
+                component=restart.replica_id,
+                error=describe(e),
+                run_id=self.run_id,
+                source="engine",
+                wall_time=time.time(),
+            )
+            await self._live().ingest.remote(self._codec.encode_batch([failed]), "engine")
+            return
+        try:
+            await self.replica_ready(rid)
+        except EngineSetupError:
+            pass  # bring_up told the coordinator (ComponentFailed naming it)
 
     async def add_replica(self, kind: str = STANDALONE) -> str:
         """Start one more replica while the run goes on (elastic capacity, or a replacement
@@ -203,6 +260,8 @@ class Engine:
 
     async def close(self) -> None:
         """Stop the run if it is still going, and remove every actor it made."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
         for task in self._starting.values():
             task.cancel()
         await asyncio.gather(*self._starting.values(), return_exceptions=True)

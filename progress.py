@@ -23,6 +23,9 @@ from shunter.events import (
     LogRepaired,
     PolicyFailed,
     PolicySlow,
+    ReplicaDown,
+    ReplicaGivenUp,
+    ReplicaRestart,
     RunEnded,
     RunResumed,
     SampleEnd,
@@ -110,6 +113,19 @@ async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
             n = repeats[line[:160]] = repeats.get(line[:160], 0) + 1
             if n in (1, 10, 100, 1000, 10_000):
                 tqdm.write(line + (f" (x{n})" if n > 1 else ""), file=sys.stderr)
+        elif isinstance(ev, ReplicaDown):
+            tqdm.write(f"replica.down: {ev.replica_id}: {ev.reason[:300]}", file=sys.stderr)
+        elif isinstance(ev, ReplicaRestart):
+            tqdm.write(
+                f"replica.restart: replacing {ev.replica_id} (rank {ev.rank}, attempt {ev.attempt}) in {ev.delay_s:g}s",
+                file=sys.stderr,
+            )
+        elif isinstance(ev, ReplicaGivenUp):
+            tqdm.write(
+                f"replica.given_up: {ev.replica_id} (rank {ev.rank}) is not replaced "
+                f"({ev.attempts} replacements in the last hour; rollout.replica_restarts)",
+                file=sys.stderr,
+            )
         elif isinstance(ev, LogRepaired):
             tqdm.write(
                 f"run.log_repaired: {ev.path}: kept {ev.frames} readable frames; damaged bytes at {ev.kept_as}",

@@ -39,6 +39,7 @@ from shunter.events import (
     PromptSpec,
     PublishWeights,
     ReplicaDown,
+    ReplicaRestart,
     ReplicaUp,
     RunEnded,
     Stamper,
@@ -147,15 +148,23 @@ class CoordinatorActor:
             self.core.restore(snap, checkpoint=resume, attempt=attempt, reason=reason, skipped=skipped)
         self.registry = registry
         self._task: asyncio.Task | None = None
+        self._restarts: list[bytes] = []
+        self._restart_posted = asyncio.Event()
 
     def _remember(self, msg: Message) -> None:
         if isinstance(msg, WeightsReady):
             self.last_ready = msg
+        elif isinstance(msg, ReplicaRestart):
+            self._restarts.append(codec().encode(msg))
+            self._restart_posted.set()
 
     def _release_dead(self, msg: Message) -> None:
-        """A replica that is down gives its rank back to the registry (RankReleased)."""
-        if isinstance(msg, ReplicaDown) and self.registry is not None:
-            asyncio.get_running_loop().create_task(self._release(msg.replica_id, msg.reason))
+        """A replica that is down is killed if it still lives (it holds CPUs / GPUs a replacement
+        needs) and gives its rank back to the registry (RankReleased)."""
+        if isinstance(msg, ReplicaDown):
+            self.executor.retire(msg.replica_id)
+            if self.registry is not None:
+                asyncio.get_running_loop().create_task(self._release(msg.replica_id, msg.reason))
 
     async def _release(self, replica_id: str, reason: str) -> None:
         try:
@@ -229,6 +238,18 @@ class CoordinatorActor:
         if exc is not None:
             return RunEnded(reason="error", error=f"the coordinator's loop died: {describe(exc)}", run_id=self.run_id)
         return self._task.result()
+
+    async def restarts(self, wait_s: float = 5.0) -> tuple[list[bytes], bool]:
+        """The replacements asked for since the last call (encoded ``ReplicaRestart``), waiting
+        up to ``wait_s`` for one; and whether the run is over (the Engine's supervisor stops)."""
+        if not self._restarts and self.core.ended is None:
+            self._restart_posted.clear()
+            try:
+                await asyncio.wait_for(self._restart_posted.wait(), wait_s)
+            except TimeoutError:
+                pass
+        out, self._restarts = self._restarts, []
+        return out, self.core.ended is not None
 
     async def wait_ended(self) -> bytes:
         if self._task is None:

@@ -25,6 +25,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from shunter.actors.wire import codec, root_cause
+from shunter.engine.backend import EngineDead
 from shunter.engine.errors import bounded
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.events import (
@@ -150,11 +151,23 @@ class RayExecutor(TaskExecutor):
             self._down.add(TRAINER)
             self._emit([ComponentFailed(component=TRAINER, error=reason)])
 
+    def retire(self, replica_id: str) -> None:
+        """A replica is down (``ReplicaDown``, whoever said so): kill its actor if it still lives
+        — its engine died, or its weights or mode are unknown — so it frees its CPUs / GPUs for
+        a replacement and can never answer late; its calls in flight fail and are ignored."""
+        h = self.replicas.get(replica_id)
+        self._down.add(replica_id)
+        self._leave(replica_id)
+        if h is not None:
+            try:
+                ray.kill(h)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
     def _replica_down(self, replica_id: str, reason: str) -> None:
         """Report a replica down once, however many of its calls were in flight when it died."""
         if replica_id not in self._down:
-            self._down.add(replica_id)
-            self._leave(replica_id)
+            self.retire(replica_id)
             self._emit([ReplicaDown(replica_id=replica_id, reason=reason)])
 
     async def _call(self, target: str, cmd: Order) -> None:
@@ -193,6 +206,9 @@ class RayExecutor(TaskExecutor):
                     finally:
                         if send is not None:
                             await send
+        except EngineDead as e:  # a replica whose engine died is a dead replica: free it, resume its samples
+            self._replica_down(target, bounded(f"its inference engine died during {tag_of(cmd)}: {root_cause(e)}"))
+            return
         except RayActorError as e:
             if target == TRAINER:  # the run ends; the Engine restarts it from the last checkpoint
                 self._trainer_down(bounded(f"actor died during {tag_of(cmd)}: {e}"))

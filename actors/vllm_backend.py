@@ -23,6 +23,7 @@ Importing this module is cheap: vLLM is imported lazily in ``start()``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -59,7 +60,7 @@ _LOGPROBS_MODE = "processed_logprobs"
 _FINISH_MAP = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-from shunter.engine.backend import GenParams, GenResult  # noqa: E402 - the shared protocol types
+from shunter.engine.backend import EngineDead, GenParams, GenResult  # noqa: E402 - the shared protocol types
 
 __all__ = ["BackendStartError", "EngineSpec", "GenParams", "GenResult", "VLLMBackend"]
 
@@ -100,6 +101,24 @@ class EngineSpec:
     # always there). Needed for the ``vllm_ipc`` payloads of ``engine.weight_transport``.
     weight_transfer: str = ""
     extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
+
+
+def _engine_call(fn: Any) -> Any:
+    """A call into vLLM: an error that means the engine core is gone (``EngineDeadError``, or
+    any error once the engine reports itself errored) becomes ``EngineDead``."""
+
+    @functools.wraps(fn)
+    async def call(self: VLLMBackend, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(self, *args, **kwargs)
+        except EngineDead:
+            raise
+        except Exception as e:
+            if self.dead(e):
+                raise EngineDead(f"the vLLM engine core is gone ({type(e).__name__}: {e})") from e
+            raise
+
+    return call
 
 
 class VLLMBackend:
@@ -188,6 +207,14 @@ class VLLMBackend:
         self.timings["start_import_s"] = t1 - t0
         self.timings["start_engine_s"] = time.perf_counter() - t1
 
+    def dead(self, error: BaseException | None = None) -> bool:
+        """Whether the engine core died (``error``: what a call just raised)."""
+        try:
+            from vllm.v1.engine.exceptions import EngineDeadError
+        except ImportError:  # pragma: no cover - another vLLM layout
+            EngineDeadError = ()  # noqa: N806
+        return isinstance(error, EngineDeadError) or bool(getattr(self._engine, "errored", False))
+
     def _require(self) -> Any:
         if self._engine is None:
             raise RuntimeError("VLLMBackend used before start() (or after shutdown())")
@@ -224,6 +251,7 @@ class VLLMBackend:
                 return SamplingParams(**kw)
             raise
 
+    @_engine_call
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenParams) -> GenResult:
         """Generate one completion of ``prompt_token_ids``.
 
@@ -295,6 +323,7 @@ class VLLMBackend:
             tokens.append(int(tok))
             logprobs.append(lp)
 
+    @_engine_call
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in-flight requests; their ``generate`` calls return partials.
 
@@ -340,6 +369,7 @@ class VLLMBackend:
 
     # ---------------------------------------------------------------- weights
 
+    @_engine_call
     async def load_weights(self, blob: bytes) -> float:
         """Install a safetensors-serialised HF state dict; returns seconds taken.
 
@@ -417,6 +447,7 @@ class VLLMBackend:
 
     # ------------------------------------------------------------ sleep/wake
 
+    @_engine_call
     async def sleep(self, level: int = 1) -> None:
         """Release accelerator memory (level 1: offload weights, drop KV; level
         2: drop both).  In-flight requests are aborted first and return
@@ -433,6 +464,7 @@ class VLLMBackend:
         await engine.sleep(level)
         self._sleeping = True
 
+    @_engine_call
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-acquire memory.  ``tags`` (GPU only, e.g. ``["weights"]`` then
         ``["kv_cache"]``) allows loading weights before re-allocating the KV

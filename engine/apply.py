@@ -23,6 +23,7 @@ from shunter.engine.intents import Intents
 from shunter.engine.snapshot import CoordinatorSnapshot
 from shunter.engine.state import EngineState, ReplicaState
 from shunter.engine.summary import Tally
+from shunter.engine.supervisor import Supervisor
 from shunter.events import (
     CommandFailed,
     ComponentFailed,
@@ -32,6 +33,7 @@ from shunter.events import (
     Offloaded,
     Onloaded,
     ReplicaDown,
+    ReplicaGivenUp,
     ReplicaUp,
     SampleAborted,
     SampleEnd,
@@ -68,6 +70,7 @@ class Applier:
         cuts: CheckpointCuts,
         finale: Finale,
         tally: Tally,
+        supervisor: Supervisor,
         *,
         emit: Callable[[Event], None],
         end: End,
@@ -77,6 +80,7 @@ class Applier:
         self.state, self.buffer, self.dispatcher, self.inflight = state, buffer, dispatcher, inflight
         self.batches, self.intents, self.cuts, self.finale, self.tally = batches, intents, cuts, finale, tally
         self.emit, self.end, self.snapshot = emit, end, snapshot
+        self.supervisor = supervisor
 
     def apply(self, ev: Event) -> None:
         st = self.state
@@ -127,6 +131,10 @@ class Applier:
                 st.trainer.offloaded |= set(ev.parts)
             case Onloaded():
                 st.trainer.offloaded -= set(ev.parts)
+            case ReplicaGivenUp() if self.supervisor.none_left():
+                self.end("error", error=f"no rollout replica left, none can be replaced; the last lost: {ev.reason}")
+        if (decision := self.supervisor.observe(ev)) is not None:
+            self.emit(decision)
         self.finale.observe(ev)
 
     def restored(self) -> None:

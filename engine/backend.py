@@ -3,7 +3,10 @@
 Invariant: the engine core (``RolloutCore``) sees only this protocol, never vLLM, so the
 same sample loop runs on vLLM (``shunter.actors.vllm_backend``), on the bench simulator,
 and on test fakes. ``generate`` returns the tokens produced so far when a request is
-aborted (``finish_reason == "abort"``): a cut generation loses nothing.
+aborted (``finish_reason == "abort"``): a cut generation loses nothing. A backend whose
+engine is gone for good (its process killed) raises :class:`EngineDead` from every call: the
+replica is then dead as a whole (the executors kill it and report ``ReplicaDown``, so every
+sample it held resumes elsewhere), never a string of failed generations.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ class GenResult:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
+
+
+class EngineDead(RuntimeError):
+    """The inference engine behind a replica died and cannot serve again (vLLM's
+    ``EngineDeadError``: its ``EngineCore`` process is gone)."""
 
 
 class Backend(Protocol):

@@ -168,6 +168,15 @@ class RolloutConfig(_Section):
             "A replica that has not answered a generation call for this long is taken as hung: it is killed, reported down, and its samples resume elsewhere."
         ),
     ] = 1800.0
+    replica_restarts: Annotated[
+        NonNegInt,
+        _d(
+            "A replica that dies (its actor or its inference engine) is replaced, up to this many times per replica slot (rank) within an hour, after a backoff that doubles each time; 0: never replaced. The run ends with an error when no replica is left and none can be replaced."
+        ),
+    ] = 3
+    replica_restart_backoff_s: Annotated[
+        float, _d("Wait before the first replacement of a replica slot (doubles each time, at most 60 s).", ge=0)
+    ] = 2.0
     num_cpus: Annotated[float, _d("Ray CPUs reserved per replica actor (fractional is fine).", ge=0)] = 0.5
     num_gpus: Annotated[
         float,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shunter.engine.backend import EngineDead
 from shunter.engine.errors import describe
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.engine.rollout import RolloutCore
@@ -68,6 +69,9 @@ class LocalExecutor(TaskExecutor):
             else:
                 payload = self.blobs.get(cmd.handle) if isinstance(cmd, InstallWeights | EnterRollout) else None
                 events = await self.replicas[target].handle(cmd, payload, max_tokens=self.max_tokens)
+        except EngineDead as e:  # the replica is dead as a whole, as the Ray executor reports it
+            self.kill(target, reason=f"its inference engine died during {tag_of(cmd)}: {describe(e)}")
+            return
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
             events = [
                 self.stamp(

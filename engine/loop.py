@@ -46,6 +46,7 @@ from shunter.engine.inflight import InFlight
 from shunter.engine.intents import Intents
 from shunter.engine.state import EngineState
 from shunter.engine.summary import Tally
+from shunter.engine.supervisor import Supervisor
 from shunter.events import (
     Batch,
     BufferView,
@@ -158,6 +159,9 @@ class Coordinator:
             snapshot=self.snapshot,
             end=self.end,
         )
+        self.supervisor = Supervisor(
+            self.state, restarts=cfg.rollout.replica_restarts, backoff_s=cfg.rollout.replica_restart_backoff_s
+        )
         self.applier = Applier(
             cfg,
             self.state,
@@ -169,6 +173,7 @@ class Coordinator:
             self.cuts,
             self.finale,
             self.tally,
+            self.supervisor,
             emit=self.emit,
             end=self.end,
             snapshot=self.snapshot,
@@ -305,7 +310,8 @@ class Coordinator:
             sink(msg)
 
     def _stalled(self, stall: float) -> None:
-        if self.state.trainer_driver == "engine" and self.executor.pending() == 0 and self._inbox.empty():
+        quiet = self.executor.pending() == 0 and self._inbox.empty() and not self.supervisor.busy
+        if self.state.trainer_driver == "engine" and quiet:
             v = self.view()
             modes = Counter(r.mode for r in v.replicas)
             self.end(

@@ -61,7 +61,14 @@ from shunter.events.orders import (
     ShedGroups,
     Train,
 )
-from shunter.events.replicas import RankAssigned, RankReleased, ReplicaDown, ReplicaUp
+from shunter.events.replicas import (
+    RankAssigned,
+    RankReleased,
+    ReplicaDown,
+    ReplicaGivenUp,
+    ReplicaRestart,
+    ReplicaUp,
+)
 from shunter.events.rollout import (
     BatchReady,
     GroupDropped,
@@ -136,6 +143,8 @@ __all__ = [
     "RankReleased",
     "Rebalance",
     "ReplicaDown",
+    "ReplicaGivenUp",
+    "ReplicaRestart",
     "ReplicaUp",
     "ReplicaView",
     "RunEnded",

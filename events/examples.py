@@ -63,6 +63,18 @@ CASES: list[e.Message] = [
     e.RankReleased(replica_id="hybrid-1", rank=1, reason="replica.down", **ENV),
     e.ReplicaUp(replica_id="hybrid-1", replica_kind="hybrid", rank=1, mode="trainer", setup_s=3.0, **ENV),
     e.ReplicaDown(replica_id="hybrid-1", reason="actor died", **ENV),
+    e.ReplicaRestart(
+        replica_id="standalone-0",
+        replica_kind="standalone",
+        rank=0,
+        attempt=1,
+        delay_s=2.0,
+        reason="its inference engine died during rollout.generate: EngineDead: the vLLM engine core is gone",
+        **ENV,
+    ),
+    e.ReplicaGivenUp(
+        replica_id="standalone-4", replica_kind="standalone", rank=0, attempts=3, reason="actor died", **ENV
+    ),
     e.ValidateBegin(version=2, prompts=64, replica_ids=["standalone-0"], **ENV),
     e.ValidateEnd(version=2, duration_s=0.5, metrics={"exact": 0.5}, **ENV),
     e.IntentRejected(

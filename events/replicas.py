@@ -56,3 +56,35 @@ class ReplicaDown(Event, frozen=True, kw_only=True, tag="replica.down"):
     replica_id: str
     reason: str
     """Free text: what happened."""
+
+
+class ReplicaRestart(Event, frozen=True, kw_only=True, tag="replica.restart"):
+    """A replica died and is being replaced: a new replica of the same kind starts after
+    ``delay_s`` (a new actor, generation and name; the rank the registry gives, normally the
+    dead one's; it loads the current weights before it serves).
+
+    ``coordinator -> Engine, policy, sinks``: right after the ``ReplicaDown`` (or the failed
+    start of a replacement, ``ComponentFailed``); the Engine starts it as ``add_replica`` does."""
+
+    replica_id: str
+    """The replica that died (its replacement gets a new id, announced by ``RankAssigned``)."""
+    replica_kind: ReplicaKind
+    rank: int
+    attempt: int
+    """1 for the first replacement of this slot within the last hour, 2 for the next …"""
+    delay_s: float
+    reason: str
+
+
+class ReplicaGivenUp(Event, frozen=True, kw_only=True, tag="replica.given_up"):
+    """A dead replica is not replaced: replacements are off (``rollout.replica_restarts = 0``)
+    or its slot used them up (``attempts`` within the last hour). The run goes on with the
+    replicas it has; with none left it ends with an error that says so.
+
+    ``coordinator -> policy, sinks``: instead of a ``ReplicaRestart``."""
+
+    replica_id: str
+    replica_kind: ReplicaKind
+    rank: int
+    attempts: int
+    reason: str

@@ -16,11 +16,12 @@ own clock, so under ``virtual()`` (a ``looptime`` loop) a test never depends on 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from shunter.engine.backend import GenParams, GenResult
+from shunter.engine.backend import EngineDead, GenParams, GenResult
 from shunter.events import Sample
 
 T = TypeVar("T")
@@ -86,7 +87,9 @@ class CharTokenizer:
 
 class FakeBackend:
     """Answers the sort task correctly (sorted prompt digits, then eos), one token per
-    ``token_s``; a resumed request continues after the prefix it is given."""
+    ``token_s``; a resumed request continues after the prefix it is given. ``die()``: its
+    engine is gone, as vLLM's after a ``kill -9`` of its EngineCore (every call, those in
+    flight included, raises ``EngineDead``)."""
 
     def __init__(self, token_s: float = 0.001, answer_len: int | None = None) -> None:
         self.token_s = token_s
@@ -96,11 +99,20 @@ class FakeBackend:
         self.sleeping = False
         self._aborted: set[str] = set()
         self.requests = 0
+        self.dead = False
+
+    def die(self) -> None:
+        self.dead = True
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise EngineDead("the fake engine core is gone")
 
     async def start(self) -> None:
         pass
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenParams) -> GenResult:
+        self._alive()
         assert not self.sleeping, "generate on a sleeping engine"
         self.requests += 1
         tok = CharTokenizer()
@@ -113,14 +125,17 @@ class FakeBackend:
             if request_id in self._aborted:
                 return GenResult(out, [-0.5] * len(out), "abort")
             await asyncio.sleep(self.token_s)
+            self._alive()
             out.append(t)
         finish = "stop" if out and out[-1] == 0 else "length"
         return GenResult(out, [math.log(0.5)] * len(out), finish)
 
     async def abort(self, request_ids: list[str]) -> None:
+        self._alive()
         self._aborted.update(request_ids)
 
     async def load_weights(self, blob: bytes) -> float:
+        self._alive()
         self.weights = blob
         self.loads += 1
         return 0.0
@@ -252,7 +267,7 @@ def local_run(
     from shunter.engine.rollout import RolloutCore
     from shunter.engine.tasks import load_task
     from shunter.engine.trainer_host import TrainerHost
-    from shunter.events import PromptSpec, ReplicaUp, Stamper
+    from shunter.events import PromptSpec, RankAssigned, ReplicaRestart, ReplicaUp, Stamper
     from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
     from shunter.policies import make_policy
 
@@ -262,8 +277,8 @@ def local_run(
         version = CheckpointStore(Path(resume).parent).verify(resume).version
     kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
     backends, cores, ups = {}, {}, []
-    for rank, kind in enumerate(kinds):
-        rid = f"{kind}-{rank}"
+
+    def make(rid: str, kind: str, rank: int) -> ReplicaUp:
         mode = ROLLOUT if kind == STANDALONE else TRAINER
         backends[rid] = FakeBackend(token_s=token_s, answer_len=answer_len)
         if mode == TRAINER:
@@ -278,9 +293,12 @@ def local_run(
             reward_name=getattr(reward, "__name__", "task.reward"),
             version=version,
         )
-        ups.append(
-            ReplicaUp(replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version, wall_time=loop_clock())
+        return ReplicaUp(
+            replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version, wall_time=loop_clock()
         )
+
+    for rank, kind in enumerate(kinds):
+        ups.append(make(f"{kind}-{rank}", kind, rank))
     trainer = FakeTrainerCore(step_s=step_s)
     if resume is not None:
         trainer.load(resume)
@@ -312,6 +330,22 @@ def local_run(
     )
     if resume is not None:
         coord.restore(snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
+    made = itertools.count(len(kinds))
+
+    def replace(m) -> None:  # what Engine does on ReplicaRestart: a new replica after the delay
+        if isinstance(m, ReplicaRestart):
+            asyncio.get_running_loop().call_later(m.delay_s, start, m)
+
+    def start(m: ReplicaRestart) -> None:
+        if coord.ended is not None:
+            return
+        rid = f"{m.replica_kind}-{next(made)}"
+        up = make(rid, m.replica_kind, m.rank)
+        stamp = {"run_id": run_id, "source": "engine", "wall_time": loop_clock()}
+        coord.post(RankAssigned(replica_id=rid, replica_kind=m.replica_kind, rank=m.rank, actor_name=rid, **stamp))
+        coord.post(up)
+
+    coord.sinks.append(replace)
     coord.post_many(ups)
     return coord, backends, trainer
 

@@ -56,9 +56,7 @@ def test_same_seed_same_event_log_other_seed_other_log():
     codec = Codec()
 
     def log(run):
-        return [
-            codec.encode(msgspec.structs.replace(m, seq=0)) for m in run.messages if not isinstance(m, PolicySlow)
-        ]
+        return [codec.encode(msgspec.structs.replace(m, seq=0)) for m in run.messages if not isinstance(m, PolicySlow)]
 
     a = run_sim(config(), SMALL, seed=3)
     b = run_sim(config(), SMALL, seed=3)

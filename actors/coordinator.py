@@ -177,6 +177,7 @@ class CoordinatorActor:
     async def start(self, initial: bytes) -> None:
         """Post the replicas' opening events (ReplicaUp, RankAssigned ...) and start the loop."""
         self.ingest(initial, "engine")
+        self.executor.watch_all()
         if (fix := self.log.repaired) is not None:
             self.core.post(
                 self.core.stamp(

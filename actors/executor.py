@@ -22,7 +22,7 @@ import asyncio
 
 import msgspec
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import OwnerDiedError, RayActorError
 
 from shunter.actors.wire import codec, root_cause
 from shunter.engine.backend import EngineDead
@@ -73,11 +73,38 @@ class RayExecutor(TaskExecutor):
         self.kinds: dict[str, str] = {}  # replica id -> kind (from ReplicaUp)
         self.places: dict[str, tuple[str, tuple[str, ...]]] = {}  # component -> (node, GPU ids), from ComponentPlaced
         self._joins: dict[str, asyncio.Future] = {}  # replica id -> its weight-group join
+        self._watches: dict[str, asyncio.Task] = {}  # component -> the call that reports its death
 
     def add_replica(self, replica_id: str, handle) -> None:
         self.replicas[replica_id] = handle
         self._down.discard(replica_id)
         self._joins.pop(replica_id, None)
+        self.watch(replica_id)
+
+    def watch(self, target: str) -> None:
+        """Keep one call open on ``target`` (``watch()`` never returns) so that its death is
+        reported at once — an idle trainer or a sleeping replica is called by nobody else."""
+        handle = self.trainer if target == TRAINER else self.replicas[target]
+
+        async def watching() -> None:
+            try:
+                await handle.watch.remote()
+            except RayActorError as e:
+                if target == TRAINER:
+                    self._trainer_down(bounded(f"actor died: {e}"))
+                else:
+                    self._replica_down(target, bounded(f"actor died: {e}"))
+            except Exception:  # noqa: BLE001 - no watch (an older actor), or the call was cancelled
+                pass
+
+        old = self._watches.pop(target, None)
+        if old is not None:
+            old.cancel()
+        self._watches[target] = asyncio.get_running_loop().create_task(watching())
+
+    def watch_all(self) -> None:
+        for target in [TRAINER, *self.replicas]:
+            self.watch(target)
 
     # -- weight groups (collective transports) ----------------------------------------------
     def _grouped(self, replica_id: str) -> bool:
@@ -214,6 +241,9 @@ class RayExecutor(TaskExecutor):
                 self._trainer_down(bounded(f"actor died during {tag_of(cmd)}: {e}"))
             else:  # the coordinator resumes the replica's samples elsewhere; nothing is dropped
                 self._replica_down(target, bounded(f"actor died during {tag_of(cmd)}: {e}"))
+            return
+        except OwnerDiedError as e:  # the weights' owner is the trainer: it is the one that died
+            self._trainer_down(bounded(f"the weights sent with {tag_of(cmd)} to {target} died with their owner: {e}"))
             return
         except TimeoutError:
             if target == TRAINER:  # hung: kill it so it cannot answer late, and report it down

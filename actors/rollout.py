@@ -123,6 +123,12 @@ class RolloutWorker:
             await self._on_engine_loop(self.core.shutdown())
             await self._on_engine_loop(self.core.backend.shutdown())
 
+    @ray.method(concurrency_group="watch")
+    async def watch(self) -> None:
+        """Never returns: the executor keeps one call open so that the death of this process
+        is known at once, even while nothing else is asked of it (a replica asleep)."""
+        await asyncio.Event().wait()
+
     @ray.method(concurrency_group="control")
     async def where(self) -> dict:
         """Node and GPUs of this actor (``ComponentPlaced``)."""
@@ -146,4 +152,4 @@ class _Tok:
 
 
 def remote_class():
-    return ray.remote(concurrency_groups={"control": 8, "generate": 100_000})(RolloutWorker)
+    return ray.remote(concurrency_groups={"control": 8, "generate": 100_000, "watch": 1})(RolloutWorker)

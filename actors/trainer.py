@@ -7,6 +7,7 @@ executor's handle table, and Ray resolves it on the replica that loads it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import msgspec
@@ -38,7 +39,6 @@ class TrainerWorker:
         self.host = None
 
     async def setup(self) -> float:
-        import asyncio
 
         from transformers import AutoTokenizer
 
@@ -68,6 +68,11 @@ class TrainerWorker:
     async def control(self, data: bytes) -> tuple[bytes, list]:
         events, blob = await self.host.handle(decode_order(data))
         return encode_events(events), ([ray.put(blob)] if blob is not None else [])
+
+    async def watch(self) -> None:
+        """Never returns: the executor keeps one call open so that the death of this process
+        is known at once, even while nothing else is asked of it."""
+        await asyncio.Event().wait()
 
     async def where(self) -> dict:
         """Node and GPUs of this actor (``ComponentPlaced``)."""

@@ -116,3 +116,41 @@ async def test_hung_trainer_is_killed_and_reported_failed_naming_it(ray_cluster)
     assert "within run.timeout_s = 1s; killed" in got[0].error
     with pytest.raises(ray_cluster.exceptions.RayActorError):
         await hung.control.remote(b"")
+
+
+class Idle:
+    """Asked nothing; ``watch()`` never returns (as the real trainer and replicas)."""
+
+    async def watch(self) -> None:
+        await asyncio.Event().wait()
+
+    async def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+@pytest.mark.parametrize("target", ["trainer", "hybrid-0"])
+async def test_an_idle_component_killed_by_the_os_is_reported_at_once(ray_cluster, target):
+    """Was (issue 14): a trainer killed while it waited for a batch went unnoticed — nothing
+    called it — and replacement replicas failed one after another fetching weights it owned."""
+    import os
+    import signal
+
+    actor = ray_cluster.remote(num_cpus=0, max_restarts=0)(Idle).remote()
+    pid = await actor.pid.remote()
+    ex = RayExecutor(
+        "t", actor if target == "trainer" else None, {} if target == "trainer" else {target: actor}, timeout_s=5
+    )
+    got = []
+    died = asyncio.Event()
+    ex.bind(lambda evs: (got.extend(evs), died.set()))
+    ex.watch(target)
+    os.kill(pid, signal.SIGKILL)
+    async with asyncio.timeout(30):
+        await died.wait()
+    (ev,) = got
+    if target == "trainer":
+        assert isinstance(ev, ComponentFailed) and ev.component == "trainer" and "actor died" in ev.error
+    else:
+        assert isinstance(ev, ReplicaDown) and ev.replica_id == target

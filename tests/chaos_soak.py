@@ -1,0 +1,250 @@
+"""Operator chaos soak: real ``shunter run`` processes under real signals, checked from their
+event logs. Each run trains the sort task on CPU (vLLM + torch) while a seeded schedule sends,
+at seeded moments (after a seeded step, plus a seeded fraction of a second):
+
+- ``kill -9`` to the replica's actor process (``ray::RolloutWorker``), to its vLLM engine
+  process (``VLLM::EngineCore``), to the trainer (``ray::TrainerWorker``), to the coordinator
+  (``ray::CoordinatorActor``) — the run must heal by itself;
+- ``kill -9`` to the driver (``shunter run`` itself), SIGTERM to it, or Ctrl-C (SIGINT to its
+  whole process group, as a terminal sends it) — the operator then runs ``--resume``.
+
+Checked per run, from ``events.bin``: every prompt up to the last trained one trained exactly
+once (``on_stale = "wait"``: nothing skipped), every optimizer step counted once, the run
+completed, no hang (each process bounded), no process left behind by a clean stop, and the
+batch reward of the last steps above that of the first. Prints a JSON report:
+
+    .venv/bin/python tests/chaos_soak.py --runs 30 --seed 1 --out bench/results/chaos_soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+HEALS = ("replica", "engine_core", "trainer", "coordinator")
+"""Processes whose death the run heals by itself."""
+STOPS = ("driver_kill", "sigterm", "ctrl_c")
+"""Signals after which the operator resumes the run."""
+PROCESS = {
+    "replica": "ray::RolloutWorker",
+    "engine_core": "VLLM::EngineCore",
+    "trainer": "ray::TrainerWorker",
+    "coordinator": "ray::CoordinatorActor",
+}
+
+
+def config(folder: Path, model: str, steps: int) -> Path:
+    text = (ROOT / "examples" / "sort_separate.toml").read_text()
+    cfg = folder / "job.toml"
+    cfg.write_text(
+        text.replace('path = ".shunter/models/sort-tiny"', f'path = "{model}"')
+        .replace('output_dir = "runs"', f'output_dir = "{folder / "runs"}"')
+        .replace("total_steps = 700", f"total_steps = {steps}")
+        .replace("checkpoint_every = 50", "checkpoint_every = 4\nmax_restarts = 50")
+        .replace("every = 50", "every = 0")
+        .replace("max_in_flight_per_replica = 256", "max_in_flight_per_replica = 256\nreplica_restarts = 20")
+    )
+    return cfg
+
+
+def start(cfg: Path, run: Path, resume: bool) -> tuple[subprocess.Popen, object]:
+    err = open(run.parent.parent / f"stderr-{time.time_ns()}.txt", "w")  # noqa: SIM115 - closed by the caller
+    args = ["--resume", str(run)] if resume else ["--run-id", run.name]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shunter.cli", "run", str(cfg), "--no-progress", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        env=env,
+        start_new_session=True,
+    )
+    return proc, err
+
+
+def steps_done(log: Path) -> int:
+    from shunter.events import LogReader, StepEnd
+
+    if not log.is_file():
+        return 0
+    return max((m.step for m in LogReader(log) if isinstance(m, StepEnd)), default=0)
+
+
+def find(proc: subprocess.Popen, name: str) -> psutil.Process | None:
+    try:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if p.name().startswith(name) or " ".join(p.cmdline()).startswith(name):
+                    return p
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return None
+
+
+def group_left(pgid: int) -> list[str]:
+    out = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if os.getpgid(p.info["pid"]) == pgid:
+                out.append(p.info["name"])
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+
+
+def one_run(i: int, rng: random.Random, model: str, steps: int, actions: int, timeout_s: float) -> dict:
+    from shunter.engine.records import trained_groups
+    from shunter.events import LogReader, RunEnded, StepEnd
+
+    folder = Path(tempfile.mkdtemp(prefix=f"chaos{i}-"))
+    cfg = config(folder, model, steps)
+    run = folder / "runs" / f"chaos-{i}"
+    log = run / "events.bin"
+    kinds = HEALS + STOPS
+    schedule = sorted((rng.randint(6, steps - 4), rng.choice(kinds), rng.random() * 2) for _ in range(actions))
+    res: Counter = Counter()
+    fired: list[str] = []
+    resume = False
+    t0 = time.monotonic()
+    try:
+        while True:
+            proc, err = start(cfg, run, resume)
+            deadline = time.monotonic() + timeout_s
+            stopped = False
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    res["hangs"] += 1
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                if schedule and steps_done(log) >= schedule[0][0]:
+                    _, kind, extra = schedule.pop(0)
+                    time.sleep(extra)  # a seeded moment within the step, not a synchronisation
+                    if send(proc, kind):
+                        fired.append(kind)
+                        stopped = kind in STOPS
+                        if stopped:
+                            break
+                time.sleep(0.2)
+            rc = wait(proc, 300)
+            err.close()
+            if rc is None:
+                res["hangs"] += 1
+            left = group_left(proc.pid)
+            if left:
+                res["processes_left_after_" + ("kill" if fired and fired[-1] == "driver_kill" else "exit")] += 1
+                os.killpg(proc.pid, signal.SIGKILL)
+            if stopped:
+                res["resumes"] += 1
+                resume = True
+                continue
+            res["exit_status"] = rc
+            break
+        msgs = list(LogReader(log))
+        ended = [m for m in msgs if isinstance(m, RunEnded)]
+        counted = trained_groups(log)
+        groups = Counter(g for _, gs in counted for g in gs)
+        rewards = [m.metrics.get("batch/reward_mean", 0.0) for m in msgs if isinstance(m, StepEnd)]
+        k = max(3, len(rewards) // 5)
+        res.update(
+            {
+                "completed": int(bool(ended) and ended[-1].reason == "completed" and rc == 0),
+                "steps_counted": len(counted),
+                "steps_missing": abs(steps - len(counted)),
+                "groups_trained": len(groups),
+                "groups_trained_twice": sum(v > 1 for v in groups.values()),
+                "prompts_skipped": (max(groups) + 1 - len(groups)) if groups else 0,
+                "reward_first": round(sum(rewards[:k]) / k, 3) if rewards else 0.0,
+                "reward_last": round(sum(rewards[-k:]) / k, 3) if rewards else 0.0,
+                "restarts_from_checkpoint": sum(1 for m in msgs if type(m).__name__ == "RunResumed"),
+                "replicas_replaced": sum(1 for m in msgs if type(m).__name__ == "ReplicaRestart"),
+            }
+        )
+        if not res["completed"]:
+            res["stderr_tail"] = Path(err.name).read_text()[-2000:]
+    finally:
+        res["wall_s"] = round(time.monotonic() - t0, 1)
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"run": i, "signals": fired, **res}
+
+
+def send(proc: subprocess.Popen, kind: str) -> bool:
+    if kind == "driver_kill":
+        os.kill(proc.pid, signal.SIGKILL)
+    elif kind == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    elif kind == "ctrl_c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        target = find(proc, PROCESS[kind])
+        if target is None:
+            return False
+        target.kill()
+    return True
+
+
+def wait(proc: subprocess.Popen, timeout_s: float) -> int | None:
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return None
+
+
+def soak(runs: int, seed: int, model: str, steps: int = 40, actions: int = 4, timeout_s: float = 900) -> dict:
+    rng = random.Random(seed)
+    per_run = [one_run(i, rng, model, steps, actions, timeout_s) for i in range(runs)]
+    total: Counter = Counter()
+    signals: Counter = Counter()
+    for r in per_run:
+        signals.update(r["signals"])
+        total.update(
+            {k: v for k, v in r.items() if isinstance(v, int | float) and k not in ("run", "exit_status", "wall_s")}
+        )
+    return {
+        "runs": runs,
+        "seed": seed,
+        "steps_per_run": steps,
+        "signals": dict(signals),
+        "signals_total": sum(signals.values()),
+        "totals": {k: round(v, 3) for k, v in total.items() if not k.startswith("reward")},
+        "runs_reward_rose": sum(r.get("reward_last", 0) > r.get("reward_first", 0) for r in per_run),
+        "per_run": per_run,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--actions", type=int, default=4, help="signals per run")
+    ap.add_argument("--model", default=str(ROOT / ".shunter" / "models" / "sort-tiny"))
+    ap.add_argument("--out", help="also write the report here (JSON)")
+    args = ap.parse_args()
+    if not (Path(args.model) / "config.json").is_file():
+        from shunter.engine.tiny_model import build_tiny_model
+
+        build_tiny_model(Path(args.model), "sort_digits", seed=0, sft_steps=25)
+    report = soak(args.runs, args.seed, args.model, args.steps, args.actions)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

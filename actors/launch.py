@@ -218,6 +218,16 @@ class Launcher:
         self.actors.clear()
         self.coordinator = None
 
+    def _discard(self, h: Any) -> None:
+        import ray
+
+        try:
+            ray.kill(h)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        if h in self.actors:
+            self.actors.remove(h)
+
     def _fits(self, what: str, cpus: float, gpus: float, *, total: bool = False) -> None:
         """``EngineSetupError`` now, instead of an actor Ray can never schedule (it would wait
         for resources for ever): the cluster's total (a whole attempt) or free (one more actor)
@@ -264,14 +274,14 @@ class Launcher:
             for comp, w in zip(actors, found, strict=True)
         ]
 
-    def replica_up(self, rid: str, kind: ReplicaKind, rank: int, setup_s: float) -> ReplicaUp:
+    def replica_up(self, rid: str, kind: ReplicaKind, rank: int, setup_s: float, *, mid_run: bool = False) -> ReplicaUp:
         return ReplicaUp(
             replica_id=rid,
             replica_kind=kind,
             rank=rank,
             mode=ROLLOUT if kind == STANDALONE else TRAINER,
             setup_s=setup_s,
-            version=self.serve[1],
+            version=0 if mid_run else self.serve[1],
             run_id=self.run_id,
             source="engine",
             wall_time=time.time(),
@@ -290,7 +300,9 @@ class Launcher:
         rid = f"{kind}-{i}"
         rank, name, evs = await self.registry.register.remote(rid, kind)
         binds = cfg.rollout.cpu_bind
-        model_dir, version = self.serve
+        # mid-run: the base model (a checkpoint's copy may be pruned by now); the coordinator
+        # brings the replica to the current weights before it serves
+        model_dir, version = (self.model_dir, 0) if mid_run else self.serve
         slot = self._placer.replica_slot(rid, kind, name, NAMESPACE) if self._placer else None
         h = (
             rollout.remote_class()
@@ -326,12 +338,13 @@ class Launcher:
         try:
             setup_s = await self._setup(rid, h.setup.remote())
         except EngineSetupError as e:
+            self._discard(h)  # it holds CPUs / GPUs a next try needs
             failed = ComponentFailed(
                 component=rid, error=str(e), run_id=self.run_id, source="engine", wall_time=time.time()
             )
             await self.coordinator.ingest.remote(self.codec.encode_batch([failed]), "engine")
             raise
-        up = self.replica_up(rid, kind, rank, setup_s)
+        up = self.replica_up(rid, kind, rank, setup_s, mid_run=True)
         opening = [*opening, *await self.placed({rid: h}), up]
         await self.coordinator.add_replica.remote(rid, h, self.codec.encode_batch(opening))
         return up

@@ -105,6 +105,11 @@ class Engine:
         return self._launch.attempt if self._launch is not None else 0
 
     @property
+    def reaped(self) -> list[str]:
+        """Processes a killed earlier driver of this run left running, ended at start."""
+        return list(self._launch.reaped) if self._launch is not None else []
+
+    @property
     def registry(self) -> Any:
         return self._launch.registry if self._launch is not None else None
 

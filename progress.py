@@ -43,6 +43,11 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
         async with engine:
             _stop_on_sigterm()  # again: ray.init() put its own handler (exit at once) in place
             print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
+            if engine.reaped:
+                print(
+                    f"ended {len(engine.reaped)} processes the killed run left: {', '.join(engine.reaped)}",
+                    file=sys.stderr,
+                )
             ended = await _follow(engine, bar)
     except asyncio.CancelledError:  # Ctrl-C / SIGTERM: leaving the block stopped the run (at a consistent cut)
         bar.close()

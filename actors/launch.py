@@ -27,6 +27,8 @@ from shunter.events import Codec, ComponentFailed, ComponentPlaced, ComponentRea
 from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
 
 NAMESPACE = "shunter"
+RAY_SESSION = "ray_session"
+"""In the run folder: the session folder of the local Ray cluster the run started."""
 
 
 class Launcher:
@@ -44,6 +46,8 @@ class Launcher:
         self._made = 0
         self._placer: Any = None  # actors.placement.Placer when the config asks for GPUs
         self._slots: dict[str, int] = {}  # component -> its placement-group bundle
+        self.reaped: list[str] = []
+        """Processes a killed earlier attempt of this run left running, ended at ``open``."""
 
     # -- the cluster ---------------------------------------------------------------------
     async def open(self) -> None:
@@ -52,8 +56,15 @@ class Launcher:
         from shunter.engine.placement import plan
 
         self.model_dir = self._ensure_model()
-        self._init_ray()
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.reaped = reap_orphans(self.out_dir / RAY_SESSION)
+        self._init_ray()
+        if self.owns_ray:
+            import ray
+
+            node = ray._private.worker._global_node
+            if node is not None:
+                (self.out_dir / RAY_SESSION).write_text(node.get_session_dir_path())
         layout = plan(self.cfg)
         if layout is not None:
             from shunter.actors.placement import Placer
@@ -366,3 +377,28 @@ def local_only() -> None:
 
     os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def reap_orphans(record: Path) -> list[str]:
+    """End the processes of the local Ray cluster an earlier driver of this run started and
+    left behind when it was killed (``kill -9`` of ``shunter run``: Ray's GCS, raylet and
+    workers die with it, but its dashboard and runtime-env agents live on, orphaned). Only
+    processes that name that cluster's session folder and whose parent is gone are touched.
+    Returns their names."""
+    import psutil
+
+    try:
+        session = record.read_text().strip()
+    except OSError:
+        return []
+    if not session or not Path(session).is_absolute():
+        return []
+    gone = []
+    for p in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
+        try:
+            if p.info["ppid"] == 1 and session in " ".join(p.info["cmdline"] or ()):
+                p.kill()
+                gone.append(p.info["name"])
+        except psutil.Error:
+            continue
+    return gone

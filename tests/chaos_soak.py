@@ -106,7 +106,16 @@ def group_left(pgid: int) -> list[str]:
     return out
 
 
-def one_run(i: int, rng: random.Random, model: str, steps: int, actions: int, timeout_s: float) -> dict:
+def one_run(
+    i: int,
+    rng: random.Random,
+    model: str,
+    steps: int,
+    actions: int,
+    timeout_s: float,
+    schedule: list[tuple[int, str, float]] | None = None,
+) -> dict:
+    """One run under ``schedule`` (step, signal kind, seconds after that step) or a seeded one."""
     from shunter.engine.records import trained_groups
     from shunter.events import LogReader, RunEnded, StepEnd
 
@@ -115,8 +124,11 @@ def one_run(i: int, rng: random.Random, model: str, steps: int, actions: int, ti
     run = folder / "runs" / f"chaos-{i}"
     log = run / "events.bin"
     kinds = HEALS + STOPS
-    schedule = sorted((rng.randint(6, steps - 4), rng.choice(kinds), rng.random() * 2) for _ in range(actions))
+    if schedule is None:
+        schedule = [(rng.randint(6, steps - 4), rng.choice(kinds), rng.random() * 2) for _ in range(actions)]
+    schedule = sorted(schedule)
     res: Counter = Counter()
+    names: Counter = Counter()  # processes left behind, by name
     fired: list[str] = []
     resume = False
     t0 = time.monotonic()
@@ -145,7 +157,9 @@ def one_run(i: int, rng: random.Random, model: str, steps: int, actions: int, ti
                 res["hangs"] += 1
             left = group_left(proc.pid)
             if left:
-                res["processes_left_after_" + ("kill" if fired and fired[-1] == "driver_kill" else "exit")] += 1
+                how = "kill" if fired and fired[-1] == "driver_kill" and stopped else "exit"
+                res["processes_left_after_" + how] += 1
+                names.update(f"{how}:{n}" for n in left)
                 os.killpg(proc.pid, signal.SIGKILL)
             if stopped:
                 res["resumes"] += 1
@@ -178,7 +192,7 @@ def one_run(i: int, rng: random.Random, model: str, steps: int, actions: int, ti
     finally:
         res["wall_s"] = round(time.monotonic() - t0, 1)
         shutil.rmtree(folder, ignore_errors=True)
-    return {"run": i, "signals": fired, **res}
+    return {"run": i, "signals": fired, "left_behind": dict(names), **res}
 
 
 def send(proc: subprocess.Popen, kind: str) -> bool:

@@ -102,6 +102,8 @@ class Finale:
 
     def observe(self, msg: Message) -> None:
         """Facts the current phase waits for (before the policy sees ``msg``)."""
+        if self.phase == "running":
+            return
         self._quiet = isinstance(msg, LoopIdle)
         if self.phase == "cycling" and self._at_cut():
             self.phase = "draining"  # the cycle's publish is in: stop here, before the next step

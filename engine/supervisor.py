@@ -25,6 +25,7 @@ from shunter.engine.state import EngineState
 from shunter.events import ComponentFailed, Event, RankAssigned, ReplicaDown, ReplicaGivenUp, ReplicaRestart, ReplicaUp
 from shunter.events.vocab import DOWN, ReplicaKind
 
+_FOLLOWED = frozenset({RankAssigned, ReplicaUp, ReplicaDown, ComponentFailed})
 WINDOW_S = 3600.0
 MAX_BACKOFF_S = 60.0
 
@@ -47,6 +48,8 @@ class Supervisor:
 
     def observe(self, ev: Event) -> Event | None:
         """Follow a fact; the decision it calls for, if any (a restart, or giving up)."""
+        if type(ev) not in _FOLLOWED:
+            return None
         match ev:
             case RankAssigned():
                 self._slots[ev.replica_id] = (ev.replica_kind, ev.rank)

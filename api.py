@@ -142,7 +142,16 @@ class Engine:
             except RegistryStateError as e:
                 raise EngineSetupError(f"cannot resume run {self.run_id}: {e}") from None
             return
-        held = [n for n in ("events.bin", "checkpoints", "registry.msgpack") if (self.out_dir / n).exists()]
+        d = self.out_dir
+        held = [
+            name
+            for name, holds in (
+                ("events.bin", lambda p: p.is_file() and p.stat().st_size > 0),
+                ("checkpoints", lambda p: p.is_dir() and any(p.iterdir())),
+                ("registry.msgpack", lambda p: p.is_file()),
+            )
+            if holds(d / name)
+        ]
         if held:
             raise EngineSetupError(
                 f"run folder {self.out_dir} already holds run {self.run_id!r} ({', '.join(held)}): continue it "

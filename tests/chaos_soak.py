@@ -70,6 +70,7 @@ def start(cfg: Path, run: Path, resume: bool) -> tuple[subprocess.Popen, object]
         stderr=err,
         env=env,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal, even in `cmd &`
     )
     return proc, err
 
@@ -150,6 +151,8 @@ def one_run(
                         stopped = kind in STOPS
                         if stopped:
                             break
+                    else:
+                        res["signals_missed"] += 1
                 time.sleep(0.2)
             rc = wait(proc, 300)
             err.close()
@@ -203,9 +206,11 @@ def send(proc: subprocess.Popen, kind: str) -> bool:
     elif kind == "ctrl_c":
         os.killpg(proc.pid, signal.SIGINT)
     else:
-        target = find(proc, PROCESS[kind])
-        if target is None:
-            return False
+        deadline = time.monotonic() + 10
+        while (target := find(proc, PROCESS[kind])) is None:  # it may be between lives (a replacement starting)
+            if time.monotonic() > deadline or proc.poll() is not None:
+                return False
+            time.sleep(0.2)
         target.kill()
     return True
 

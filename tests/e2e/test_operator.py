@@ -51,7 +51,14 @@ def _shunter(*args: str) -> subprocess.Popen:
         text=True,
         env=env,
         start_new_session=True,  # its own process group, as a terminal would start it
+        preexec_fn=_as_from_a_terminal,
     )
+
+
+def _as_from_a_terminal() -> None:
+    """SIGINT as a terminal leaves it: a test runner started in the background (``cmd &``)
+    ignores SIGINT, and a child would inherit that (Python keeps an ignored SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _steps(log: Path) -> int:

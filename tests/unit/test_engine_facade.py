@@ -45,12 +45,18 @@ async def test_a_new_run_under_a_used_run_id_is_refused_before_anything_starts(t
     """Was: re-running a finished run's id without --resume inherited its leases (same actor
     names with no RankAssigned, or a stale lease holding a rank) and appended to its log."""
     (tmp_path / "job").mkdir()
-    (tmp_path / "job" / held).write_bytes(b"old")
+    if held == "checkpoints":
+        (tmp_path / "job" / held).mkdir()
+        (tmp_path / "job" / held / "step-00000002").write_bytes(b"old")
+        held_file = tmp_path / "job" / held / "step-00000002"
+    else:
+        held_file = tmp_path / "job" / held
+        held_file.write_bytes(b"old")
     engine = Engine(from_dict({"run": {"output_dir": str(tmp_path)}}), run_id="job")
     with pytest.raises(EngineSetupError, match="already holds run 'job'.*--resume") as err:
         await engine.start()
     assert held in str(err.value) and engine._launch is None  # Ray and the model were never touched
-    assert (tmp_path / "job" / held).read_bytes() == b"old"
+    assert held_file.read_bytes() == b"old"
 
 
 @virtual_time

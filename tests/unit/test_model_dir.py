@@ -50,14 +50,17 @@ def test_a_model_folder_passes(tmp_path):
 
 
 def test_shunter_run_says_so_before_ray_starts(tmp_path, capsys, monkeypatch):
-    import ray
+    from shunter.actors.launch import Launcher
 
+    def no_ray(self):
+        raise AssertionError("Ray was started for a run that cannot start")
+
+    monkeypatch.setattr(Launcher, "_init_ray", no_ray)
     cfg = tmp_path / "job.toml"
     cfg.write_text(f'[model]\npath = "{tmp_path / "nowhere"}"\nbuild_tiny = ""\n[run]\noutput_dir = "{tmp_path}"\n')
     assert main(["run", str(cfg), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "the run did not start: model.path" in err and "does not exist" in err and "Traceback" not in err
-    assert not ray.is_initialized()
 
 
 @pytest.mark.parametrize("steps", ["0", "-3", "ten"])

@@ -302,3 +302,21 @@ async def test_the_final_checkpoint_follows_the_final_validation(tmp_path):
     assert kinds.index("ValidateEnd", len(kinds) - kinds[::-1].index("Validate") - 1) < len(kinds) - 1 - kinds[
         ::-1
     ].index("CheckpointSaved")
+
+
+@virtual_time
+async def test_a_resumed_run_says_what_the_resolver_passed_over():
+    """The skipped checkpoints reach the event log and the terminal (``RunResumed.skipped``)."""
+    from fakes import run_to_end
+
+    from shunter.events import RunResumed
+
+    c = _config(total_steps=2, checkpoint_every=0)
+    first, _, _ = local_run(c)
+    snap = first.snapshot()
+    coord, _, _ = local_run(c)
+    skipped = {"step-00000012": "runs/r/checkpoints/step-00000012: trainer.pt is missing"}
+    coord.restore(snap, checkpoint="runs/r/checkpoints/step-00000010", skipped=skipped)
+    ended, seen = await run_to_end(coord)
+    (resumed,) = [m for m in seen if isinstance(m, RunResumed)]
+    assert resumed.skipped == skipped and ended.reason == "completed"

@@ -176,8 +176,7 @@ class Engine:
         self._check_run_folder()
         self._launch = Launcher(self.cfg, self.run_id, self.out_dir)
         await self._launch.open()
-        self.coordinator = await self._launch.start_attempt(self._resume)
-        self._supervise()
+        await self._start_attempt(self._resume, "")
 
     async def _restart(self, reason: str) -> bool:
         """The trainer or the coordinator died: start the run again from its last
@@ -191,9 +190,29 @@ class Engine:
         await self._launch.stop_attempt()
         self._launch.attempt += 1
         self._resume, self._restart_reason = found, reason
-        self.coordinator = await self._launch.start_attempt(found, reason)
-        self._supervise()
+        await self._start_attempt(found, reason)
         return True
+
+    async def _start_attempt(self, found: Found | None, reason: str) -> None:
+        """Start an attempt. One that resumes from a checkpoint and loses a component while it
+        starts (a kill landing during a restart or a resume) is started again from the newest
+        checkpoint, within ``run.max_restarts``; any other failure to start is raised."""
+        from ray.exceptions import RayActorError
+
+        while True:
+            try:
+                self.coordinator = await self._launch.start_attempt(found, reason)
+                break
+            except EngineSetupError as e:
+                died = isinstance(e.__cause__, RayActorError)
+                if found is None or not died or self._launch.attempt >= self.cfg.run.max_restarts:
+                    raise
+                await self._launch.stop_attempt()
+                self._launch.attempt += 1
+                found = CheckpointStore(self.out_dir / "checkpoints").latest() or found
+                reason = f"a component died while the previous attempt started: {e}"
+                self._resume, self._restart_reason = found, reason
+        self._supervise()
 
     # -- replacing dead replicas ---------------------------------------------------------------
     def _supervise(self) -> None:

@@ -30,16 +30,11 @@ STOP_AFTER = 11  # mid-cycle (parameter_sync_step = 2)
 
 
 def _config(folder: Path, tiny_model: str) -> Path:
-    text = (ROOT / "examples" / "sort_separate.toml").read_text()
-    cfg = folder / "job.toml"
-    cfg.write_text(
-        text.replace('path = ".shunter/models/sort-tiny"', f'path = "{tiny_model}"')
-        .replace('output_dir = "runs"', f'output_dir = "{folder / "runs"}"')
-        .replace("total_steps = 700", f"total_steps = {STEPS}")
-        .replace("checkpoint_every = 50", "checkpoint_every = 4")
-        .replace("every = 50", "every = 0")
-    )
-    return cfg
+    """The chaos soak's config (the sort example, short, checkpoints every 4 steps)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import chaos_soak
+
+    return chaos_soak.config(folder, tiny_model, STEPS)
 
 
 def _shunter(*args: str) -> subprocess.Popen:

@@ -24,7 +24,7 @@ from shunter.engine import snapshot
 from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.errors import bounded, describe
 from shunter.engine.loop import Coordinator
-from shunter.engine.records import EventLog, Feed, LogSink, MetricsSink, make_logger
+from shunter.engine.records import RunSinks
 from shunter.engine.tasks import load_task
 from shunter.events import (
     BatchReady,
@@ -104,13 +104,10 @@ class CoordinatorActor:
             weight_group=wt if wt in ("nccl", "gloo") else "",
             group_timeout_s=self.cfg.trainer.weight_group_timeout_s,
         )
-        self.feed = Feed()
         self.waiters = Waiters()
         self.last_ready: WeightsReady | None = None
-        self.log = EventLog(self.out / "events.bin")
-        self.metrics = MetricsSink(
-            self.out / "metrics.jsonl", self.out / "tensorboard", extra=lambda: self.core.guard.metrics()
-        )
+        self.sinks = RunSinks.open(self.out, extra=lambda: self.core.guard.metrics())
+        self.log, self.metrics, self.feed = self.sinks.log, self.sinks.metrics, self.sinks.feed
         self.user = Stamper(run_id, "user")
         task = load_task(self.cfg.task.name)
         prompts = (
@@ -129,10 +126,7 @@ class CoordinatorActor:
             run_id=run_id,
             validation_prompts=val,
             sinks=[
-                self.log,
-                LogSink(make_logger(self.out / "run.log")),
-                self.metrics,
-                self.feed,
+                *self.sinks,
                 self.waiters,
                 self._release_dead,
                 self._remember,
@@ -324,8 +318,7 @@ class CoordinatorActor:
 
     async def close(self) -> None:
         await self.executor.close()
-        self.log.close()
-        self.metrics.close()
+        self.sinks.close()
 
 
 def _answers(m: Message, intent: Intent) -> bool:

@@ -9,8 +9,10 @@ simulated one are measured by the same code.
   ``SampleResumed``, -1 at ``SampleEnd`` / ``SampleAborted``), counted while the replica is
   in rollout mode (standalone from the start, hybrid between ``ModeChanged`` events);
 - idle fraction = 1 - busy / span, span = first ``RunStarted`` to ``RunEnded``;
-- ideal overlap step time = max(trainer busy, mean replica busy) / steps: the step time if
-  generation and training + sync overlapped perfectly with the same work.
+- the work of each optimizer step (``work()``: response tokens and longest response of the
+  groups it trained, its duration plus the publish after it) — the input of the true bound
+  (``shunter.bench.bound``), which needs the machine's capacity besides. Busy time is not a
+  bound: a replica holding one straggler is busy and nearly idle.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from shunter.bench.bound import StepWork
 from shunter.events import (
     Message,
     ModeChanged,
@@ -28,6 +31,7 @@ from shunter.events import (
     SampleBegin,
     SampleEnd,
     SampleResumed,
+    StepBegin,
     StepEnd,
     WeightsReady,
 )
@@ -68,6 +72,8 @@ class Summary:
         self.rollout: dict[str, list[tuple[float, int]]] = {}
         self.tokens = 0
         self.switches = 0
+        self._groups: dict[int, list[int]] = {}  # group -> [tokens, longest] of its finished samples
+        self._work: list[list] = []  # per step: [tokens, longest, step seconds, publish seconds]
 
     def __call__(self, m: Message) -> None:
         self.first = m.wall_time if self.first is None else self.first
@@ -77,12 +83,22 @@ class Summary:
                 self.start = m.wall_time if self.start is None else self.start
             case RunEnded():
                 self.end = m.wall_time
+            case StepBegin():
+                tokens = longest = 0
+                for g in m.group_ids:
+                    t, n = self._groups.pop(g, (0, 0))
+                    tokens, longest = tokens + t, max(longest, n)
+                self._work.append([tokens, longest, 0.0, 0.0])
             case StepEnd():
                 self.steps += 1
                 self.trainer_busy += m.duration_s
                 self.stale.append(m.metrics.get("batch/staleness_mean", 0.0))
+                if self._work:
+                    self._work[-1][2] += m.duration_s
             case WeightsReady():
                 self.trainer_busy += m.duration_s
+                if self._work:
+                    self._work[-1][3] += m.duration_s
             case ReplicaUp():
                 self.rollout.setdefault(m.replica_id, []).append(
                     (float("-inf") if m.mode == ROLLOUT else 0.0, 1 if m.mode == ROLLOUT else 0)
@@ -94,7 +110,11 @@ class Summary:
                 self.flight[m.replica_id].append((m.wall_time, 1))
             case SampleEnd():
                 self.flight[m.replica_id].append((m.wall_time, -1))
-                self.tokens += len(m.sample.token_ids)
+                n = len(m.sample.token_ids)
+                self.tokens += n
+                g = self._groups.setdefault(m.sample.group_id, [0, 0])
+                g[0] += n
+                g[1] = max(g[1], n)
             case SampleAborted():
                 self.flight[m.replica_id].append((m.wall_time, -1))
 
@@ -105,7 +125,6 @@ class Summary:
         replica_busy = {r: _intervals_busy(self.flight.get(r, []), start, end) for r in self.rollout}
         replica_avail = {r: _intervals_busy([c for c in ch if c[1]], start, end) for r, ch in self.rollout.items()}
         n = max(1, self.steps)
-        mean_busy = sum(replica_busy.values()) / max(1, len(replica_busy))
         avail = sum(replica_avail.values())
         out = {
             "wall_s": span,
@@ -116,13 +135,15 @@ class Summary:
             "rollout_idle_frac": max(0.0, 1 - sum(replica_busy.values()) / avail) if avail > 0 else 1.0,
             "rollout_tokens": float(self.tokens),
             "rollout_tokens_per_s": self.tokens / span,
-            "ideal_step_s": max(self.trainer_busy, mean_busy) / n,
             "switches": float(self.switches),
         }
-        out["overlap_frac_of_ideal"] = out["ideal_step_s"] / out["step_s"] if out["step_s"] > 0 else 0.0
         if self.stale:
             out["staleness_mean"] = sum(self.stale) / len(self.stale)
         return out
+
+    def work(self) -> list[StepWork]:
+        """The work of each optimizer step so far, in order (steps that failed count as work)."""
+        return [StepWork(int(t), int(n), float(s), float(y)) for t, n, s, y in self._work]
 
 
 def summarize(messages: Iterable[Message]) -> dict[str, float]:

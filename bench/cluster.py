@@ -4,7 +4,12 @@ Invariant: everything but the backends is the production code path — ``Coordin
 the policy, ``SampleBuffer``, ``Dispatcher``, ``RolloutCore``, ``TrainerHost``,
 ``LocalExecutor`` and ranks from ``RankTable`` — and it runs on a ``looptime`` event loop,
 so simulated hours take seconds and the engine's own CPU time costs no simulated time.
-The same (config, cost model, seed) gives the same event log, message for message.
+The same (config, cost model, seed) gives the same event log, message for message —
+unless ``charge_coordinator`` is set: then every real second the coordinator spends handling a
+message is a simulated second before it takes the next one (``ChargedInbox``), so a coordinator
+that cannot keep up slows the simulated run, as it would a real one, and its messages queue.
+Each message's latency is measured from its posting to the end of its handling, queueing
+included, in simulated time.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +37,7 @@ from shunter.engine.config import EngineConfig
 from shunter.engine.local import LocalExecutor
 from shunter.engine.loop import Coordinator
 from shunter.engine.ranks import RankTable
+from shunter.engine.records import RunSinks
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
 from shunter.events import (
@@ -59,6 +66,38 @@ class SimResult:
     """Real seconds spent inside the coordinator's loop step (record/apply/decide/pump)."""
     handle_s: list[float]
     """Real seconds of each loop step, in order (event in -> its commands out)."""
+    latency_s: list[float]
+    """Per message: simulated seconds from its posting to the end of its handling (queueing
+    included; with ``charge_coordinator`` the handling itself takes its real CPU time)."""
+
+
+class ChargedInbox(asyncio.Queue):
+    """The coordinator's inbox in a simulation. Remembers when each message was posted (on the
+    loop's clock); with ``charge`` set, ``get()`` first sleeps off ``debt`` — the real seconds
+    the coordinator spent on the previous messages — so its CPU time passes on the simulated
+    clock while replicas and trainer go on and post."""
+
+    def __init__(self, clock, charge: bool) -> None:
+        super().__init__()
+        self.clock, self.charge = clock, charge
+        self.debt = 0.0
+        self.posted: deque[float] = deque()
+        self.taken = 0.0
+        """When the message taken last was posted."""
+
+    def _put(self, item) -> None:
+        self.posted.append(self.clock())
+        super()._put(item)
+
+    def _get(self):
+        self.taken = self.posted.popleft()
+        return super()._get()
+
+    async def get(self):
+        if self.debt > 0:
+            debt, self.debt = self.debt, 0.0
+            await asyncio.sleep(debt)
+        return await super().get()
 
 
 def prompts() -> Iterator[PromptSpec]:
@@ -76,18 +115,28 @@ def run_sim(
     checkpoints: Path | None = None,
     resume: Path | None = None,
     time_limit_s: float | None = None,
+    charge_coordinator: bool = False,
+    out_dir: Path | None = None,
 ) -> SimResult:
     """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
     folding sink such as ``analysis.Summary`` instead). ``policy``: an instance to use instead
     of ``run.policy``; ``checkpoints``: a folder for checkpoints; ``resume``: a checkpoint
-    folder to continue from; ``time_limit_s``: simulated seconds before ``TimeoutError``."""
+    folder to continue from; ``time_limit_s``: simulated seconds before ``TimeoutError``;
+    ``charge_coordinator``: the coordinator's real CPU time passes on the simulated clock;
+    ``out_dir``: attach a production run's sinks (event log, structured log, metrics, feed)
+    writing there."""
     # nothing in a simulation waits on I/O or threads: time may jump as soon as no callback is ready
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
+    extra = RunSinks.open(out_dir) if out_dir is not None else None
     try:
-        job = _run(cfg, cost, seed, keep, loop, list(sinks), policy, checkpoints, resume)
+        job = _run(
+            cfg, cost, seed, keep, loop, [*(extra or ()), *sinks], policy, checkpoints, resume, charge_coordinator
+        )
         return loop.run_until_complete(asyncio.wait_for(job, time_limit_s))
     finally:
         loop.close()
+        if extra is not None:
+            extra.close()
 
 
 async def _run(
@@ -100,6 +149,7 @@ async def _run(
     policy: Policy | None,
     checkpoints: Path | None,
     resume: Path | None,
+    charge: bool,
 ) -> SimResult:
     run_id = f"sim-{seed}"
     clock = loop.time
@@ -157,6 +207,7 @@ async def _run(
         if keep:
             kept.append(m)
 
+    inbox = ChargedInbox(clock, charge)
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
     coord = Coordinator(
         cfg,
@@ -167,17 +218,23 @@ async def _run(
         sinks=[sink, *sinks],
         clock=clock,
         checkpoints=store,
+        inbox=inbox,
     )
     if resume is not None:
         coord.restore(snapshot.decode((resume / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(opening)
     spent: list[float] = []
+    latency: list[float] = []
     handle = coord.handle
 
     def timed(msg: Message) -> None:
         t = time.perf_counter()
         handle(msg)
-        spent.append(time.perf_counter() - t)
+        dt = time.perf_counter() - t
+        spent.append(dt)
+        if charge:
+            inbox.debt += dt
+        latency.append(clock() - inbox.taken + (dt if charge else 0.0))
 
     coord.handle = timed
     t0, wall0 = clock(), time.perf_counter()
@@ -185,4 +242,4 @@ async def _run(
         ended = await coord.run()
     finally:
         await executor.close()
-    return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], sum(spent), spent)
+    return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], sum(spent), spent, latency)

@@ -13,8 +13,10 @@ from pathlib import Path
 
 COLUMNS = [
     ("speedup_vs_colocated", "speedup vs colocated", "{:.2f}x"),
+    ("bound_speedup_vs_colocated", "its bound vs colocated", "{:.2f}x"),
+    ("best_split_speedup_vs_colocated", "best split's bound vs colocated", "{:.2f}x"),
     ("step_s", "step (s)", "{:.1f}"),
-    ("overlap_frac_of_ideal", "of ideal overlap", "{:.0%}"),
+    ("frac_of_bound", "of its true bound", "{:.0%}"),
     ("trainer_idle_frac", "trainer idle", "{:.0%}"),
     ("rollout_idle_frac", "rollout idle", "{:.0%}"),
     ("staleness_mean", "staleness", "{:.2f}"),

@@ -14,6 +14,12 @@ GPU accounting of a simulated variant (``gpus`` in total, ``gpus_per_replica`` e
   hybrid replica on every ``gpus_per_replica`` trainer GPUs.
 
 The trainer's time per token is ``cost.train_s_per_token / trainer_gpus`` (data parallel).
+
+Every variant's result carries the true bound (``shunter.bench.bound``) of its own GPUs and
+schedule — ``bound_s``, ``frac_of_bound`` — and ``best_split_bound_s``: the least overlapped
+bound over every trainer:rollout split of the same GPUs for the same work (the ceiling a
+better split could reach). Decode capacity comes from the cost model: a replica's peak is
+``max_in_flight_per_replica`` sequences per decode step, one sequence alone runs at batch 1.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
 import tomllib
 from importlib import metadata
@@ -31,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from shunter.bench import bound
 from shunter.bench.analysis import Summary
 from shunter.bench.analytic import colocated_run_s
 from shunter.bench.cluster import run_sim
@@ -61,6 +69,12 @@ class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     baseline: str = ""
     timeline: bool = False
     """Draw a timeline PNG of every variant's first-seed run next to the results."""
+    charge_coordinator: bool = True
+    """The coordinator's real CPU time passes on the simulated clock (``cluster.ChargedInbox``):
+    a coordinator that cannot keep up slows the run instead of hiding in virtual time."""
+    production_sinks: bool = False
+    """Attach a production run's sinks (event log, structured log, metrics, feed) in a
+    temporary folder, so the coordinator pays what a real run's pays per message."""
     pairs: list[list[str]] = []
     """[variant, reference] pairs: ``time_vs_reference`` = variant wall time / reference wall
     time, seed by seed (0.9 = 10 % less time)."""
@@ -106,6 +120,44 @@ def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:
     return from_dict(data, origin=f"{sc.scenario.name}/{v.name}"), cost
 
 
+def schedule_of(v: Variant) -> bound.Schedule:
+    if v.policy == "colocated":
+        return "serial"
+    return "lending" if (v.hybrid or v.policy == "lend_when_idle") else "overlapped"
+
+
+def capacity(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bound.Capacity:
+    """The variant's decode capacity from the cost model (``variant_setup``'s GPU accounting)."""
+    b = cfg.rollout.max_in_flight_per_replica
+    peak, alone = b / cost.step_s(b), 1 / cost.step_s(1)
+    r = cfg.rollout
+    always = r.standalone_replicas if v.policy != "colocated" else r.hybrid_replicas
+    return bound.Capacity(
+        rollout_tok_s=always * peak,
+        alone_tok_s=alone,
+        lendable_tok_s=r.hybrid_replicas * peak if schedule_of(v) == "lending" else 0.0,
+        gpus=sc.cluster.gpus,
+        trainer_gpus=sc.cluster.gpus if v.policy == "colocated" else v.trainer_gpus,
+        gpu_tok_s=peak / sc.cluster.gpus_per_replica,
+    )
+
+
+def best_split_s(sc: Scenario, v: Variant, cost: CostModel, work: list[bound.StepWork], peak_tok_s: float) -> float:
+    """The least overlapped bound over every trainer:rollout split of the scenario's GPUs for
+    this work: the per-token part of each step rescales with the trainer GPUs (data parallel),
+    the fixed part (``train_step_s``) and the publish do not."""
+    k0 = sc.cluster.gpus if v.policy == "colocated" else v.trainer_gpus
+    alone = 1 / cost.step_s(1)
+    best = float("inf")
+    for k in range(1, sc.cluster.gpus):
+        replicas = (sc.cluster.gpus - k) // sc.cluster.gpus_per_replica
+        if replicas < 1:
+            continue
+        scaled = [w._replace(step_s=cost.train_step_s + max(0.0, w.step_s - cost.train_step_s) * k0 / k) for w in work]
+        best = min(best, bound.overlapped_s(scaled, replicas * peak_tok_s, alone))
+    return best
+
+
 def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dict:
     if sc.scenario.kind != "sim":
         raise ValueError(f"scenario {sc.scenario.name!r}: kind {sc.scenario.kind!r} has its own runner")
@@ -115,7 +167,16 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             cfg, cost = variant_setup(sc, v)
             summary = Summary()
             draw = sc.scenario.timeline and out_dir is not None and seed == sc.scenario.seeds[0]
-            r = run_sim(cfg, cost, seed=seed, keep=draw, sinks=[summary])
+            with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
+                r = run_sim(
+                    cfg,
+                    cost,
+                    seed=seed,
+                    keep=draw,
+                    sinks=[summary],
+                    charge_coordinator=sc.scenario.charge_coordinator,
+                    out_dir=Path(tmp) if sc.scenario.production_sinks else None,
+                )
             if draw:
                 from shunter.bench.timeline import plot_timeline
 
@@ -128,10 +189,15 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             if r.ended.reason != "completed":
                 raise RuntimeError(f"{sc.scenario.name}/{v.name} seed {seed}: {r.ended.reason}: {r.ended.error}")
             m = summary.result()
+            work = summary.work()
+            m.update(bound.figures(work, capacity(sc, v, cfg, cost), schedule_of(v), m["wall_s"]))
+            b = cfg.rollout.max_in_flight_per_replica
+            m["best_split_bound_s"] = best_split_s(sc, v, cost, work, b / cost.step_s(b))
             m["cpu_s"] = r.cpu_wall_s
             m["messages"] = float(r.handled)
             m["coordinator_cpu_s"] = r.coordinator_cpu_s
             m["coordinator_share"] = r.coordinator_cpu_s / r.sim_s
+            m.update(loop_figures(r))
             m["replicas"] = float(cfg.rollout.standalone_replicas + cfg.rollout.hybrid_replicas)
             if v.policy == "colocated" and cost.length_sigma == 0 and not cost.lengths_file:
                 m["analytic_wall_s"] = colocated_run_s(cfg, cost)
@@ -139,17 +205,34 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             per_seed[v.name].append(m)
             log(
                 f"  {v.name:<32} seed {seed}: step {m['step_s']:.2f} s (sim), trainer idle "
-                f"{m['trainer_idle_frac']:.1%}, rollout idle {m['rollout_idle_frac']:.1%} [{r.cpu_wall_s:.1f} s cpu]"
+                f"{m['trainer_idle_frac']:.1%}, rollout idle {m['rollout_idle_frac']:.1%}, {m['frac_of_bound']:.0%} of "
+                f"its bound [{r.cpu_wall_s:.1f} s cpu]"
             )
     if sc.scenario.baseline:
         base = per_seed[sc.scenario.baseline]
         for runs in per_seed.values():
             for m, b in zip(runs, base, strict=True):
                 m[f"speedup_vs_{sc.scenario.baseline}"] = b["wall_s"] / m["wall_s"]
+                # what the variant's own bound, and the best split's, would give over the baseline
+                m[f"bound_speedup_vs_{sc.scenario.baseline}"] = b["wall_s"] / m["bound_s"]
+                m[f"best_split_speedup_vs_{sc.scenario.baseline}"] = b["wall_s"] / m["best_split_bound_s"]
     for name, ref in sc.scenario.pairs:
         for m, b in zip(per_seed[name], per_seed[ref], strict=True):
             m["time_vs_reference"] = m["wall_s"] / b["wall_s"]
     return result_json(sc, {name: aggregate(runs) for name, runs in per_seed.items()})
+
+
+def loop_figures(r) -> dict[str, float]:
+    """The coordinator's loop: messages per CPU-second it can handle, the rate offered to it
+    (per simulated second), and each message's latency from posting to handled (simulated
+    time, queueing included)."""
+    lat = sorted(r.latency_s) or [0.0]
+    return {
+        "events_per_s": r.handled / r.coordinator_cpu_s if r.coordinator_cpu_s > 0 else 0.0,
+        "offered_events_per_s": r.handled / r.sim_s if r.sim_s > 0 else 0.0,
+        "latency_p50_ms": 1e3 * lat[len(lat) // 2],
+        "latency_p99_ms": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+    }
 
 
 def aggregate(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:

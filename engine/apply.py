@@ -120,7 +120,7 @@ class Applier:
                     r.version = max(r.version, ev.version)
                     if r.loading <= ev.version:
                         r.loading = -1
-                    st.serving_dirty = True
+                    self.dispatcher.set_version(ev.replica_id, r.version)
             case ModeChanged():
                 self._mode_changed(ev)
             case CommandFailed():
@@ -145,7 +145,6 @@ class Applier:
     def _replica_up(self, ev: ReplicaUp) -> None:
         st = self.state
         st.replicas[ev.replica_id] = ReplicaState(ev.replica_id, ev.replica_kind, ev.rank, ev.mode, ev.version)
-        st.serving_dirty = True
         if ev.mode == ROLLOUT and ev.version < st.trainer.version:
             st.replicas[ev.replica_id].mode = TRAINER  # a late joiner serves the current weights first
             self.intents.to_rollout([ev.replica_id])
@@ -160,7 +159,6 @@ class Applier:
             for aborted in self.inflight.recover(ev.replica_id):
                 self.emit(aborted)
         self.dispatcher.forget(ev.replica_id)
-        self.state.serving_dirty = True
 
     def _mode_changed(self, ev: ModeChanged) -> None:
         st = self.state
@@ -169,7 +167,6 @@ class Applier:
             return
         r.mode = ev.mode
         st.switch_cost[ev.mode].add(ev.duration_s)
-        st.serving_dirty = True
         if ev.mode == ROLLOUT:
             r.version = max(r.version, int(ev.detail.get("version", r.version)))
             if r.loading <= r.version:
@@ -180,9 +177,8 @@ class Applier:
 
     def _dispatch_to(self, rid: str, t: float) -> None:
         r = self.state.replicas[rid]
-        self.dispatcher.add(rid, rank=r.rank, capacity=self.cfg.rollout.max_in_flight_per_replica)
+        self.dispatcher.add(rid, rank=r.rank, capacity=self.cfg.rollout.max_in_flight_per_replica, version=r.version)
         r.rate.start(t)
-        self.state.serving_dirty = True
 
     # -- samples and steps --------------------------------------------------------------------
     def _sample_end(self, ev: SampleEnd) -> None:

@@ -36,10 +36,10 @@ class Batches:
 
     def announce(self) -> None:
         """One ``BatchReady`` per mini-batch that became formable since the last call."""
+        if self.buffer.ready_batches() <= self.announced:
+            return  # nothing new (a count, not a walk over the ready groups)
         version = self.state.trainer.version
-        for k, groups in enumerate(self.buffer.formable()):
-            if k < self.announced:
-                continue
+        for k, groups in enumerate(self.buffer.formable(skip=self.announced), start=self.announced):
             self.announced += 1
             min_v = min(g.min_version for g in groups)
             self.emit(
@@ -107,7 +107,7 @@ class Batches:
                 "no replica is serving rollout (all asleep beside the trainer or down): switch one with "
                 "SwitchToRollout or add one with add_replica()"
             )
-        serving = self.state.serving_version(dispatcher.__contains__)
+        serving = dispatcher.serving_version()
         v = t.version if serving is None else serving
         if b.capacity(v) <= 0 and not b.in_flight:
             return (

@@ -14,12 +14,18 @@ Invariants (checked by :meth:`check`):
   every group within the bound, so the trainer waits for stragglers instead of dropping);
   ``on_stale="drop"`` trains finished groups in completion order and drops those that
   exceeded the bound (reason ``stale``).
+
+Cost: every operation is O(1) amortised in the groups held, but for those it returns — a
+view of a run holding thousands of ready groups costs no scan. Wait mode keeps the leading
+run of ready groups (``_prefix``) and extends it past the groups that completed or left
+since (each group enters it once).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import islice
 
 import msgspec
 
@@ -84,6 +90,8 @@ class SampleBuffer:
         self.on_stale = on_stale
         self._groups: dict[int, Group] = {}  # in flight or ready, by group id (= dispatch order)
         self._ready: dict[int, None] = {}  # complete groups in completion order
+        self._prefix: dict[int, None] = {}  # wait mode: the leading run of ready groups, in dispatch order
+        self._scan = 0  # wait mode: the first group id not yet looked at for _prefix
         self._next_group = 0
         self._next_batch = 0
         self.trained = 0
@@ -149,24 +157,29 @@ class SampleBuffer:
             self.drop(g.group_id, "stale")
         return stale
 
-    def _candidates(self) -> list[int]:
+    def _candidates(self) -> dict[int, None]:
+        """Groups that may be taken, in taking order: drop mode, every ready group by
+        completion; wait mode, oldest first up to the first group still in flight."""
         if self.on_stale == "drop":
-            return list(self._ready)
-        out = []
-        for gid in self._groups:  # oldest first; stop at the first group still in flight
-            if gid not in self._ready:
-                break
-            out.append(gid)
-        return out
+            return self._ready
+        groups, scan = self._groups, self._scan
+        while scan < self._next_group:
+            if scan in groups:
+                if scan not in self._ready:
+                    break
+                self._prefix[scan] = None
+            scan += 1
+        self._scan = scan
+        return self._prefix
 
     def ready_batches(self) -> int:
         return len(self._candidates()) // self.groups_per_batch
 
-    def formable(self) -> list[list[Group]]:
+    def formable(self, skip: int = 0) -> list[list[Group]]:
         """The mini-batches that could be taken now, in taking order (before staleness
-        checks at take time)."""
-        c = self._candidates()
+        checks at take time), but for the first ``skip``."""
         g = self.groups_per_batch
+        c = list(islice(self._candidates(), skip * g, None))
         return [[self._groups[i] for i in c[k : k + g]] for k in range(0, len(c) - g + 1, g)]
 
     @property
@@ -181,7 +194,7 @@ class SampleBuffer:
         """The next mini-batch for a trainer at ``version`` (None if not ready) and the
         groups dropped on the way for staleness."""
         dropped = self.prune(version)
-        cands = self._candidates()[: self.groups_per_batch]
+        cands = list(islice(self._candidates(), self.groups_per_batch))
         if len(cands) < self.groups_per_batch:
             return None, dropped
         late = [gid for gid in cands if self.staleness(self._groups[gid], version) > self.max_staleness]
@@ -194,6 +207,7 @@ class SampleBuffer:
         groups = [self._groups.pop(gid) for gid in cands]
         for gid in cands:
             del self._ready[gid]
+            self._prefix.pop(gid, None)
         self.trained += len(groups)
         samples = [s for g in groups for s in sorted(g.samples.values(), key=lambda s: s.sample_id)]
         min_v = min(g.min_version for g in groups)
@@ -212,6 +226,7 @@ class SampleBuffer:
         if g is None:
             return None
         self._ready.pop(group_id, None)
+        self._prefix.pop(group_id, None)
         self.dropped[reason] += 1
         return g
 
@@ -257,6 +272,7 @@ class SampleBuffer:
             )
         self._ready = {gid: None for gid in st.ready}
         self._next_group, self._next_batch, self.trained = st.next_group, st.next_batch, st.trained
+        self._prefix, self._scan = {}, min(self._groups, default=self._next_group)
         self.dropped = Counter(st.dropped)
         self.check()
 

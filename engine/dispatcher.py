@@ -4,6 +4,9 @@ Invariants: a request goes only to a replica that is in the dispatcher (in rollo
 and has room (``in_flight + n <= capacity``); among those, the least loaded wins (ties:
 lowest rank). ``in_flight`` counts samples, never goes negative, and a removed replica
 keeps its count until its samples come back (finished or aborted) or it is forgotten.
+It also knows the weight version each of its replicas serves, so the newest version being
+served is a lookup over the few distinct versions, not a scan of the replicas. Every
+operation is O(log replicas) or better.
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ class Dispatcher:
         self.total_in_flight = 0
         self._caps: Counter[int] = Counter()  # capacity -> replicas with it
         self._heap: list[tuple[int, int, str]] = []  # (load, rank, id); stale entries skipped
+        self._version: dict[str, int] = {}
+        self._versions: Counter[int] = Counter()  # weight version -> replicas serving it
 
-    def add(self, replica_id: str, *, rank: int, capacity: int) -> None:
+    def add(self, replica_id: str, *, rank: int, capacity: int, version: int = 0) -> None:
         self.remove(replica_id)
         self._capacity[replica_id] = capacity
         self._caps[capacity] += 1
         self._rank[replica_id] = rank
+        self._version[replica_id] = version
+        self._versions[version] += 1
         self._in_flight.setdefault(replica_id, 0)
         self._push(replica_id)
 
@@ -43,7 +50,25 @@ class Dispatcher:
             self._caps[cap] -= 1
             if not self._caps[cap]:
                 del self._caps[cap]
+            self._count_out(self._version.pop(replica_id))
         self._rank.pop(replica_id, None)
+
+    def _count_out(self, version: int) -> None:
+        self._versions[version] -= 1
+        if not self._versions[version]:
+            del self._versions[version]
+
+    def set_version(self, replica_id: str, version: int) -> None:
+        """The replica now serves weights of ``version`` (ignored if it is not dispatching)."""
+        old = self._version.get(replica_id)
+        if old is not None and old != version:
+            self._count_out(old)
+            self._version[replica_id] = version
+            self._versions[version] += 1
+
+    def serving_version(self) -> int | None:
+        """The newest weight version among the replicas taking requests (None: none does)."""
+        return max(self._versions) if self._versions else None
 
     def forget(self, replica_id: str) -> None:
         """The replica is gone: drop it and its count."""

@@ -34,7 +34,7 @@ from typing import Literal
 from shunter.engine.cuts import CheckpointCuts
 from shunter.engine.intents import Intents
 from shunter.engine.snapshot import CoordinatorSnapshot
-from shunter.engine.state import EngineState, ReplicaState
+from shunter.engine.state import EngineState
 from shunter.events import (
     Intent,
     LoadWeights,
@@ -74,6 +74,7 @@ class Finale:
         self.phase: Phase = "running"
         self.stop_reason = ""
         self._loads_sent = False
+        self._behind: set[str] = set()  # replicas the final LoadWeights waits for
         self._validate_sent = False
         self._validated = False
         self._woken = ""
@@ -124,7 +125,6 @@ class Finale:
     def _step(self, st: EngineState) -> bool:
         """One phase's work; True when it is done and the next phase may start."""
         t = st.trainer
-        serving = [r for r in st.replicas.values() if r.mode == ROLLOUT]
         match self.phase:
             case "cycling":
                 if not self._quiet:
@@ -140,15 +140,20 @@ class Finale:
             case "publishing":
                 self.phase = "loading"
             case "loading":
-                behind = [r.replica_id for r in serving if r.version < t.version]
-                if behind and not self._loads_sent:
+                if not self._loads_sent:
                     self._loads_sent = True
-                    self.issue(LoadWeights(replica_ids=behind))
-                if behind:
-                    return False
+                    behind = [r.replica_id for r in st.replicas.values() if r.mode == ROLLOUT and r.version < t.version]
+                    self._behind = set(behind)
+                    if behind:
+                        self.issue(LoadWeights(replica_ids=behind))
+                while self._behind:  # one look per message: the first replica still behind
+                    r = st.replicas.get(next(iter(self._behind)))
+                    if r is not None and r.mode == ROLLOUT and r.version < t.version:
+                        return False
+                    self._behind.discard(next(iter(self._behind)))
                 self.phase = "validating"
             case "validating":
-                if not self._validating(st, serving):
+                if not self._validating(st):
                     return False
                 self.phase = "saving"
             case "saving":
@@ -158,11 +163,13 @@ class Finale:
                 self.end("stopped" if self.stop_reason else "completed")
         return True
 
-    def _validating(self, st: EngineState, serving: list[ReplicaState]) -> bool:
+    def _validating(self, st: EngineState) -> bool:
         """True when the final weights are validated, or cannot be (no validation, no replica)."""
         if not self.validate or self._validated or not self.intents.validation_prompts:
             return True
-        current = [r for r in serving if r.version >= st.trainer.version]
+        if self._validate_sent:
+            return False  # its ValidateEnd (or the death of its replica) moves this on
+        current = [r for r in st.replicas.values() if r.mode == ROLLOUT and r.version >= st.trainer.version]
         if not current:
             if any(r.mode == SWITCHING for r in st.replicas.values()):
                 return False  # one is on its way
@@ -174,7 +181,6 @@ class Finale:
                 self.issue(SwitchToRollout(replica_ids=[self._woken]))
                 return False
             return True  # no replica can serve the final weights: nothing to validate on
-        if not self._validate_sent:
-            self._validate_sent = True
-            self.issue(Validate(replica_ids=[r.replica_id for r in current]))
+        self._validate_sent = True
+        self.issue(Validate(replica_ids=[r.replica_id for r in current]))
         return False

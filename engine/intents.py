@@ -148,7 +148,6 @@ class Intents:
             self.state.replicas[rid].mode = SWITCHING
             self.state.touch(rid)
             self.dispatcher.remove(rid)
-            self.state.serving_dirty = True
             self.executor.send(rid, EnterTrainer(sleep_level=sleep_level))
 
     def _load(self, intent: LoadWeights) -> None:

@@ -89,7 +89,10 @@ class Coordinator:
         sinks: list[Sink] | None = None,
         clock: Callable[[], float] = time.time,
         checkpoints: CheckpointStore | None = None,
+        inbox: asyncio.Queue[Message | object] | None = None,
     ) -> None:
+        """``inbox``: the queue messages from outside wait in (a simulation passes one that
+        charges the loop's CPU time to its virtual clock); a plain ``asyncio.Queue`` by default."""
         self.cfg, self.policy, self.executor, self.clock = cfg, policy, executor, clock
         self.sinks: list[Sink] = list(sinks or [])
         self.stamp = Stamper(run_id, "coordinator", clock)
@@ -100,7 +103,7 @@ class Coordinator:
         self.tally = Tally(clock)
         self._wire(prompts, list(validation_prompts or []), checkpoints)
         self.ended: RunEnded | None = None
-        self._inbox: asyncio.Queue[Message | object] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Message | object] = inbox if inbox is not None else asyncio.Queue()
         self._derived: deque[Event] = deque()
         self._opened = False
         self._resumed: RunResumed | None = None
@@ -352,7 +355,7 @@ class Coordinator:
 
     def view(self) -> EngineView:
         b, t = self.buffer, self.state.trainer
-        serving = self.state.serving_version(self.dispatcher.__contains__)
+        serving = self.dispatcher.serving_version()
         # with no replica serving, whether a replica switched in (on current weights) could start work
         gate = b.capacity(t.version if serving is None else serving) > 0
         bv = BufferView(

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -222,3 +222,26 @@ def trained_groups(path: str | Path) -> list[tuple[int, list[int]]]:
         elif isinstance(msg, StepBegin):
             steps[msg.step] = list(msg.group_ids)
     return sorted(steps.items())
+
+
+class RunSinks(NamedTuple):
+    """The sinks every coordinator of a run writes to, in this order — the actor's and the
+    simulated cluster's alike, so a benchmark pays for exactly what production pays for."""
+
+    log: EventLog
+    run_log: LogSink
+    metrics: MetricsSink
+    feed: Feed
+
+    @classmethod
+    def open(cls, out: Path, extra: Callable[[], dict[str, float]] | None = None) -> RunSinks:
+        return cls(
+            EventLog(out / "events.bin"),
+            LogSink(make_logger(out / "run.log")),
+            MetricsSink(out / "metrics.jsonl", out / "tensorboard", extra=extra),
+            Feed(),
+        )
+
+    def close(self) -> None:
+        self.log.close()
+        self.metrics.close()

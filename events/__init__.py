@@ -91,7 +91,7 @@ from shunter.events.training import (
     WeightsSent,
 )
 from shunter.events.validation import ValidateBegin, ValidateEnd
-from shunter.events.view import BufferView, EngineView, ReplicaView, TrainerView
+from shunter.events.view import BufferView, EngineView, ReplicaView, ReplicaViews, TrainerView
 
 __all__ = [
     "BY_TAG",
@@ -147,6 +147,7 @@ __all__ = [
     "ReplicaRestart",
     "ReplicaUp",
     "ReplicaView",
+    "ReplicaViews",
     "RunEnded",
     "RunResumed",
     "RunStarted",

@@ -3,10 +3,15 @@
 Invariant: a view is immutable and complete enough to decide on — a policy needs nothing
 but the event and the view (plus its own state). The coordinator builds a new view after
 applying each event; the view's ``seq`` increases with every event applied, so a policy can
-tell two views apart.
+tell two views apart. Building a view costs O(replicas changed since the last one), not
+O(replicas): ``ReplicaViews`` shares its unchanged chunks with the view before it.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import overload
 
 import msgspec
 
@@ -33,6 +38,7 @@ __all__ = [
     "BufferView",
     "EngineView",
     "ReplicaView",
+    "ReplicaViews",
     "TrainerView",
 ]
 
@@ -52,6 +58,64 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     """Weight version it has loaded."""
     samples_per_s: float = 0.0
     """Completions per second over the last minute of event time while in rollout (0 until measured)."""
+
+
+class ReplicaViews(Sequence[ReplicaView]):
+    """The replicas of one ``EngineView``, in rank order: an immutable sequence (compares equal
+    to a tuple of the same views) made of chunks of ``CHUNK`` views. A new view copies only the
+    chunks that changed and shares the rest; ``find`` looks a replica up by id in O(1)."""
+
+    CHUNK = 64
+    __slots__ = ("_chunks", "_len", "_pos")
+
+    def __init__(
+        self, chunks: tuple[tuple[ReplicaView, ...], ...] = (), pos: Mapping[str, int] | None = None, n: int = -1
+    ) -> None:
+        """``n``: the number of views, if the caller knows it (else counted)."""
+        self._chunks = chunks
+        self._len = n if n >= 0 else sum(map(len, chunks))
+        self._pos = pos
+
+    @classmethod
+    def of(cls, views: Sequence[ReplicaView]) -> ReplicaViews:
+        n = cls.CHUNK
+        return cls(tuple(tuple(views[i : i + n]) for i in range(0, len(views), n)))
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, i: int) -> ReplicaView: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[ReplicaView, ...]: ...
+    def __getitem__(self, i: int | slice) -> ReplicaView | tuple[ReplicaView, ...]:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("replica index out of range")
+        return self._chunks[i // self.CHUNK][i % self.CHUNK]
+
+    def __iter__(self) -> Iterator[ReplicaView]:
+        return itertools.chain.from_iterable(self._chunks)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ReplicaViews | tuple | list):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"ReplicaViews({tuple(self)!r})"
+
+    def find(self, replica_id: str) -> ReplicaView | None:
+        i = self._pos.get(replica_id) if self._pos is not None else None
+        if i is not None and i < self._len and (v := self[i]).replica_id == replica_id:
+            return v
+        return next((r for r in self if r.replica_id == replica_id), None)
 
 
 class TrainerView(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,8 +167,9 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     validate_every: int = 0
     """Validate every this many optimizer steps (0: never)."""
     trainer_driver: TrainerDriver = "engine"
-    replicas: tuple[ReplicaView, ...] = ()
-    """In rank order."""
+    replicas: Sequence[ReplicaView] = ()
+    """In rank order (a ``ReplicaViews`` when the coordinator built the view; any sequence of
+    ``ReplicaView`` in a hand-made one)."""
     trainer: TrainerView = TrainerView()
     buffer: BufferView = BufferView()
     switch_cost_s: dict[str, float] = {}
@@ -114,10 +179,9 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     the replicas and the trainer from here; a policy should ask for nothing more."""
 
     def replica(self, replica_id: str) -> ReplicaView | None:
-        for r in self.replicas:
-            if r.replica_id == replica_id:
-                return r
-        return None
+        if isinstance(self.replicas, ReplicaViews):
+            return self.replicas.find(replica_id)
+        return next((r for r in self.replicas if r.replica_id == replica_id), None)
 
     def ids(self, *, kind: str | None = None, mode: str | None = None) -> list[str]:
         """Replica ids filtered by kind and/or mode, in rank order."""

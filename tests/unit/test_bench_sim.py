@@ -121,7 +121,6 @@ def test_async_beats_sync_on_long_tails_and_idle_fractions_are_fractions():
     async_ = summarize(run_sim(config("separate", 2, 0, eta=2), cost, seed=2).messages)
     for m in (sync, async_):
         assert 0 <= m["trainer_idle_frac"] <= 1 and 0 <= m["rollout_idle_frac"] <= 1
-        assert 0 < m["overlap_frac_of_ideal"] <= 1.0 + 1e-9
     assert async_["step_s"] < sync["step_s"]
 
 

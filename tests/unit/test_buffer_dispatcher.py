@@ -103,14 +103,16 @@ def test_budget_overrun_is_rejected():
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["open", "finish", "take", "publish", "drop"]), st.integers(0, 30)), max_size=80
+        st.tuples(st.sampled_from(["open", "finish", "take", "publish", "drop", "restore"]), st.integers(0, 30)),
+        max_size=80,
     ),
     st.sampled_from(["wait", "drop"]),
     st.integers(0, 3),
 )
 def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
     """Versions advance only as the gate allows; whatever the order, every group is
-    accounted for and no trained group exceeds the bound."""
+    accounted for, no trained group exceeds the bound, and the incremental candidates equal
+    a full scan's."""
     b = buf(on_stale=mode, max_staleness=eta)
     version = 0
     for op, x in ops:
@@ -129,7 +131,24 @@ def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
             b.prune(version)
         elif op == "drop" and b._groups:
             b.drop(list(b._groups)[x % len(b._groups)], "failed")
+        elif op == "restore":
+            b.restore(b.snapshot())
         b.check()
+        assert list(b._candidates()) == naive_candidates(b)
+        assert b.ready_batches() == len(naive_candidates(b)) // b.groups_per_batch
+
+
+def naive_candidates(b: SampleBuffer) -> list[int]:
+    """What the incremental bookkeeping must equal: every ready group (drop mode), or the
+    leading run of ready groups in dispatch order (wait mode)."""
+    if b.on_stale == "drop":
+        return list(b._ready)
+    out = []
+    for gid in sorted(b._groups):
+        if gid not in b._ready:
+            break
+        out.append(gid)
+    return out
 
 
 def test_dispatcher_picks_least_loaded_with_room():

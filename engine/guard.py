@@ -26,6 +26,7 @@ from shunter.engine.watchdog import WATCHDOG, Stuck
 from shunter.events import Event, Intent, Order, PolicyFailed, PolicySlow, tag_of
 from shunter.events.view import EngineView
 from shunter.policies import Policy
+from shunter.policies.base import checked_ignores
 
 
 def _where(e: BaseException) -> str:
@@ -75,6 +76,8 @@ class PolicyGuard:
         self.name = shown.name or type(shown).__name__
         self.label = f"{type(shown).__module__}.{type(shown).__qualname__}"
         self.emit = emit
+        self._wants: dict[type, bool] = {}  # event type -> decide() is called on it
+        self._ignores = checked_ignores(type(shown))
         self.max_failures = max_failures
         self.budget_ms = budget_ms
         self.timeout_s = timeout_s
@@ -87,8 +90,16 @@ class PolicyGuard:
         self.fatal = ""
         """Set once the policy failed ``max_failures`` times in a row: why the run must end."""
 
+    def wants(self, event: Event) -> bool:
+        """Whether ``decide`` is called on this event (else no view need be built for it)."""
+        kind = type(event)
+        w = self._wants.get(kind)
+        if w is None:
+            w = self._wants[kind] = kind.to_policy and not issubclass(kind, self._ignores)
+        return w and not self.fatal
+
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
-        if not type(event).to_policy or self.fatal:
+        if not self.wants(event):
             return []
         t0 = self.timer()
         try:

@@ -298,6 +298,8 @@ class Coordinator:
 
     def _decide(self, event: Event) -> None:
         self._stage = "decide"
+        if not self.guard.wants(event):
+            return
         for intent in self.guard.decide(event, self.view()):
             intent = self.policy_stamp(intent)
             self._record(intent)

@@ -4,7 +4,7 @@ Invariant: imports ``shunter.events`` only — no Ray, no torch, no vLLM — so 
 be written, tested and replayed against an event log anywhere.
 """
 
-from shunter.policies.base import Policy
+from shunter.policies.base import SAMPLE_EVENTS, Policy
 from shunter.policies.colocated import ColocatedPolicy
 from shunter.policies.lend_when_idle import LendWhenIdlePolicy
 from shunter.policies.registry import BUILTIN, import_object, make_policy, policy_class
@@ -12,6 +12,7 @@ from shunter.policies.separate import SeparatePolicy
 
 __all__ = [
     "BUILTIN",
+    "SAMPLE_EVENTS",
     "ColocatedPolicy",
     "LendWhenIdlePolicy",
     "Policy",

@@ -15,6 +15,10 @@ A policy is a plain object:
   ``super().__init__()`` is optional — ``self.state`` is created on first use.
 - ``check_setup(standalone=, hybrid=)`` raises ``ValueError`` for replica setups it cannot run
   (checked when the config is loaded).
+- ``ignores``: event types the policy never acts on (``SAMPLE_EVENTS`` for a policy that acts
+  on batches and steps, not on single samples); declared by the class itself, not inherited. ``decide`` is not called on them and the
+  coordinator builds no view for them — on a busy fleet most events are per sample, so this
+  is what keeps a policy's cost per event near zero at thousands of replicas.
 
 What a policy sees: ``RunStarted`` (or ``RunResumed`` after ``restore()``) first — the opening's
 replicas are already in ``view.replicas`` — then every event the coordinator handles, except
@@ -38,6 +42,10 @@ from shunter.events import (
     PublishWeights,
     RunResumed,
     RunStarted,
+    SampleAborted,
+    SampleBegin,
+    SampleEnd,
+    SampleResumed,
     StepEnd,
     TrainStep,
     Validate,
@@ -51,11 +59,18 @@ class NoState(msgspec.Struct):
     pass
 
 
+SAMPLE_EVENTS: tuple[type[Event], ...] = (SampleBegin, SampleResumed, SampleEnd, SampleAborted)
+"""The per-sample events: a batch that they complete is announced by ``BatchReady``."""
+
+
 class Policy:
     """Base class: override ``decide``; keep mutable state in ``self.state``."""
 
     name: ClassVar[str] = ""
     State: ClassVar[type[msgspec.Struct]] = NoState
+    ignores: ClassVar[tuple[type[Event], ...]] = ()
+    """Event types ``decide`` is never called on (and no view is built for). Declared per class,
+    not inherited: a subclass sees every event unless it declares its own."""
 
     def __init__(self, **options: Any) -> None:
         if options:
@@ -110,6 +125,20 @@ def unknown_keys(data: Any, struct: type, path: str = "") -> list[str]:
         elif isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):
             out += unknown_keys(value, f.type, f"{path}{key}.")
     return out
+
+
+def checked_ignores(cls: type) -> tuple[type[Event], ...]:
+    """``ignores`` as declared by ``cls`` itself, checked: a tuple of event classes — ValueError
+    naming the policy otherwise (a typo must not silently make a policy deaf, or fail later on
+    the loop). Not inherited: a subclass of ``SeparatePolicy`` that reacts to samples in its own
+    ``decide`` must see them without knowing its parent ignored them."""
+    ign = cls.__dict__.get("ignores", ())
+    if not isinstance(ign, tuple) or not all(isinstance(t, type) and issubclass(t, Event) for t in ign):
+        raise ValueError(
+            f"policy {cls.__module__}.{cls.__qualname__}: ignores must be a tuple of event classes "
+            f"(e.g. SAMPLE_EVENTS), got {ign!r}"
+        )
+    return ign
 
 
 # -- shared building blocks (pure functions of event + view) --------------------------

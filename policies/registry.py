@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from shunter.policies.base import Policy
+from shunter.policies.base import Policy, checked_ignores
 from shunter.policies.colocated import ColocatedPolicy
 from shunter.policies.lend_when_idle import LendWhenIdlePolicy
 from shunter.policies.separate import SeparatePolicy
@@ -89,6 +89,7 @@ def policy_class(spec: str) -> type[Policy]:
     cls = import_object(spec, "policy")
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise ValueError(f"policy {spec!r} is not a subclass of shunter.policies.Policy")
+    checked_ignores(cls)
     return cls
 
 

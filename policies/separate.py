@@ -11,6 +11,7 @@ import msgspec
 
 from shunter.events import EngineView, Event, Intent
 from shunter.policies.base import (
+    SAMPLE_EVENTS,
     Policy,
     ValidationState,
     load_on_ready,
@@ -26,6 +27,7 @@ class SeparateState(msgspec.Struct):
 class SeparatePolicy(Policy):
     name = "separate"
     State = SeparateState
+    ignores = SAMPLE_EVENTS  # acts on batches (BatchReady), steps, weights and modes
 
     @classmethod
     def check_setup(cls, *, standalone: int, hybrid: int) -> None:

@@ -114,3 +114,21 @@ def test_colocated_runs_the_synchronous_schedule():
     assert p.decide(WEIGHTS, view(h0)) == [Offload(parts=["optimizer"]), SwitchToRollout(replica_ids=["hybrid-0"])]
     with pytest.raises(ValueError, match="standalone_replicas = 0"):
         ColocatedPolicy.check_setup(standalone=1, hybrid=1)
+
+
+def test_ignores_is_checked_and_not_inherited():
+    from shunter.policies import SAMPLE_EVENTS, SeparatePolicy
+    from shunter.policies.base import checked_ignores
+
+    assert checked_ignores(SeparatePolicy) == SAMPLE_EVENTS
+
+    class Mine(SeparatePolicy):  # reacts to samples in its own decide: must see them
+        pass
+
+    assert checked_ignores(Mine) == ()
+
+    class Typo(SeparatePolicy):
+        ignores = "SampleEnd"  # a user's mistake: a string, not a tuple of classes
+
+    with pytest.raises(ValueError, match=r"Typo: ignores must be a tuple of event classes"):
+        checked_ignores(Typo)

@@ -16,9 +16,10 @@ A policy is a plain object:
 - ``check_setup(standalone=, hybrid=)`` raises ``ValueError`` for replica setups it cannot run
   (checked when the config is loaded).
 - ``ignores``: event types the policy never acts on (``SAMPLE_EVENTS`` for a policy that acts
-  on batches and steps, not on single samples); declared by the class itself, not inherited. ``decide`` is not called on them and the
-  coordinator builds no view for them — on a busy fleet most events are per sample, so this
-  is what keeps a policy's cost per event near zero at thousands of replicas.
+  on batches and steps, not on single samples), declared by the class itself, not inherited.
+  ``decide`` is not called on them and the coordinator builds no view for them — on a busy
+  fleet most events are per sample, so this keeps a policy's cost per event near zero at
+  thousands of replicas.
 
 What a policy sees: ``RunStarted`` (or ``RunResumed`` after ``restore()``) first — the opening's
 replicas are already in ``view.replicas`` — then every event the coordinator handles, except

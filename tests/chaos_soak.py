@@ -96,7 +96,17 @@ def find(proc: subprocess.Popen, name: str) -> psutil.Process | None:
     return None
 
 
-def group_left(pgid: int) -> list[str]:
+def group_left(pgid: int, grace_s: float = 15.0) -> list[str]:
+    """Processes of the run's process group still alive ``grace_s`` after its driver exited
+    (Ray's own daemons take a moment to stop after ``ray.shutdown()``: a process still
+    stopping is not one left behind)."""
+    deadline = time.monotonic() + grace_s
+    while (left := _group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def _group(pgid: int) -> list[str]:
     out = []
     for p in psutil.process_iter(["pid", "name"]):
         try:
@@ -158,9 +168,9 @@ def one_run(
             err.close()
             if rc is None:
                 res["hangs"] += 1
-            left = group_left(proc.pid)
+            how = "kill" if fired and fired[-1] == "driver_kill" and stopped else "exit"
+            left = group_left(proc.pid, grace_s=0.0 if how == "kill" else 15.0)
             if left:
-                how = "kill" if fired and fired[-1] == "driver_kill" and stopped else "exit"
                 res["processes_left_after_" + how] += 1
                 names.update(f"{how}:{n}" for n in left)
                 os.killpg(proc.pid, signal.SIGKILL)

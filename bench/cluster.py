@@ -117,6 +117,7 @@ def run_sim(
     time_limit_s: float | None = None,
     charge_coordinator: bool = False,
     out_dir: Path | None = None,
+    timer=time.perf_counter,
 ) -> SimResult:
     """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
     folding sink such as ``analysis.Summary`` instead). ``policy``: an instance to use instead
@@ -124,13 +125,24 @@ def run_sim(
     folder to continue from; ``time_limit_s``: simulated seconds before ``TimeoutError``;
     ``charge_coordinator``: the coordinator's real CPU time passes on the simulated clock;
     ``out_dir``: attach a production run's sinks (event log, structured log, metrics, feed)
-    writing there."""
+    writing there; ``timer``: what measures the coordinator's time per message (a test
+    passes a fake one)."""
     # nothing in a simulation waits on I/O or threads: time may jump as soon as no callback is ready
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
     extra = RunSinks.open(out_dir) if out_dir is not None else None
     try:
         job = _run(
-            cfg, cost, seed, keep, loop, [*(extra or ()), *sinks], policy, checkpoints, resume, charge_coordinator
+            cfg,
+            cost,
+            seed,
+            keep,
+            loop,
+            [*(extra or ()), *sinks],
+            policy,
+            checkpoints,
+            resume,
+            charge_coordinator,
+            timer,
         )
         return loop.run_until_complete(asyncio.wait_for(job, time_limit_s))
     finally:
@@ -150,6 +162,7 @@ async def _run(
     checkpoints: Path | None,
     resume: Path | None,
     charge: bool,
+    timer,
 ) -> SimResult:
     run_id = f"sim-{seed}"
     clock = loop.time
@@ -228,9 +241,9 @@ async def _run(
     handle = coord.handle
 
     def timed(msg: Message) -> None:
-        t = time.perf_counter()
+        t = timer()
         handle(msg)
-        dt = time.perf_counter() - t
+        dt = timer() - t
         spent.append(dt)
         if charge:
             inbox.debt += dt

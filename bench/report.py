@@ -200,6 +200,9 @@ def write_report(results: list[Path], out: Path) -> Path:
         if "scenario" not in r and "step_time_ratios" in r:  # python -m shunter.bench gpu-sim
             parts += gpu_sim_section(r, path)
             continue
+        if "scenario" not in r:  # not a bench result (a chaos soak's report, for one): README says where
+            print(f"report: skipping {path}: not a bench scenario result")
+            continue
         sc = r["scenario"]["scenario"]
         parts += [
             f"## {sc['name']}",

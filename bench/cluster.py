@@ -73,13 +73,13 @@ class SimResult:
 
 class ChargedInbox(asyncio.Queue):
     """The coordinator's inbox in a simulation. Remembers when each message was posted (on the
-    loop's clock); with ``charge`` set, ``get()`` first sleeps off ``debt`` — the real seconds
-    the coordinator spent on the previous messages — so its CPU time passes on the simulated
+    loop's clock); ``get()`` first sleeps off ``debt`` — the real seconds the coordinator spent
+    on the previous messages, when they are charged — so its CPU time passes on the simulated
     clock while replicas and trainer go on and post."""
 
-    def __init__(self, clock, charge: bool) -> None:
+    def __init__(self, clock) -> None:
         super().__init__()
-        self.clock, self.charge = clock, charge
+        self.clock = clock
         self.debt = 0.0
         self.posted: deque[float] = deque()
         self.taken = 0.0
@@ -220,7 +220,7 @@ async def _run(
         if keep:
             kept.append(m)
 
-    inbox = ChargedInbox(clock, charge)
+    inbox = ChargedInbox(clock)
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
     coord = Coordinator(
         cfg,

@@ -142,19 +142,19 @@ def capacity(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bo
     )
 
 
-def best_split_s(sc: Scenario, v: Variant, cost: CostModel, work: list[bound.StepWork], peak_tok_s: float) -> float:
+def best_split_s(sc: Scenario, v: Variant, cost: CostModel, work: list[bound.StepWork], cap: bound.Capacity) -> float:
     """The least overlapped bound over every trainer:rollout split of the scenario's GPUs for
     this work: the per-token part of each step rescales with the trainer GPUs (data parallel),
     the fixed part (``train_step_s``) and the publish do not."""
     k0 = sc.cluster.gpus if v.policy == "colocated" else v.trainer_gpus
-    alone = 1 / cost.step_s(1)
+    peak = cap.gpu_tok_s * sc.cluster.gpus_per_replica  # one replica's
     best = float("inf")
     for k in range(1, sc.cluster.gpus):
         replicas = (sc.cluster.gpus - k) // sc.cluster.gpus_per_replica
         if replicas < 1:
             continue
         scaled = [w._replace(step_s=cost.train_step_s + max(0.0, w.step_s - cost.train_step_s) * k0 / k) for w in work]
-        best = min(best, bound.overlapped_s(scaled, replicas * peak_tok_s, alone))
+        best = min(best, bound.overlapped_s(scaled, replicas * peak, cap.alone_tok_s))
     return best
 
 
@@ -190,9 +190,9 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
                 raise RuntimeError(f"{sc.scenario.name}/{v.name} seed {seed}: {r.ended.reason}: {r.ended.error}")
             m = summary.result()
             work = summary.work()
-            m.update(bound.figures(work, capacity(sc, v, cfg, cost), schedule_of(v), m["wall_s"]))
-            b = cfg.rollout.max_in_flight_per_replica
-            m["best_split_bound_s"] = best_split_s(sc, v, cost, work, b / cost.step_s(b))
+            cap = capacity(sc, v, cfg, cost)
+            m.update(bound.figures(work, cap, schedule_of(v), m["wall_s"]))
+            m["best_split_bound_s"] = best_split_s(sc, v, cost, work, cap)
             m["cpu_s"] = r.cpu_wall_s
             m["messages"] = float(r.handled)
             m["coordinator_cpu_s"] = r.coordinator_cpu_s

@@ -15,8 +15,9 @@ Invariants (checked by :meth:`check`):
   ``on_stale="drop"`` trains finished groups in completion order and drops those that
   exceeded the bound (reason ``stale``).
 
-Cost: every operation is O(1) amortised in the groups held, but for those it returns — a
-view of a run holding thousands of ready groups costs no scan. Wait mode keeps the leading
+Cost: every operation is O(1) amortised in the groups held, but for the groups it returns
+and ``prune`` (drop mode, once per publish), which looks at every ready group — a view of a
+run holding thousands of ready groups costs no scan. Wait mode keeps the leading
 run of ready groups (``_prefix``) and extends it past the groups that completed or left
 since (each group enters it once).
 """

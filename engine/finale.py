@@ -147,10 +147,11 @@ class Finale:
                     if behind:
                         self.issue(LoadWeights(replica_ids=behind))
                 while self._behind:  # one look per message: the first replica still behind
-                    r = st.replicas.get(next(iter(self._behind)))
+                    rid = next(iter(self._behind))
+                    r = st.replicas.get(rid)
                     if r is not None and r.mode == ROLLOUT and r.version < t.version:
                         return False
-                    self._behind.discard(next(iter(self._behind)))
+                    self._behind.discard(rid)
                 self.phase = "validating"
             case "validating":
                 if not self._validating(st):

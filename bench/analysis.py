@@ -9,8 +9,8 @@ simulated one are measured by the same code.
   ``SampleResumed``, -1 at ``SampleEnd`` / ``SampleAborted``), counted while the replica is
   in rollout mode (standalone from the start, hybrid between ``ModeChanged`` events);
 - idle fraction = 1 - busy / span, span = first ``RunStarted`` to ``RunEnded``;
-- the work of each optimizer step (``work()``: response tokens and longest response of the
-  groups it trained, its duration plus the publish after it) — the input of the true bound
+- the work of each optimizer step (``work()``: the prompt and response length of every sample
+  of the groups it trained, its duration plus the publish after it) — the input of the true bound
   (``shunter.bench.bound``), which needs the machine's capacity besides. Busy time is not a
   bound: a replica holding one straggler is busy and nearly idle.
 """
@@ -72,8 +72,8 @@ class Summary:
         self.rollout: dict[str, list[tuple[float, int]]] = {}
         self.tokens = 0
         self.switches = 0
-        self._groups: dict[int, list[int]] = {}  # group -> [tokens, longest] of its finished samples
-        self._work: list[list] = []  # per step: [tokens, longest, step seconds, publish seconds]
+        self._groups: dict[int, list[tuple[int, int]]] = {}  # group -> (prompt, response) of its finished samples
+        self._work: list[list] = []  # per step: [samples, step seconds, publish seconds]
 
     def __call__(self, m: Message) -> None:
         self.first = m.wall_time if self.first is None else self.first
@@ -84,21 +84,17 @@ class Summary:
             case RunEnded():
                 self.end = m.wall_time
             case StepBegin():
-                tokens = longest = 0
-                for g in m.group_ids:
-                    t, n = self._groups.pop(g, (0, 0))
-                    tokens, longest = tokens + t, max(longest, n)
-                self._work.append([tokens, longest, 0.0, 0.0])
+                self._work.append([tuple(x for g in m.group_ids for x in self._groups.pop(g, ())), 0.0, 0.0])
             case StepEnd():
                 self.steps += 1
                 self.trainer_busy += m.duration_s
                 self.stale.append(m.metrics.get("batch/staleness_mean", 0.0))
                 if self._work:
-                    self._work[-1][2] += m.duration_s
+                    self._work[-1][1] += m.duration_s
             case WeightsReady():
                 self.trainer_busy += m.duration_s
                 if self._work:
-                    self._work[-1][3] += m.duration_s
+                    self._work[-1][2] += m.duration_s
             case ReplicaUp():
                 self.rollout.setdefault(m.replica_id, []).append(
                     (float("-inf") if m.mode == ROLLOUT else 0.0, 1 if m.mode == ROLLOUT else 0)
@@ -112,9 +108,7 @@ class Summary:
                 self.flight[m.replica_id].append((m.wall_time, -1))
                 n = len(m.sample.token_ids)
                 self.tokens += n
-                g = self._groups.setdefault(m.sample.group_id, [0, 0])
-                g[0] += n
-                g[1] = max(g[1], n)
+                self._groups.setdefault(m.sample.group_id, []).append((len(m.sample.prompt_token_ids), n))
             case SampleAborted():
                 self.flight[m.replica_id].append((m.wall_time, -1))
 
@@ -143,7 +137,7 @@ class Summary:
 
     def work(self) -> list[StepWork]:
         """The work of each optimizer step so far, in order (steps that failed count as work)."""
-        return [StepWork(int(t), int(n), float(s), float(y)) for t, n, s, y in self._work]
+        return [StepWork(samples, float(s), float(y)) for samples, s, y in self._work]
 
 
 def summarize(messages: Iterable[Message]) -> dict[str, float]:

@@ -9,7 +9,10 @@ of length ``L`` (``length_sigma = 0``) spread evenly over ``R`` replicas
 (``max_in_flight_per_replica = train_batch_size / R``):
 
     wake (+ load, except in the first cycle, whose replicas already hold version 0)
-    + prefill_s_per_token * P + L * step_s(train_batch_size / R)      generate
+    + b * w + L * step_s(b) + (b * w / chunk_s) * decode_step_s        generate
+      (b = train_batch_size / R requests per replica, each prefilling P tokens in w seconds,
+      first come first served, chunk_s of prefill per step: the last joins after b * w / chunk_s
+      steps that also decode the earlier ones, and the batch drains as it filled)
     + max(sleep_s, offload_s)                                          rollout to sleep, trainer onload
     + parameter_sync_step * train_s(ppo_mini_batch_size * (P + L))     train
     + publish_s                                                        publish
@@ -17,6 +20,7 @@ of length ``L`` (``length_sigma = 0``) spread evenly over ``R`` replicas
 
 from __future__ import annotations
 
+from shunter.bench.replica_model import prefill_s
 from shunter.bench.sim import CostModel
 from shunter.engine.config import EngineConfig
 
@@ -28,9 +32,16 @@ def colocated_run_s(cfg: EngineConfig, cost: CostModel) -> float:
         raise ValueError("the closed form needs fixed lengths (length_sigma = 0, no lengths_file)")
     if t.train_batch_size % replicas or r.max_in_flight_per_replica != t.train_batch_size // replicas:
         raise ValueError("the closed form needs an even spread: max_in_flight_per_replica = train_batch_size / R")
+    if cost.decode_s_per_kv_token or cost.kv_tokens:
+        raise ValueError("the closed form leaves attention cost and the KV limit out (set them to 0)")
     length = min(int(cost.length_median), r.max_tokens)
+    b = t.train_batch_size // replicas
+    w = prefill_s(cost, cost.prompt_tokens)
+    ramp = b * w / prefill_s(cost, cost.prefill_chunk_tokens) if w else 0.0  # steps until the last joins
+    if ramp > length:
+        raise ValueError("the closed form needs the prefill of a batch to take fewer steps than its decode")
+    generate = b * w + length * cost.step_s(b) + ramp * cost.decode_step_s
     p = cost.prompt_tokens
-    generate = cost.prefill_s_per_token * p + length * cost.step_s(t.train_batch_size // replicas)
     train = t.parameter_sync_step * cost.train_s(t.ppo_mini_batch_size * (p + length))
     cycle = cost.wake_s + generate + max(cost.sleep_s, cost.offload_s) + train + cost.publish_s()
     cycles = cfg.run.total_steps // t.parameter_sync_step

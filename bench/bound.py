@@ -3,47 +3,60 @@ GPUs the run had — computed from the machine's capacity and the work, never fr
 busy flags.
 
 Invariants: every figure here is a pure function of the work (``StepWork``, one per optimizer
-step, read from the event log) and of the machine (``Capacity``: from the simulator's cost
-model, or from raw vLLM measured on the same hardware); each bound is a *lower* bound on the
-wall time of the schedule family it names, so ``frac_of_bound = bound / measured <= 1`` up to
-clock resolution, and a schedule can only reach 1 by wasting nothing.
+step: the prompt and response length of every sample it trained, read from the event log) and
+of the machine (a ``Machine``: the simulator's cost model, ``ModelMachine``, or the peak rates
+of raw vLLM measured on the same hardware, ``RateMachine``); each bound is a *lower* bound on
+the wall time of the schedule family it names, so ``frac_of_bound = bound / measured <= 1`` up
+to clock resolution, and a schedule can only reach 1 by wasting nothing.
 
-The work of step ``s``: ``tokens_s`` response tokens trained (what was generated and kept —
-tokens generated and then dropped are waste, not work), the longest response ``longest_s``,
-and the trainer's time ``train_s``: the optimizer step plus the weight publish that follows it
-(``step_s + sync_s``).
+Generation work is counted in replica-seconds. Under the cost model, the responses of ``T``
+tokens that attended to ``C`` tokens of context in all (a response of ``L`` tokens after a
+``P``-token prompt attends to ``L*P + L*(L-1)/2``), with prompts whose prefill costs ``PF``
+seconds, need at least::
 
-- **overlapped** (``separate``: a fixed rollout fleet beside the trainer). Generation at full
-  decode capacity for the batches of steps 1..s must be done before step s trains, no
-  sequence decodes faster than alone, and steps train one after another::
+    decode_step_s * max(T / max_batch, C / kv_tokens) + decode_step_s_per_seq * T
+      + decode_s_per_kv_token * C + PF
 
-      ready_s  = max(sum(tokens_1..s) / capacity, longest_s / alone)
+(a step produces at most ``max_batch`` tokens and holds at most ``kv_tokens`` of context; each
+step costs its fixed part once), and no sequence finishes sooner than alone on a replica
+(its prompt's prefill plus its decode steps at batch 1). With a peak rate instead, ``T``
+tokens need ``T / peak`` replica-seconds and a response of ``L`` tokens ``L / alone``.
+
+- **overlapped** (``separate``: a fixed fleet of ``R`` replicas beside the trainer). The
+  generation of steps 1..s must be done before step s trains, no sequence is faster than
+  alone, and steps train one after another (``train_s`` = optimizer step + the publish after)::
+
+      ready_s  = max(work(steps 1..s) / R, alone_s)
       finish_s = max(finish_(s-1), ready_s) + train_s
 
 - **lending** (the trainer's GPUs also generate while the trainer is idle): the larger of the
-  overlapped bound with the lent capacity always present, and the GPU-seconds bound
+  overlapped bound with the lent replicas always present and the GPU-seconds bound
   (generation GPU-seconds + training GPU-seconds) / GPUs.
-- **serial** (``colocated``: every GPU generates, then every GPU trains): each step generates
-  its batch at the capacity of all replicas, no faster than its longest sequence alone, then
-  trains: ``finish_s = finish_(s-1) + max(tokens_s / capacity, longest_s / alone) + train_s``.
+- **serial** (``colocated``: every GPU generates, then every GPU trains):
+  ``finish_s = finish_(s-1) + max(work(step s) / R, alone_s) + train_s``.
+- **at a staleness bound** (``stale_bound``): with ``on_stale = "wait"`` the groups of step s
+  start only once the weights ``max_staleness`` versions before the ones step s trains are
+  published (AReaL's gate), so also ``ready_s >= finish_(that publish) + alone_s``. This is the
+  best any schedule can do *at that staleness*; ``bound_s`` is the best at any.
 
-Left out (so each bound is looser, never tighter, than the truth): prefill, the staleness
-limit, switch and load costs, the time a sample spends queued.
+Left out (so each bound is looser, never tighter, than the truth): switch and load costs,
+the time a sample spends queued, preemption.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol
+
+from shunter.bench.replica_model import ReplicaCost, lone_decode_s, prefill_s
 
 Schedule = Literal["overlapped", "lending", "serial"]
 
 
 class StepWork(NamedTuple):
-    tokens: int
-    """Response tokens of the samples trained in this step."""
-    longest: int
-    """The longest response trained in this step."""
+    samples: tuple[tuple[int, int], ...]
+    """(prompt tokens, response tokens) of each sample this step trained."""
     step_s: float
     """The optimizer step (seconds)."""
     sync_s: float = 0.0
@@ -53,55 +66,153 @@ class StepWork(NamedTuple):
     def train_s(self) -> float:
         return self.step_s + self.sync_s
 
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.samples)
 
-class Capacity(NamedTuple):
+
+class Load(NamedTuple):
+    """The generation a set of samples needs, as the machine counts it."""
+
+    tokens: float = 0.0
+    context: float = 0.0
+    prefill_s: float = 0.0
+    alone_s: float = 0.0
+    """The longest of them alone on a replica."""
+
+    def plus(self, o: Load) -> Load:
+        return Load(
+            self.tokens + o.tokens, self.context + o.context, self.prefill_s + o.prefill_s, max(self.alone_s, o.alone_s)
+        )
+
+
+class Machine(Protocol):
+    def load(self, samples: Sequence[tuple[int, int]]) -> Load: ...
+    def work_s(self, load: Load) -> float:
+        """Replica-seconds of generation ``load`` needs at least."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelMachine:
+    """A replica as the simulator's cost model has it (``shunter.bench.replica_model``)."""
+
+    cost: ReplicaCost
+    max_batch: int
+
+    def load(self, samples: Sequence[tuple[int, int]]) -> Load:
+        c = self.cost
+        tokens = sum(n for _, n in samples)
+        context = sum(n * p + n * (n - 1) / 2 for p, n in samples)
+        pf = sum(prefill_s(c, p) for p, _ in samples)
+        alone = max((prefill_s(c, p) + lone_decode_s(c, p, n) for p, n in samples), default=0.0)
+        return Load(tokens, context, pf, alone)
+
+    def work_s(self, load: Load) -> float:
+        c = self.cost
+        steps = load.tokens / self.max_batch
+        if c.kv_tokens:
+            steps = max(steps, load.context / c.kv_tokens)
+        return (
+            c.decode_step_s * steps
+            + c.decode_step_s_per_seq * load.tokens
+            + c.decode_s_per_kv_token * load.context
+            + load.prefill_s
+        )
+
+
+@dataclass(frozen=True)
+class RateMachine:
+    """A replica known by its measured peak decode rate and one sequence's rate alone."""
+
+    peak_tok_s: float
+    alone_tok_s: float
+
+    def load(self, samples: Sequence[tuple[int, int]]) -> Load:
+        longest = max((n for _, n in samples), default=0)
+        return Load(float(sum(n for _, n in samples)), alone_s=longest / self.alone_tok_s)
+
+    def work_s(self, load: Load) -> float:
+        return load.tokens / self.peak_tok_s
+
+
+class Fleet(NamedTuple):
     """What the variant's GPUs can do at best."""
 
-    rollout_tok_s: float
-    """Peak decode tokens/s of the replicas that always serve rollout (or, serial: all)."""
-    alone_tok_s: float
-    """Tokens/s of one sequence decoding alone on a replica (the fastest any sequence goes)."""
-    lendable_tok_s: float = 0.0
-    """Peak tokens/s the trainer's GPUs add when lent to rollout (lending schedules)."""
+    machine: Machine
+    replicas: int
+    """Replicas that always serve rollout (serial: all of them)."""
+    lendable: int = 0
+    """Replicas on the trainer's GPUs that may be lent to rollout (lending schedules)."""
     gpus: int = 1
     """All GPUs of the variant."""
     trainer_gpus: int = 1
     """GPUs the trainer holds while it trains or publishes."""
-    gpu_tok_s: float = 0.0
-    """Peak decode tokens/s of one GPU (for the GPU-seconds bound of a lending schedule)."""
+    gpus_per_replica: int = 1
 
 
-def overlapped_s(work: Sequence[StepWork], capacity_tok_s: float, alone_tok_s: float) -> float:
-    finish, made = 0.0, 0
+class Gate(NamedTuple):
+    """The staleness gate of a run in ``on_stale = "wait"`` mode."""
+
+    max_staleness: int
+    steps_per_version: int = 1
+
+
+def _check(work: Sequence[StepWork], fleet: Fleet) -> None:
+    if fleet.replicas <= 0:
+        raise ValueError(f"a fleet needs replicas, got {fleet.replicas}")
+
+
+def overlapped_s(work: Sequence[StepWork], machine: Machine, replicas: int, gate: Gate | None = None) -> float:
+    finish: list[float] = []
+    total = Load()
+    for s, w in enumerate(work):
+        step = machine.load(w.samples)
+        total = total.plus(step)
+        ready = max(machine.work_s(total) / replicas, step.alone_s)
+        if gate is not None:
+            first = (s // gate.steps_per_version - gate.max_staleness) * gate.steps_per_version - 1
+            if first >= 0:
+                ready = max(ready, finish[first] + step.alone_s)
+        finish.append(max(finish[-1] if finish else 0.0, ready) + w.train_s)
+    return finish[-1] if finish else 0.0
+
+
+def serial_s(work: Sequence[StepWork], machine: Machine, replicas: int) -> float:
+    out = 0.0
     for w in work:
-        made += w.tokens
-        ready = max(made / capacity_tok_s, w.longest / alone_tok_s)
-        finish = max(finish, ready) + w.train_s
-    return finish
+        step = machine.load(w.samples)
+        out += max(machine.work_s(step) / replicas, step.alone_s) + w.train_s
+    return out
 
 
-def serial_s(work: Sequence[StepWork], capacity_tok_s: float, alone_tok_s: float) -> float:
-    return sum(max(w.tokens / capacity_tok_s, w.longest / alone_tok_s) + w.train_s for w in work)
-
-
-def bound_s(work: Sequence[StepWork], cap: Capacity, schedule: Schedule) -> float:
-    """The least wall time a ``schedule`` could take for ``work`` on ``cap`` (0: no work)."""
+def bound_s(work: Sequence[StepWork], fleet: Fleet, schedule: Schedule, gate: Gate | None = None) -> float:
+    """The least wall time a ``schedule`` could take for ``work`` on ``fleet`` (0: no work);
+    with a ``gate``, at that staleness bound."""
     if not work:
         return 0.0
-    if cap.rollout_tok_s <= 0 or cap.alone_tok_s <= 0:
-        raise ValueError(f"capacity must be positive, got {cap}")
+    _check(work, fleet)
+    m = fleet.machine
     if schedule == "serial":
-        return serial_s(work, cap.rollout_tok_s, cap.alone_tok_s)
+        return serial_s(work, m, fleet.replicas)
     if schedule == "overlapped":
-        return overlapped_s(work, cap.rollout_tok_s, cap.alone_tok_s)
-    lent = overlapped_s(work, cap.rollout_tok_s + cap.lendable_tok_s, cap.alone_tok_s)
-    if cap.gpu_tok_s <= 0:
-        return lent
-    gpu_s = sum(w.tokens for w in work) / cap.gpu_tok_s + sum(w.train_s for w in work) * cap.trainer_gpus
-    return max(lent, gpu_s / cap.gpus)
+        return overlapped_s(work, m, fleet.replicas, gate)
+    lent = overlapped_s(work, m, fleet.replicas + fleet.lendable, gate)
+    total = Load()
+    for w in work:
+        total = total.plus(m.load(w.samples))
+    gpu_s = m.work_s(total) * fleet.gpus_per_replica + sum(w.train_s for w in work) * fleet.trainer_gpus
+    return max(lent, gpu_s / fleet.gpus)
 
 
-def figures(work: Sequence[StepWork], cap: Capacity, schedule: Schedule, wall_s: float) -> dict[str, float]:
-    """``bound_s`` and ``frac_of_bound`` (bound / measured wall time) of one run."""
-    b = bound_s(work, cap, schedule)
-    return {"bound_s": b, "frac_of_bound": b / wall_s if wall_s > 0 else 0.0}
+def figures(
+    work: Sequence[StepWork], fleet: Fleet, schedule: Schedule, wall_s: float, gate: Gate | None = None
+) -> dict[str, float]:
+    """``bound_s`` and ``frac_of_bound`` (bound / measured wall time) of one run; with a gate,
+    also ``stale_bound_s`` / ``frac_of_stale_bound``: the same at the run's staleness bound."""
+    b = bound_s(work, fleet, schedule)
+    out = {"bound_s": b, "frac_of_bound": b / wall_s if wall_s > 0 else 0.0}
+    if gate is not None and schedule != "serial":
+        sb = bound_s(work, fleet, schedule, gate)
+        out.update(stale_bound_s=sb, frac_of_stale_bound=sb / wall_s if wall_s > 0 else 0.0)
+    return out

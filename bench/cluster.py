@@ -207,7 +207,7 @@ async def _run(
             ),
         ]
     table.check()
-    core = SimTrainer(cost)
+    core = SimTrainer(cost, replicas=len(kinds))
     if resume is not None:
         core.load(str(resume))
     trainer = TrainerHost(core, Stamper(run_id, "trainer", clock), transport="sim")

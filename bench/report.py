@@ -17,6 +17,7 @@ COLUMNS = [
     ("best_split_speedup_vs_colocated", "best split's bound vs colocated", "{:.2f}x"),
     ("step_s", "step (s)", "{:.1f}"),
     ("frac_of_bound", "of its true bound", "{:.0%}"),
+    ("frac_of_stale_bound", "of its bound at its staleness", "{:.0%}"),
     ("trainer_idle_frac", "trainer idle", "{:.0%}"),
     ("rollout_idle_frac", "rollout idle", "{:.0%}"),
     ("staleness_mean", "staleness", "{:.2f}"),

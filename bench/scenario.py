@@ -13,13 +13,15 @@ GPU accounting of a simulated variant (``gpus`` in total, ``gpus_per_replica`` e
 - ``lend_when_idle`` (and other policies with ``hybrid = true``): as ``separate``, plus a
   hybrid replica on every ``gpus_per_replica`` trainer GPUs.
 
-The trainer's time per token is ``cost.train_s_per_token / trainer_gpus`` (data parallel).
+The trainer trains data parallel on its GPUs (``cost.trainer_gpus``: time per token divided
+over them, plus the gradient all-reduce ``cost.grad_bytes`` costs on that many).
 
 Every variant's result carries the true bound (``shunter.bench.bound``) of its own GPUs and
-schedule — ``bound_s``, ``frac_of_bound`` — and ``best_split_bound_s``: the least overlapped
-bound over every trainer:rollout split of the same GPUs for the same work (the ceiling a
-better split could reach). Decode capacity comes from the cost model: a replica's peak is
-``max_in_flight_per_replica`` sequences per decode step, one sequence alone runs at batch 1.
+schedule — ``bound_s``, ``frac_of_bound``; ``stale_bound_s``, ``frac_of_stale_bound`` at the
+variant's staleness bound — and ``best_split_bound_s``: the least overlapped bound over every
+trainer:rollout split of the same GPUs for the same work (the ceiling a better split could
+reach). The replicas' capacity is the cost model's (``bound.ModelMachine``: at most
+``max_in_flight_per_replica`` sequences and ``kv_tokens`` of context per decode step).
 """
 
 from __future__ import annotations
@@ -116,8 +118,15 @@ def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:
     )
     data = merge(data, v.engine)
     data["run"].setdefault("stall_timeout_s", 36_000.0)
-    cost = msgspec.structs.replace(sc.cost, train_s_per_token=sc.cost.train_s_per_token / trainer_gpus)
-    return from_dict(data, origin=f"{sc.scenario.name}/{v.name}"), cost
+    cost = msgspec.structs.replace(sc.cost, trainer_gpus=trainer_gpus)
+    cfg = from_dict(data, origin=f"{sc.scenario.name}/{v.name}")
+    need = cost.prompt_tokens + cfg.rollout.max_tokens
+    if cost.kv_tokens and cost.kv_tokens < need:
+        raise ValueError(
+            f"scenario {sc.scenario.name}: cost.kv_tokens = {cost.kv_tokens} cannot hold one sequence of "
+            f"prompt_tokens + rollout.max_tokens = {need} tokens (vLLM refuses to start such an engine)"
+        )
+    return cfg, cost
 
 
 def schedule_of(v: Variant) -> bound.Schedule:
@@ -126,35 +135,42 @@ def schedule_of(v: Variant) -> bound.Schedule:
     return "lending" if (v.hybrid or v.policy == "lend_when_idle") else "overlapped"
 
 
-def capacity(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bound.Capacity:
-    """The variant's decode capacity from the cost model (``variant_setup``'s GPU accounting)."""
-    b = cfg.rollout.max_in_flight_per_replica
-    peak, alone = b / cost.step_s(b), 1 / cost.step_s(1)
+def fleet(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bound.Fleet:
+    """The variant's replicas, as the cost model has them (``variant_setup``'s GPU accounting)."""
     r = cfg.rollout
     always = r.standalone_replicas if v.policy != "colocated" else r.hybrid_replicas
-    return bound.Capacity(
-        rollout_tok_s=always * peak,
-        alone_tok_s=alone,
-        lendable_tok_s=r.hybrid_replicas * peak if schedule_of(v) == "lending" else 0.0,
+    return bound.Fleet(
+        machine=bound.ModelMachine(cost, r.max_in_flight_per_replica),
+        replicas=always,
+        lendable=r.hybrid_replicas if schedule_of(v) == "lending" else 0,
         gpus=sc.cluster.gpus,
-        trainer_gpus=sc.cluster.gpus if v.policy == "colocated" else v.trainer_gpus,
-        gpu_tok_s=peak / sc.cluster.gpus_per_replica,
+        trainer_gpus=cost.trainer_gpus,
+        gpus_per_replica=sc.cluster.gpus_per_replica,
     )
 
 
-def best_split_s(sc: Scenario, v: Variant, cost: CostModel, work: list[bound.StepWork], cap: bound.Capacity) -> float:
+def gate(cfg: EngineConfig) -> bound.Gate | None:
+    """The staleness gate a run in ``on_stale = "wait"`` mode keeps (None in drop mode)."""
+    if cfg.rollout.on_stale != "wait":
+        return None
+    return bound.Gate(cfg.rollout.max_staleness, cfg.trainer.parameter_sync_step)
+
+
+def best_split_s(sc: Scenario, cost: CostModel, work: list[bound.StepWork], machine: bound.Machine) -> float:
     """The least overlapped bound over every trainer:rollout split of the scenario's GPUs for
-    this work: the per-token part of each step rescales with the trainer GPUs (data parallel),
-    the fixed part (``train_step_s``) and the publish do not."""
-    k0 = sc.cluster.gpus if v.policy == "colocated" else v.trainer_gpus
-    peak = cap.gpu_tok_s * sc.cluster.gpus_per_replica  # one replica's
+    this work: the per-token part of each step rescales with the trainer GPUs (data parallel)
+    and the all-reduce is the one on that many GPUs; the fixed part (``train_step_s``) and the
+    publish do not change."""
+    k0 = cost.trainer_gpus
+    fixed0 = cost.train_step_s + cost.allreduce_s()
     best = float("inf")
     for k in range(1, sc.cluster.gpus):
         replicas = (sc.cluster.gpus - k) // sc.cluster.gpus_per_replica
         if replicas < 1:
             continue
-        scaled = [w._replace(step_s=cost.train_step_s + max(0.0, w.step_s - cost.train_step_s) * k0 / k) for w in work]
-        best = min(best, bound.overlapped_s(scaled, replicas * peak, cap.alone_tok_s))
+        fixed = cost.train_step_s + msgspec.structs.replace(cost, trainer_gpus=k).allreduce_s()
+        scaled = [w._replace(step_s=fixed + max(0.0, w.step_s - fixed0) * k0 / k) for w in work]
+        best = min(best, bound.overlapped_s(scaled, machine, replicas))
     return best
 
 
@@ -190,9 +206,9 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
                 raise RuntimeError(f"{sc.scenario.name}/{v.name} seed {seed}: {r.ended.reason}: {r.ended.error}")
             m = summary.result()
             work = summary.work()
-            cap = capacity(sc, v, cfg, cost)
-            m.update(bound.figures(work, cap, schedule_of(v), m["wall_s"]))
-            m["best_split_bound_s"] = best_split_s(sc, v, cost, work, cap)
+            fl = fleet(sc, v, cfg, cost)
+            m.update(bound.figures(work, fl, schedule_of(v), m["wall_s"], gate(cfg)))
+            m["best_split_bound_s"] = best_split_s(sc, cost, work, fl.machine)
             m["cpu_s"] = r.cpu_wall_s
             m["messages"] = float(r.handled)
             m["coordinator_cpu_s"] = r.coordinator_cpu_s

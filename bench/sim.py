@@ -9,17 +9,22 @@ comes from generators seeded by the scenario, so a scenario replays identically 
 ``policy.slow``, which reports the host's real time spent in ``decide()`` (a diagnostic of
 the machine, not of the simulated run).
 
-Cost model of one replica (continuous batching, processor sharing): every active sequence
-gains one token per decode step, and a step with ``b`` sequences takes
-``decode_step_s + decode_step_s_per_seq * b``. A request first spends
-``prefill_s_per_token * context`` (prompt + any resumed prefix), then joins the batch.
-Response lengths are lognormal (``length_median``, ``length_sigma``), capped by the token
-budget, or drawn from a file of lengths. The first generated token carries the sample's
-target length, so a sample cut by a weight update and resumed elsewhere keeps its length.
+A replica is ``shunter.bench.replica_model.ReplicaModel``: continuous batching as vLLM V1
+schedules it — decode steps whose time grows with the batch and with the context every
+sequence attends to, chunked prefill as the replica's own work (a resumed sample re-prefills
+its prompt and prefix), a finite KV cache with admission and recompute preemption, and a
+pause that keeps the KV cache (``pause`` / ``resume``: a weight update in place). Response
+lengths are lognormal (``length_median``, ``length_sigma``), capped by the token budget, or
+drawn from a file of lengths. The first generated token carries the sample's target length,
+so a sample cut by a weight update and resumed elsewhere keeps its length.
 
-Trainer: an optimizer step on ``t`` tokens takes ``train_step_s + train_s_per_token * t``;
-publishing takes ``weight_bytes / sync_bandwidth_Bps + sync_latency_s``; a replica applies
-weights in ``load_s``, sleeps in ``sleep_s``, wakes in ``wake_s``.
+Trainer: an optimizer step on ``t`` tokens over ``trainer_gpus`` data-parallel GPUs takes
+``train_step_s + train_s_per_token * t / trainer_gpus`` plus a ring all-reduce of
+``grad_bytes`` (``2 (g - 1) / g * grad_bytes / allreduce_Bps``); publishing takes
+``weight_bytes / sync_bandwidth_Bps + sync_latency_s + sync_s_per_replica * replicas`` (a
+transport that sends to each replica in turn costs the trainer more the more replicas there
+are; 0 for one that publishes once and lets replicas fetch); a replica applies weights in
+``load_s``, sleeps in ``sleep_s``, wakes in ``wake_s``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import msgspec
 
+from shunter.bench.replica_model import ReplicaModel
 from shunter.engine.backend import GenParams, GenResult
 from shunter.events import Sample
 
@@ -43,29 +49,48 @@ FILL = 1
 class CostModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     prompt_tokens: int = 256
     prefill_s_per_token: float = 2e-6
+    prefill_s_per_token_ctx: float = 0.0
+    """Prefill attention: a token at position ``c`` costs ``c`` times this on top."""
+    prefill_chunk_tokens: int = 8192
+    """Prefill tokens one decode step carries at most (vLLM's ``max_num_batched_tokens``)."""
     decode_step_s: float = 0.02
     decode_step_s_per_seq: float = 1e-4
+    decode_s_per_kv_token: float = 0.0
+    """Decode attention: seconds per step per token of context of every running sequence."""
+    kv_tokens: int = 0
+    """KV-cache capacity of one replica in tokens (0: unlimited)."""
     length_median: float = 1000.0
     length_sigma: float = 0.8
     lengths_file: str = ""
     train_step_s: float = 0.5
     train_s_per_token: float = 2e-6
+    """Seconds per token of one GPU (divided over ``trainer_gpus``)."""
+    trainer_gpus: int = 1
+    grad_bytes: float = 0.0
+    """Bytes all-reduced per optimizer step across the trainer's GPUs (0: none)."""
+    allreduce_Bps: float = 100e9
     weight_bytes: float = 15e9
     sync_bandwidth_Bps: float = 50e9
     sync_latency_s: float = 0.05
+    sync_s_per_replica: float = 0.0
     load_s: float = 0.05
     sleep_s: float = 0.5
     wake_s: float = 0.5
     offload_s: float = 0.2
 
     def step_s(self, batch: int) -> float:
+        """A decode step of ``batch`` sequences, context not counted."""
         return self.decode_step_s + self.decode_step_s_per_seq * batch
 
-    def train_s(self, tokens: int) -> float:
-        return self.train_step_s + self.train_s_per_token * tokens
+    def allreduce_s(self) -> float:
+        g = self.trainer_gpus
+        return 2 * (g - 1) / g * self.grad_bytes / self.allreduce_Bps if g > 1 and self.grad_bytes else 0.0
 
-    def publish_s(self) -> float:
-        return self.weight_bytes / self.sync_bandwidth_Bps + self.sync_latency_s
+    def train_s(self, tokens: int) -> float:
+        return self.train_step_s + self.train_s_per_token * tokens / self.trainer_gpus + self.allreduce_s()
+
+    def publish_s(self, replicas: int = 0) -> float:
+        return self.weight_bytes / self.sync_bandwidth_Bps + self.sync_latency_s + self.sync_s_per_replica * replicas
 
     def lengths(self, seed: int) -> LengthSampler:
         return LengthSampler(self, seed)
@@ -92,32 +117,28 @@ class LengthSampler:
 
 @dataclass
 class _Req:
-    rid: str
-    target: int  # tokens still to produce in this request
     first: int  # the length token (first token of the sample)
     has_prefix: bool
     natural_end: bool  # the sample ends (EOS) within this request's budget
     fut: asyncio.Future
-    done: float = 0.0
-    joined: bool = False
 
 
 @dataclass
 class SimBackend:
-    """One simulated replica: a processor-sharing batch of sequences."""
+    """One simulated replica: the asyncio shell around a ``ReplicaModel``."""
 
     cost: CostModel
     seed: int = 0
     sleeping: bool = False
     lengths: LengthSampler = field(init=False)
-    _active: dict[str, _Req] = field(default_factory=dict, init=False)
-    _pending: dict[str, _Req] = field(default_factory=dict, init=False)
-    _last: float = field(default=0.0, init=False)
+    model: ReplicaModel = field(init=False)
+    _reqs: dict[str, _Req] = field(default_factory=dict, init=False)
     _timer: asyncio.TimerHandle | None = field(default=None, init=False)
     tokens_out: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.lengths = self.cost.lengths(self.seed)
+        self.model = ReplicaModel(self.cost)
 
     async def start(self) -> None:
         pass
@@ -130,54 +151,37 @@ class SimBackend:
         length = prefix[0] if prefix else self.lengths.draw()
         left = max(0, length - len(prefix))
         target = min(left, params.max_tokens)
-        req = _Req(request_id, target, length, bool(prefix), target == left, loop.create_future())
         if target == 0:
             return GenResult([], [], "length")
-        self._pending[request_id] = req
-        context = self.cost.prompt_tokens + len(prefix)
-        loop.call_later(self.cost.prefill_s_per_token * context, self._join, request_id)
+        req = _Req(length, bool(prefix), target == left, loop.create_future())
+        self._reqs[request_id] = req
+        self._finish(self.model.advance_to(loop.time()))
+        self._finish(self.model.submit(request_id, len(prompt_token_ids), target))
+        self._rearm(loop)
         return await req.fut
-
-    # -- processor sharing -------------------------------------------------------------
-    def _advance(self, now: float) -> None:
-        if self._active:
-            step = self.cost.step_s(len(self._active))
-            gained = (now - self._last) / step
-            for r in self._active.values():
-                r.done += gained
-        self._last = now
-        finished = [r for r in self._active.values() if r.done >= r.target - 1e-3]  # clock resolution
-        for r in finished:
-            self._resolve(r, r.target, "stop" if r.natural_end else "length")
 
     def _rearm(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._active:
-            left = min(r.target - r.done for r in self._active.values())
-            self._timer = loop.call_later(max(0.0, left) * self.cost.step_s(len(self._active)), self._tick)
-
-    def _join(self, rid: str) -> None:
-        r = self._pending.pop(rid, None)
-        if r is None:
-            return
-        loop = asyncio.get_running_loop()
-        self._advance(loop.time())
-        r.joined = True
-        self._active[rid] = r
-        self._rearm(loop)
+        dt = self.model.next_event_in()
+        if dt is not None:
+            self._timer = loop.call_at(self.model.t + dt, self._tick)
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         self._timer = None
-        self._advance(loop.time())
+        self._finish(self.model.advance_to(loop.time()))
         self._rearm(loop)
 
-    def _resolve(self, r: _Req, n: int, reason: str) -> None:
-        self._active.pop(r.rid, None)
-        self._pending.pop(r.rid, None)
-        if r.fut.done():
+    def _finish(self, done: list[tuple[str, int]]) -> None:
+        for rid, n in done:
+            r = self._reqs.get(rid)
+            self._resolve(rid, n, "stop" if r is not None and r.natural_end else "length")
+
+    def _resolve(self, rid: str, n: int, reason: str) -> None:
+        r = self._reqs.pop(rid, None)
+        if r is None or r.fut.done():
             return
         toks = [FILL] * n
         if n and not r.has_prefix:
@@ -189,11 +193,23 @@ class SimBackend:
 
     async def abort(self, request_ids: list[str]) -> None:
         loop = asyncio.get_running_loop()
-        self._advance(loop.time())
+        self._finish(self.model.advance_to(loop.time()))
         for rid in request_ids:
-            r = self._active.get(rid) or self._pending.get(rid)
-            if r is not None:
-                self._resolve(r, min(r.target, int(r.done)), "abort")
+            n = self.model.remove(rid)
+            if n is not None:
+                self._resolve(rid, n, "abort")
+        self._rearm(loop)
+
+    async def pause(self) -> dict[str, int]:
+        """Stop every request where it is, KV cache kept; the tokens each produced so far."""
+        loop = asyncio.get_running_loop()
+        self._finish(self.model.freeze(loop.time()))
+        self._rearm(loop)
+        return {rid: self.model.made(rid) for rid in self._reqs}
+
+    async def resume(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.model.thaw(loop.time())
         self._rearm(loop)
 
     async def load_weights(self, blob: bytes) -> float:
@@ -201,7 +217,7 @@ class SimBackend:
         return self.cost.load_s
 
     async def sleep(self, level: int = 1) -> None:
-        await self.abort(list(self._active) + list(self._pending))
+        await self.abort(list(self._reqs))
         await asyncio.sleep(self.cost.sleep_s)
         self.sleeping = True
 
@@ -210,7 +226,7 @@ class SimBackend:
         self.sleeping = False
 
     async def shutdown(self) -> None:
-        await self.abort(list(self._active) + list(self._pending))
+        await self.abort(list(self._reqs))
 
 
 class SimTokenizer:
@@ -237,8 +253,10 @@ def sim_reward(prompt: str, response: str, answer: str) -> float:
 class SimTrainer:
     """The trainer core with simulated step, publish and offload times."""
 
-    def __init__(self, cost: CostModel) -> None:
+    def __init__(self, cost: CostModel, replicas: int = 0) -> None:
         self.cost = cost
+        self.replicas = replicas
+        """Replicas the weights go to (what a per-replica transport costs the trainer)."""
         self.step = 0
         self.version = 0
         self.published_nbytes = int(cost.weight_bytes)
@@ -257,7 +275,7 @@ class SimTrainer:
         }
 
     async def publish(self) -> bytes:
-        await asyncio.sleep(self.cost.publish_s())
+        await asyncio.sleep(self.cost.publish_s(self.replicas))
         self.version += 1
         return b"sim-weights"
 

@@ -7,46 +7,90 @@ import msgspec
 import pytest
 
 from shunter.bench import bound
-from shunter.bench.bound import Capacity, StepWork
+from shunter.bench.bound import Fleet, StepWork
 from shunter.bench.scenario import Cluster, Meta, Scenario, Variant, run_scenario
 from shunter.bench.sim import CostModel
+
+RATE = bound.RateMachine(peak_tok_s=100, alone_tok_s=100)
+
+
+def work(tokens: int, longest: int, step_s: float, sync_s: float = 0.0) -> StepWork:
+    """A step whose samples are one of ``longest`` tokens and the rest in samples of 1."""
+    return StepWork(((0, longest),) + ((0, 1),) * (tokens - longest), step_s, sync_s)
 
 
 def test_overlapped_bound_by_hand():
     # 100 tokens per step at 100 tok/s: step 1 waits 1 s for its batch, then training (1 s)
     # paces the pipeline: 1 + 1 + 1 = 3 s
-    work = [StepWork(100, 10, 0.8, 0.2), StepWork(100, 10, 1.0)]
-    assert bound.bound_s(work, Capacity(rollout_tok_s=100, alone_tok_s=100), "overlapped") == pytest.approx(3.0)
+    w = [work(100, 10, 0.8, 0.2), work(100, 10, 1.0)]
+    assert bound.bound_s(w, Fleet(RATE, replicas=1), "overlapped") == pytest.approx(3.0)
     # generation paces it when it is the slower side: ready at 1, 2, 3 s, the last trains 1 s
-    work = [StepWork(100, 10, 0.5)] * 3
-    assert bound.bound_s(work, Capacity(rollout_tok_s=100, alone_tok_s=100), "overlapped") == pytest.approx(3.5)
+    assert bound.bound_s([work(100, 10, 0.5)] * 3, Fleet(RATE, replicas=1), "overlapped") == pytest.approx(3.5)
+    # two replicas halve the generation
+    assert bound.bound_s([work(100, 10, 0.5)] * 3, Fleet(RATE, replicas=2), "overlapped") == pytest.approx(2.0)
 
 
 def test_a_long_sequence_is_no_faster_than_alone():
-    work = [StepWork(100, 500, 1.0)]
-    cap = Capacity(rollout_tok_s=1e6, alone_tok_s=50)
-    assert bound.bound_s(work, cap, "overlapped") == pytest.approx(10 + 1)
-    assert bound.bound_s(work, cap, "serial") == pytest.approx(10 + 1)
+    fleet = Fleet(bound.RateMachine(peak_tok_s=1e6, alone_tok_s=50), replicas=1)
+    w = [work(500, 500, 1.0)]
+    assert bound.bound_s(w, fleet, "overlapped") == pytest.approx(10 + 1)
+    assert bound.bound_s(w, fleet, "serial") == pytest.approx(10 + 1)
 
 
 def test_serial_bound_adds_generation_and_training_per_step():
-    work = [StepWork(200, 10, 1.0), StepWork(100, 10, 1.0)]
-    assert bound.bound_s(work, Capacity(rollout_tok_s=100, alone_tok_s=100), "serial") == pytest.approx(3 + 2)
+    w = [work(200, 10, 1.0), work(100, 10, 1.0)]
+    assert bound.bound_s(w, Fleet(RATE, replicas=1), "serial") == pytest.approx(3 + 2)
 
 
 def test_lending_bound_is_the_larger_of_lent_capacity_and_gpu_seconds():
-    work = [StepWork(1000, 10, 1.0)] * 4
-    cap = Capacity(rollout_tok_s=100, alone_tok_s=100, lendable_tok_s=100, gpus=2, trainer_gpus=1, gpu_tok_s=100)
+    w = [work(1000, 10, 1.0)] * 4
+    fleet = Fleet(RATE, replicas=1, lendable=1, gpus=2, trainer_gpus=1)
     # GPU-seconds: 4000 tokens / 100 tok/s per GPU + 4 s of training on 1 GPU = 44 GPU-s on 2 GPUs
-    assert bound.bound_s(work, cap, "lending") == pytest.approx(22.0)
-    # without the GPU-seconds term the lent capacity alone would allow 20 + 1 s
-    assert bound.bound_s(work, cap._replace(gpu_tok_s=0), "lending") == pytest.approx(21.0)
+    assert bound.bound_s(w, fleet, "lending") == pytest.approx(22.0)
+    # the lent capacity alone would allow 20 + 1 s
+    assert bound.bound_s(w, fleet, "overlapped") == pytest.approx(41.0)
 
 
-def test_no_work_no_time_and_bad_capacity_is_refused():
-    assert bound.bound_s([], Capacity(0, 0), "overlapped") == 0.0
-    with pytest.raises(ValueError, match="capacity"):
-        bound.bound_s([StepWork(1, 1, 1.0)], Capacity(0, 1), "overlapped")
+def test_the_cost_model_machine_counts_attention_prefill_and_the_kv_limit():
+    cost = CostModel(
+        decode_step_s=0.01,
+        decode_step_s_per_seq=1e-4,
+        decode_s_per_kv_token=1e-6,
+        prefill_s_per_token=1e-4,
+        kv_tokens=10_000,
+    )
+    m = bound.ModelMachine(cost, max_batch=64)
+    load = m.load([(100, 1000), (100, 10)])
+    assert load.tokens == 1010
+    assert load.context == pytest.approx(1000 * 100 + 1000 * 999 / 2 + 10 * 100 + 10 * 9 / 2)
+    assert load.prefill_s == pytest.approx(2 * 100 * 1e-4)
+    # the longest alone: its prefill, then 1000 steps of one sequence whose context grows
+    assert load.alone_s == pytest.approx(0.01 + 1000 * (0.01 + 1e-4) + 1e-6 * (1000 * 100 + 1000 * 999 / 2))
+    # the steps needed are bounded by the KV cache here (600k tokens of context / 10k), not the batch
+    steps = load.context / 10_000
+    assert steps > load.tokens / 64
+    assert m.work_s(load) == pytest.approx(0.01 * steps + 1e-4 * 1010 + 1e-6 * load.context + load.prefill_s)
+
+
+def test_a_staleness_gate_bounds_how_early_a_step_can_start_its_longest():
+    # training is fast and capacity ample, but every step's longest takes 10 s alone: at staleness
+    # 1 the batch of step s starts only once step s-2 is trained and published
+    fleet = Fleet(bound.RateMachine(peak_tok_s=1e9, alone_tok_s=10), replicas=1)
+    w = [work(100, 100, 1.0)] * 4
+    free = bound.bound_s(w, fleet, "overlapped")
+    gated = bound.bound_s(w, fleet, "overlapped", bound.Gate(max_staleness=1))
+    assert free == pytest.approx(10 + 4)  # all may start at once
+    # steps 1, 2 ready at 10 (trained by 11, 12); step 3 starts when step 1 is published (11), ready
+    # at 21, trained by 22; step 4 starts at 12, ready at 22, trained by 23
+    assert gated == pytest.approx(23.0)
+    f = bound.figures(w, fleet, "overlapped", 40.0, bound.Gate(max_staleness=1))
+    assert f["bound_s"] == pytest.approx(14.0) and f["stale_bound_s"] == pytest.approx(23.0)
+
+
+def test_no_work_no_time_and_no_replicas_is_refused():
+    assert bound.bound_s([], Fleet(RATE, replicas=0), "overlapped") == 0.0
+    with pytest.raises(ValueError, match="replicas"):
+        bound.bound_s([work(1, 1, 1.0)], Fleet(RATE, replicas=0), "overlapped")
 
 
 COST = CostModel(

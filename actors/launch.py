@@ -337,6 +337,7 @@ class Launcher:
                 enable_sleep_mode=cfg.rollout.enable_sleep_mode,
                 stream_interval=cfg.rollout.stream_interval,
                 weight_transfer="ipc" if cfg.trainer.weight_transport == "vllm_ipc" else "",
+                weight_update=cfg.rollout.weight_update,
                 import_paths=cfg.run.import_paths,
             )
         )

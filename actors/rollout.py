@@ -40,6 +40,7 @@ class RolloutWorker:
         enable_sleep_mode: bool = True,
         stream_interval: int = 16,
         weight_transfer: str = "",
+        weight_update: str = "abort",
         import_paths: list[str] | None = None,
     ) -> None:
         from shunter.policies.registry import use_import_paths
@@ -55,6 +56,7 @@ class RolloutWorker:
         self.gpu_memory_utilization, self.enable_sleep_mode = gpu_memory_utilization, enable_sleep_mode
         self.stream_interval = stream_interval
         self.weight_transfer = weight_transfer
+        self.weight_update = weight_update
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -97,6 +99,7 @@ class RolloutWorker:
             seed=self.seed,
             version=self.version,
             max_model_len=self.max_model_len,
+            weight_update=self.weight_update,  # type: ignore[arg-type]
         )
         return time.perf_counter() - t0
 

@@ -184,6 +184,7 @@ async def _run(
             mode=mode,
             reward_name="sim_reward",
             version=version,
+            weight_update=cfg.rollout.weight_update,
         )
         opening += [
             RankAssigned(

@@ -100,6 +100,8 @@ class Applier:
                     self.inflight.finished(ev.sample_id, ev.group_id, ev.replica_id)
                 if ev.partial is not None:
                     self.inflight.requeue(ev.partial)
+                elif ev.reason == "failed":
+                    self.inflight.done(ev.sample_id)
             case StepBegin():
                 st.trainer.state = "training"
             case StepEnd():
@@ -184,6 +186,7 @@ class Applier:
     def _sample_end(self, ev: SampleEnd) -> None:
         s = ev.sample
         self.inflight.finished(s.sample_id, s.group_id, ev.replica_id)
+        self.inflight.done(s.sample_id)
         if (r := self.state.replicas.get(ev.replica_id)) is not None:
             r.rate.add(ev.wall_time)
             r.samples_done += 1

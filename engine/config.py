@@ -20,6 +20,7 @@ import msgspec
 from msgspec import Meta
 
 from shunter.events.data import SamplingSpec, parse_length_dist
+from shunter.events.vocab import WeightUpdate
 
 
 class ConfigError(ValueError):
@@ -160,6 +161,12 @@ class RolloutConfig(_Section):
             "'wait': batches wait for the oldest groups so none exceeds the bound; 'drop': batches take finished groups first and drop any that exceeded it."
         ),
     ] = "wait"
+    weight_update: Annotated[
+        WeightUpdate,
+        _d(
+            "How a generating replica takes new weights: 'abort' cuts its requests and resumes them from their prefix on the new weights (re-prefilled); 'keep' pauses them with their KV cache, swaps the weights and lets them go on (no re-prefill; later tokens attend to context the old weights computed). Tokens carry the version that produced them either way."
+        ),
+    ] = "abort"
     max_in_flight_per_replica: Annotated[PosInt, _d("Samples in flight on one replica at most.")] = 128
     max_model_len: Annotated[PosInt, _d("vLLM context length.")] = 64
     generate_timeout_s: Annotated[

@@ -1,56 +1,101 @@
 """``Dispatcher``: balances generation over the replicas currently in rollout mode.
 
-Invariants: a request goes only to a replica that is in the dispatcher (in rollout mode)
-and has room (``in_flight + n <= capacity``); among those, the least loaded wins (ties:
-lowest rank). ``in_flight`` counts samples, never goes negative, and a removed replica
-keeps its count until its samples come back (finished or aborted) or it is forgotten.
+Invariants: a request goes only to a replica that is in the dispatcher (in rollout mode), in
+the lane asked for, and has room (``in_flight + n <= capacity``); among those, the least
+loaded wins (ties: lowest rank). Replicas are in one of two lanes: ``bulk`` (new prompt groups
+and resumes) or ``tail`` (the straggler lane of ``Consolidate``: only samples moved there, at
+its own, smaller capacity). ``in_flight`` counts samples, never goes negative, and a removed
+replica keeps its count until its samples come back (finished or aborted) or it is forgotten.
 It also knows the weight version each of its replicas serves, so the newest version being
 served is a lookup over the few distinct versions, not a scan of the replicas. Every
-operation is O(log replicas) or better.
+operation is O(log replicas) or better, but for ``set_tail`` (a policy's rare reassignment).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter
+from typing import Literal
+
+Lane = Literal["bulk", "tail"]
+LANES: tuple[Lane, ...] = ("bulk", "tail")
 
 
 class Dispatcher:
     def __init__(self) -> None:
-        self._capacity: dict[str, int] = {}
+        self._base: dict[str, int] = {}  # capacity as added (the bulk lane's)
+        self._capacity: dict[str, int] = {}  # capacity now (the lane's)
         self._rank: dict[str, int] = {}
+        self._lane: dict[str, Lane] = {}
         self._in_flight: dict[str, int] = {}
         self.total_in_flight = 0
-        self._caps: Counter[int] = Counter()  # capacity -> replicas with it
-        self._heap: list[tuple[int, int, str]] = []  # (load, rank, id); stale entries skipped
+        self._caps: dict[Lane, Counter[int]] = {lane: Counter() for lane in LANES}  # capacity -> replicas
+        self._heaps: dict[Lane, list[tuple[int, int, str]]] = {lane: [] for lane in LANES}  # stale entries skipped
         self._version: dict[str, int] = {}
         self._versions: Counter[int] = Counter()  # weight version -> replicas serving it
+        self._tail: set[str] = set()
+        self._tail_capacity = 0
 
     def add(self, replica_id: str, *, rank: int, capacity: int, version: int = 0) -> None:
         self.remove(replica_id)
-        self._capacity[replica_id] = capacity
-        self._caps[capacity] += 1
+        self._base[replica_id] = capacity
         self._rank[replica_id] = rank
         self._version[replica_id] = version
         self._versions[version] += 1
         self._in_flight.setdefault(replica_id, 0)
-        self._push(replica_id)
+        self._place(replica_id, "tail" if replica_id in self._tail else "bulk")
+
+    def _place(self, rid: str, lane: Lane) -> None:
+        old = self._lane.get(rid)
+        if old is not None:
+            self._count_cap(old, self._capacity[rid], -1)
+        cap = self._tail_capacity if lane == "tail" else self._base[rid]
+        self._lane[rid], self._capacity[rid] = lane, cap
+        self._count_cap(lane, cap, +1)
+        self._push(rid)
+
+    def _count_cap(self, lane: Lane, cap: int, d: int) -> None:
+        c = self._caps[lane]
+        c[cap] += d
+        if not c[cap]:
+            del c[cap]
 
     def _push(self, rid: str) -> None:
-        if rid in self._capacity:
-            heapq.heappush(self._heap, (self._in_flight[rid], self._rank[rid], rid))
-            if len(self._heap) > 4 * len(self._capacity) + 64:  # drop stale entries now and then
-                self._heap = [(self._in_flight[r], self._rank[r], r) for r in self._capacity]
-                heapq.heapify(self._heap)
+        lane = self._lane.get(rid)
+        if lane is None:
+            return
+        h = self._heaps[lane]
+        heapq.heappush(h, (self._in_flight[rid], self._rank[rid], rid))
+        if len(h) > 4 * len(self._capacity) + 64:  # drop stale entries now and then
+            self._rebuild(lane)
+
+    def set_tail(self, replica_ids: list[str], capacity: int) -> None:
+        """The straggler lane is now ``replica_ids`` (those dispatching now, and any that join
+        later), each taking at most ``capacity`` samples; every other replica is bulk."""
+        self._tail, self._tail_capacity = set(replica_ids), capacity
+        for rid in list(self._lane):
+            self._place(rid, "tail" if rid in self._tail else "bulk")
+        for lane in LANES:  # the old entries carry old lanes
+            self._rebuild(lane)
+
+    def _rebuild(self, lane: Lane) -> None:
+        h = [(self._in_flight[r], self._rank[r], r) for r, ln in self._lane.items() if ln == lane]
+        heapq.heapify(h)
+        self._heaps[lane] = h
+
+    def lane(self, replica_id: str) -> Lane | None:
+        return self._lane.get(replica_id)
+
+    def has_tail(self) -> bool:
+        return bool(self._caps["tail"])
 
     def remove(self, replica_id: str) -> None:
         """Stop sending to the replica (its in-flight count stays until they come back)."""
         cap = self._capacity.pop(replica_id, None)
         if cap is not None:
-            self._caps[cap] -= 1
-            if not self._caps[cap]:
-                del self._caps[cap]
+            self._count_cap(self._lane.pop(replica_id), cap, -1)
             self._count_out(self._version.pop(replica_id))
+            del self._base[replica_id]
         self._rank.pop(replica_id, None)
 
     def _count_out(self, version: int) -> None:
@@ -81,22 +126,24 @@ class Dispatcher:
     def active(self) -> list[str]:
         return sorted(self._capacity, key=self._rank.__getitem__)
 
-    def pick(self, n: int) -> str | None:
-        """The replica that should take ``n`` more samples, or None if none has room."""
-        h = self._heap
+    def pick(self, n: int, lane: Lane = "bulk") -> str | None:
+        """The replica of ``lane`` that should take ``n`` more samples, or None if none has room."""
+        h = self._heaps[lane]
         while h:
             load, rank, rid = h[0]
-            if rid not in self._capacity or self._in_flight[rid] != load:
+            if self._lane.get(rid) != lane or self._in_flight[rid] != load:
                 heapq.heappop(h)  # stale
                 continue
             if load + n <= self._capacity[rid]:
                 return rid
             break
-        if len(self._caps) <= 1:
+        if len(self._caps[lane]) <= 1:
             return None  # equal capacities: if the least loaded has no room, none has
         # unequal capacities: a bigger replica might still have room
         fits = [
-            (self._in_flight[r], self._rank[r], r) for r, c in self._capacity.items() if self._in_flight[r] + n <= c
+            (self._in_flight[r], self._rank[r], r)
+            for r, c in self._capacity.items()
+            if self._lane[r] == lane and self._in_flight[r] + n <= c
         ]
         return min(fits)[2] if fits else None
 
@@ -118,3 +165,7 @@ class Dispatcher:
 
     def free_slots(self) -> int:
         return sum(max(0, c - self._in_flight[r]) for r, c in self._capacity.items())
+
+    def tail_room(self) -> int:
+        """Free slots in the straggler lane (O(lane), a few replicas)."""
+        return sum(max(0, self._tail_capacity - self._in_flight[r]) for r in self._tail if self._lane.get(r) == "tail")

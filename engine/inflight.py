@@ -11,11 +11,17 @@ Invariants:
   not yet seen come back (``started`` / ``left`` are the only writers);
 - :meth:`pump` starts work only on replicas in the dispatcher with room, resumes before
   new groups, and new groups only while the buffer's staleness gate admits them for the
-  chosen replica's weight version.
+  chosen replica's weight version — and never on the straggler lane;
+- with a straggler lane (``Consolidate``), the pump moves the oldest samples generating on
+  other replicas (by when they first started, resumes included), once they have run for
+  ``after_s``, to the lane — only as many as the lane has room for, counting those cut and
+  on their way (:attr:`moving`): a sample is cut only when a slot waits for it. Looking for
+  them costs O(1) per pump and O(log samples) per start.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterator
 
@@ -23,7 +29,16 @@ from shunter.engine.buffer import SampleBuffer
 from shunter.engine.dispatcher import Dispatcher
 from shunter.engine.executor import Executor
 from shunter.engine.state import EngineState
-from shunter.events import Generate, PromptSpec, Sample, SampleAborted, SamplingSpec, group_of, sample_id
+from shunter.events import (
+    CutSamples,
+    Generate,
+    PromptSpec,
+    Sample,
+    SampleAborted,
+    SamplingSpec,
+    group_of,
+    sample_id,
+)
 
 
 class InFlight:
@@ -48,6 +63,16 @@ class InFlight:
         """sample id -> (replica generating it, the partial it resumed from, if any)."""
         self.resumes: deque[Sample] = deque()
         """Partial samples waiting for a replica, oldest first."""
+        self.tail_resumes: deque[Sample] = deque()
+        """Partial samples moved off their replica to resume on the straggler lane."""
+        self.moving: set[str] = set()
+        """Samples cut to move to the straggler lane, not back yet."""
+        self.moved = 0
+        """Samples moved to the straggler lane so far."""
+        self.tail_after_s = -1.0
+        """Age at which a sample moves to the straggler lane (-1: no lane)."""
+        self._born: dict[str, float] = {}  # sample id -> when it first started (lane only)
+        self._old: list[tuple[int, float, str]] = []  # heap (group, born, sample id): candidates for the lane
         self._on_replica: dict[int, dict[str, int]] = {}  # group -> replica -> samples generating there
         self.prompts_taken = 0
         self.paused = False
@@ -79,10 +104,61 @@ class InFlight:
         self.where.pop(sid, None)
         self.left(group_id, rid)
 
+    def done(self, sid: str) -> None:
+        """A sample finished (or failed) for good."""
+        self._born.pop(sid, None)
+        self.moving.discard(sid)
+
     def requeue(self, partial: Sample) -> None:
-        """A partial that left its replica resumes elsewhere (if its group is still wanted)."""
+        """A partial that left its replica resumes elsewhere (if its group is still wanted): on
+        the straggler lane if it was cut to move there."""
+        sid = partial.sample_id
+        if sid in self.moving:
+            self.moving.discard(sid)
+            if self.buffer.group(partial.group_id) is not None:
+                self.tail_resumes.append(partial)
+                self.moved += 1
+            return
         if self.buffer.group(partial.group_id) is not None:
             self.resumes.append(partial)
+
+    def consolidate(self, after_s: float) -> None:
+        """Move samples older than ``after_s`` to the straggler lane (< 0: no lane)."""
+        self.tail_after_s = after_s
+        if after_s < 0:
+            self._old, self._born = [], {}
+            self.resumes.extend(self.tail_resumes)
+            self.tail_resumes.clear()
+
+    def _track(self, sid: str, rid: str) -> None:
+        """A sample starts on ``rid``: a candidate for the lane if ``rid`` is not on it."""
+        if self.tail_after_s < 0:
+            return
+        born = self._born.setdefault(sid, self.state.now)
+        if self.dispatcher.lane(rid) == "bulk":
+            heapq.heappush(self._old, (group_of(sid), born, sid))
+
+    def _move_old(self) -> None:
+        """Cut the oldest samples off bulk replicas while the lane has a slot for each."""
+        room = self.dispatcher.tail_room() - len(self.moving) - len(self.tail_resumes)
+        if room <= 0 or not self._old:
+            return
+        cuts: dict[str, list[str]] = {}
+        deadline = self.state.now - self.tail_after_s
+        while room > 0 and self._old:
+            _, born, sid = self._old[0]
+            at = self.where.get(sid)
+            if at is None or sid in self.moving or self.dispatcher.lane(at[0]) != "bulk":
+                heapq.heappop(self._old)  # finished, moving, or on the lane already
+                continue
+            if born > deadline:
+                break  # the oldest group's next sample is young: wait for it
+            heapq.heappop(self._old)
+            self.moving.add(sid)
+            cuts.setdefault(at[0], []).append(sid)
+            room -= 1
+        for rid, sids in cuts.items():
+            self.executor.send(rid, CutSamples(sample_ids=sids))
 
     def failed(self, group_id: int, rid: str) -> None:
         """A generation call for ``group_id`` on ``rid`` failed: forget whatever of it runs there."""
@@ -125,6 +201,7 @@ class InFlight:
         """Every sample of an in-flight group not finished yet, with the prefix held for it
         (a checkpoint's ``in_flight``): waiting resumes, resumed partials, or fresh starts."""
         waiting = {p.sample_id: p for p in self.resumes}
+        waiting.update({p.sample_id: p for p in self.tail_resumes})
         out = []
         for g in self.buffer.groups():
             for k in range(g.n):
@@ -149,6 +226,25 @@ class InFlight:
         if self.paused:
             return
         d, n = self.dispatcher, self.group_size
+        while self.tail_resumes:
+            p = self.tail_resumes[0]
+            g = self.buffer.group(p.group_id)
+            if g is None:
+                self.tail_resumes.popleft()
+                continue
+            rid = d.pick(1, "tail")
+            if rid is None:
+                if d.has_tail():
+                    break  # a lane slot frees soon
+                self.resumes.extend(self.tail_resumes)  # the lane is gone: resume anywhere
+                self.tail_resumes.clear()
+                break
+            self.tail_resumes.popleft()
+            self._started(g.group_id, rid, 1)
+            self.where[p.sample_id] = (rid, p)
+            self.executor.send(
+                rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p])
+            )
         while self.resumes:
             p = self.resumes[0]
             g = self.buffer.group(p.group_id)
@@ -161,9 +257,12 @@ class InFlight:
             self.resumes.popleft()
             self._started(g.group_id, rid, 1)
             self.where[p.sample_id] = (rid, p)
+            self._track(p.sample_id, rid)
             self.executor.send(
                 rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p])
             )
+        if self.tail_after_s >= 0:
+            self._move_old()
         while True:
             rid = d.pick(n)
             if rid is None or self.buffer.capacity(self.state.replicas[rid].version) <= 0:
@@ -175,5 +274,7 @@ class InFlight:
             g = self.buffer.open(prompt, self.state.replicas[rid].version)
             self._started(g.group_id, rid, n)
             for k in range(n):
-                self.where[sample_id(g.group_id, k)] = (rid, None)
+                sid = sample_id(g.group_id, k)
+                self.where[sid] = (rid, None)
+                self._track(sid, rid)
             self.executor.send(rid, Generate(group_id=g.group_id, prompt=prompt, n=n, sampling=self.sampling))

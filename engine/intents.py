@@ -16,9 +16,11 @@ from shunter.engine.batches import Batches
 from shunter.engine.dispatcher import Dispatcher
 from shunter.engine.executor import TRAINER as TRAINER_TARGET
 from shunter.engine.executor import Executor
+from shunter.engine.inflight import InFlight
 from shunter.engine.state import EngineState
 from shunter.events import (
     Batch,
+    Consolidate,
     EnterRollout,
     EnterTrainer,
     Event,
@@ -61,6 +63,7 @@ class Intents:
         dispatcher: Dispatcher,
         batches: Batches,
         executor: Executor,
+        inflight: InFlight,
         *,
         emit: Callable[[Event], None],
         stop: Callable[[str], None],
@@ -72,6 +75,7 @@ class Intents:
         self.dispatcher = dispatcher
         self.batches = batches
         self.executor = executor
+        self.inflight = inflight
         self.emit = emit
         self.stop = stop
         self.loss_fn = loss_fn
@@ -103,6 +107,8 @@ class Intents:
                 self.validate(intent.replica_ids)
             case Rebalance():
                 self._rebalance(intent)
+            case Consolidate():
+                self._consolidate(intent)
             case Offload():
                 self.executor.send(TRAINER_TARGET, OffloadState(parts=intent.parts))
             case Onload():
@@ -185,6 +191,16 @@ class Intents:
             excess = d.in_flight(rid) - int(mean + 0.5)
             if excess >= self.group_size:  # at least a group's worth
                 self.executor.send(rid, ShedGroups(count=excess))
+
+    def _consolidate(self, intent: Consolidate) -> None:
+        """The straggler lane is the live replicas among ``replica_ids`` (none: no lane)."""
+        reps = self.state.replicas
+        ids = [i for i in intent.replica_ids if i in reps and reps[i].mode != DOWN]
+        if ids and intent.max_in_flight < 1:
+            self.reject(intent, "bad_value", f"max_in_flight must be at least 1, got {intent.max_in_flight}")
+            return
+        self.dispatcher.set_tail(ids, max(1, intent.max_in_flight))
+        self.inflight.consolidate(max(0.0, intent.after_s) if ids else -1.0)
 
     def validate(self, ids: list[str]) -> None:
         """All held-out prompts go to one replica, so a validation reads one weight version."""

@@ -147,6 +147,7 @@ class Coordinator:
             self.dispatcher,
             self.batches,
             executor,
+            self.inflight,
             emit=self.emit,
             stop=self.stop,
             loss_fn=cfg.trainer.loss_fn,
@@ -369,7 +370,7 @@ class Coordinator:
             trained_groups=b.trained,
             dropped_groups=sum(b.dropped.values()),
             gate_open=gate and not self.finale.finishing,
-            pending_resumes=len(self.inflight.resumes),
+            pending_resumes=len(self.inflight.resumes) + len(self.inflight.tail_resumes),
         )
         return self.state.view(bv, self.dispatcher.in_flight)
 

@@ -3,9 +3,12 @@
 Invariants:
 
 - every token of a sample carries the weight version that produced it: a weight load
-  first aborts every running request and waits for them to hand back their prefix, then
-  swaps weights, then lets them resume (prompt + prefix, only the remaining budget) — so
-  a request never mixes two versions and a resumed sample never overruns its budget;
+  (``weight_update = "abort"``) first aborts every running request and waits for them to hand
+  back their prefix, then swaps weights, then lets them resume (prompt + prefix, only the
+  remaining budget) — so a request never mixes two versions and a resumed sample never
+  overruns its budget; with ``"keep"`` (a backend that can ``pause``) the running requests
+  are paused with their KV cache, the backend says how many tokens each has made, the weights
+  are swapped and the requests go on: the tokens after that count get the new version;
 - a sample that must leave the replica (``SwitchToTrainer``, shutdown) is returned whole
   as ``SampleAborted.partial``; nothing generated is dropped;
 - each call returns the events it produced, in order, stamped by this replica.
@@ -27,6 +30,7 @@ from shunter.engine.backend import Backend, GenParams, Tokenizer
 from shunter.engine.errors import describe, type_name
 from shunter.events import (
     CommandFailed,
+    CutSamples,
     EnterRollout,
     EnterTrainer,
     Event,
@@ -53,7 +57,7 @@ from shunter.events import (
     tag_of,
 )
 from shunter.events.data import parse_length_dist
-from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, ServingMode
+from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, ServingMode, WeightUpdate
 
 Reward = Callable[[str, str, str], float]
 E = TypeVar("E", bound=Event)
@@ -81,6 +85,7 @@ class RolloutCore:
         seed: int = 0,
         version: int = 0,
         max_model_len: int = 0,
+        weight_update: WeightUpdate = "abort",
     ) -> None:
         self.replica_id = replica_id
         self.backend = backend
@@ -92,10 +97,19 @@ class RolloutCore:
         self.version = version  # of the weights the backend starts with (a checkpoint's, on resume)
         self.max_model_len = max_model_len  # 0: not checked here
         self.seed = seed
+        pause = getattr(backend, "pause", None)
+        if weight_update == "keep" and not callable(pause):
+            raise TypeError(
+                f"rollout.weight_update = 'keep' needs a backend that can pause its requests with their KV "
+                f"cache; {type(backend).__name__} cannot (use 'abort')"
+            )
+        self.weight_update = weight_update
+        self._marks: dict[str, list[tuple[int, int]]] = {}  # request id -> (tokens made before, new version)
         self._open = asyncio.Event()
         self._open.set()
         self._running: dict[str, Running] = {}  # request id -> abort reason ("" while running)
         self._group_of: dict[str, int] = {}  # request id -> prompt group
+        self._request_of: dict[str, str] = {}  # sample id -> its running request
         self._drained = asyncio.Event()
         self._drained.set()
         self._req = itertools.count()
@@ -119,6 +133,8 @@ class RolloutCore:
                 return await self.validate(cmd, max_tokens)
             case ShedGroups():
                 return await self.shed(cmd.count)
+            case CutSamples():
+                return await self.cut_samples(cmd.sample_ids)
             case JoinWeightGroup():
                 join = getattr(self.backend, "join_weight_group", None)
                 if join is None:
@@ -176,6 +192,7 @@ class RolloutCore:
             rid = f"{self.replica_id}-{next(self._req)}"
             self._running[rid] = ""
             self._group_of[rid] = s.group_id
+            self._request_of[s.sample_id] = rid
             self._drained.clear()
             (
                 ev.append(
@@ -205,13 +222,15 @@ class RolloutCore:
             finally:
                 reason = self._running.pop(rid, "")
                 self._group_of.pop(rid, None)
+                self._request_of.pop(s.sample_id, None)
+                marks = self._marks.pop(rid, [])
                 if not self._running:
                     self._drained.set()
             s = msgspec.structs.replace(
                 s,
                 token_ids=s.token_ids + res.token_ids,
                 logprobs=s.logprobs + res.logprobs,
-                versions=s.versions + [version] * len(res.token_ids),
+                versions=s.versions + _versions(version, marks, len(res.token_ids)),
                 finish_reason=res.finish_reason,
             )
             if res.finish_reason != "abort" or s.remaining_tokens == 0:
@@ -324,6 +343,18 @@ class RolloutCore:
             await self.backend.abort(cut)
         return []
 
+    async def cut_samples(self, sample_ids: list[str]) -> list[Event]:
+        """Cut the named samples (those still running here); their partials come back through
+        their own ``generate`` calls as ``SampleAborted(reason="rebalanced")``."""
+        cut = [
+            rid for sid in sample_ids if (rid := self._request_of.get(sid)) is not None and not self._running.get(rid)
+        ]
+        for rid in cut:
+            self._running[rid] = "rebalanced"
+        if cut:
+            await self.backend.abort(cut)
+        return []
+
     # -- weights and modes -------------------------------------------------------------
     async def _consume(self, blob: bytes | None) -> None:
         """Weights sent over this replica's weight group arrive whatever the replica does with
@@ -349,17 +380,24 @@ class RolloutCore:
         t0 = _now()
         await self._stable.acquire()  # a validation in progress finishes on the weights it began with
         self._open.clear()
+        cut = kept = 0
         try:
             t1 = _now()
-            cut = await self._cut("weights_update")
-            t2 = _now()
-            await self.backend.load_weights(blob)
-            self.version = version
+            if self.weight_update == "keep":
+                kept = await self._swap_in_place(version, blob)
+                t2 = t1
+            else:
+                cut = await self._cut("weights_update")
+                t2 = _now()
+                await self.backend.load_weights(blob)
+                self.version = version
         finally:
             self._open.set()
             self._stable.release()
         t3 = _now()
         detail = {"wait_s": t1 - t0, "abort_s": t2 - t1, "load_s": t3 - t2}
+        if self.weight_update == "keep":
+            detail["kept"] = float(kept)
         detail.update(
             {
                 f"backend_{k}": float(v)
@@ -374,6 +412,19 @@ class RolloutCore:
                 )
             )
         ]
+
+    async def _swap_in_place(self, version: int, blob: bytes) -> int:
+        """Pause the running requests with their KV cache, swap the weights, let them go on;
+        each request's tokens from here on are ``version``'s. Returns how many were kept."""
+        made = await getattr(self.backend, "pause")()  # noqa: B009 - optional in the protocol
+        try:
+            await self.backend.load_weights(blob)
+            self.version = version
+            for rid in self._running:
+                self._marks.setdefault(rid, []).append((int(made.get(rid, 0)), version))
+        finally:
+            await getattr(self.backend, "resume")()  # noqa: B009
+        return len(self._running)
 
     async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
         t0 = _now()
@@ -495,3 +546,14 @@ class RolloutCore:
         self._evicting = True
         await self._cut("shutdown")
         return []
+
+
+def _versions(start: int, marks: list[tuple[int, int]], n: int) -> list[int]:
+    """The version of each of ``n`` tokens of one request that began on ``start`` and had its
+    weights swapped in place after ``made`` tokens for every ``(made, version)`` mark."""
+    out: list[int] = []
+    v = start
+    for made, new in marks:
+        out += [v] * (min(made, n) - len(out))
+        v = new
+    return out + [v] * (n - len(out))

@@ -16,6 +16,7 @@ from shunter.events.codec import (
 )
 from shunter.events.data import Batch, PromptSpec, Sample, SamplingSpec, group_of, sample_id
 from shunter.events.intents import (
+    Consolidate,
     LoadWeights,
     Offload,
     Onload,
@@ -46,6 +47,7 @@ from shunter.events.lifecycle import (
 )
 from shunter.events.logfile import Damage, LogReader, TornLog, read_log, repair
 from shunter.events.orders import (
+    CutSamples,
     EnterRollout,
     EnterTrainer,
     Generate,
@@ -161,6 +163,8 @@ __all__ = [
     "SaveCheckpoint",
     "SendWeights",
     "ShedGroups",
+    "Consolidate",
+    "CutSamples",
     "Stamper",
     "StepBegin",
     "StepEnd",

@@ -100,6 +100,7 @@ CASES: list[e.Message] = [
     e.LoadWeights(version=2, replica_ids=["standalone-0"], **ENV),
     e.Rebalance(replica_ids=["standalone-0"], count=12, **ENV),
     e.Validate(replica_ids=["standalone-0"], **ENV),
+    e.Consolidate(replica_ids=["standalone-3"], max_in_flight=16, after_s=120.0, **ENV),
     e.Stop(reason="user", **ENV),
     # orders
     e.Generate(group_id=3, prompt=PROMPT, n=8, sampling=SAMPLING, resume=[SAMPLE], **ENV),
@@ -107,6 +108,7 @@ CASES: list[e.Message] = [
     e.EnterTrainer(sleep_level=2, **ENV),
     e.InstallWeights(version=2, handle="ray:2", **ENV),
     e.ShedGroups(count=12, **ENV),
+    e.CutSamples(sample_ids=["3.1", "4.7"], **ENV),
     e.RunValidation(prompts=[PROMPT], **ENV),
     e.Train(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
     e.Publish(**ENV),

@@ -105,6 +105,22 @@ class Rebalance(Intent, frozen=True, kw_only=True, tag="rollout.rebalance"):
     count: int = 0
 
 
+class Consolidate(Intent, frozen=True, kw_only=True, tag="rollout.consolidate"):
+    """Make ``replica_ids`` the straggler lane: they start no new prompt groups and take only
+    samples moved to them — the oldest samples generating elsewhere, once they have been at it
+    for ``after_s`` seconds — at most ``max_in_flight`` each, so the long samples the trainer
+    waits for decode in small batches while the other replicas start fresh groups (Laminar's
+    repack of long-tail trajectories).
+
+    ``policy | user -> coordinator``; the coordinator moves a sample by cutting it where it runs
+    (``CutSamples``) and resuming its partial on the lane (only its prefix is prefilled again).
+    Empty ``replica_ids``: no lane; every replica takes new groups again."""
+
+    replica_ids: list[str] = []
+    max_in_flight: int = 16
+    after_s: float = 0.0
+
+
 class Validate(Intent, frozen=True, kw_only=True, tag="validate.run"):
     """Score the current weights greedily on the held-out prompts.
 

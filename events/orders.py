@@ -65,6 +65,15 @@ class ShedGroups(Order, frozen=True, kw_only=True, tag="rollout.shed"):
     count: int
 
 
+class CutSamples(Order, frozen=True, kw_only=True, tag="rollout.cut_samples"):
+    """Cut the named samples where they run (unknown or finished ones are skipped).
+
+    ``coordinator -> replica`` when it moves samples to the straggler lane (``Consolidate``);
+    the cut samples come back as ``SampleAborted(reason="rebalanced")`` with their partials."""
+
+    sample_ids: list[str]
+
+
 class RunValidation(Order, frozen=True, kw_only=True, tag="validate.generate"):
     """Generate greedily for ``prompts`` on the weights served now and score them.
 

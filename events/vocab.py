@@ -32,10 +32,24 @@ DropReason = Literal["stale", "failed", "run_end"]
 "drop"``), a generation or reward failure, or still in flight when the run ended."""
 FinishReason = Literal["", "stop", "length", "abort"]
 """How a sample's generation ended (``abort``: a partial, cut before its end)."""
+WeightUpdate = Literal["abort", "keep"]
+"""How a replica takes new weights while it generates: ``abort`` cuts every running request,
+swaps the weights and resumes each from prompt + prefix (re-prefilled on the new weights);
+``keep`` pauses them with their KV cache, swaps, and lets them go on (tokens after the swap
+come from the new weights attending to context computed by the old — PipelineRL's in-flight
+update; no re-prefill)."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
 RejectReason = Literal[
-    "unknown_replica", "busy", "no_batch", "unknown_batch", "already_trained", "nothing_new", "not_current", "ending"
+    "unknown_replica",
+    "busy",
+    "no_batch",
+    "unknown_batch",
+    "already_trained",
+    "nothing_new",
+    "not_current",
+    "ending",
+    "bad_value",
 ]
 """Why the coordinator refused an intent (``IntentRejected``)."""
 
@@ -58,6 +72,7 @@ VOCABULARIES: dict[str, tuple[str, ...]] = {
         ("DropReason", DropReason),
         ("FinishReason", FinishReason),
         ("StatePart", StatePart),
+        ("WeightUpdate", WeightUpdate),
         ("RejectReason", RejectReason),
     )
 }

@@ -35,12 +35,15 @@ from typing import Any, ClassVar
 import msgspec
 
 from shunter.events import (
+    Consolidate,
     EngineView,
     Event,
     Intent,
     LoadWeights,
     ModeChanged,
     PublishWeights,
+    ReplicaDown,
+    ReplicaUp,
     RunResumed,
     RunStarted,
     SampleAborted,
@@ -53,7 +56,7 @@ from shunter.events import (
     WeightsLoaded,
     WeightsReady,
 )
-from shunter.events.view import DOWN, ROLLOUT
+from shunter.events.view import DOWN, ROLLOUT, STANDALONE
 
 
 class NoState(msgspec.Struct):
@@ -195,3 +198,39 @@ def validate_when_due(event: Event, view: EngineView, state: ValidationState) ->
 def live_ids(view: EngineView, kind: str) -> list[str]:
     """Replicas of ``kind`` that are not down, in rank order."""
     return [r.replica_id for r in view.replicas if r.kind == kind and r.mode != DOWN]
+
+
+class LaneOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A straggler lane (``Consolidate``): ``replicas`` standalone replicas (the highest ranks)
+    that take only samples that have generated for ``after_s`` seconds, ``max_in_flight`` each
+    (0 replicas: no lane)."""
+
+    replicas: int = 0
+    max_in_flight: int = 16
+    after_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0 or self.max_in_flight < 1 or self.after_s < 0:
+            raise ValueError(
+                f"straggler lane: tail_replicas >= 0, tail_max_in_flight >= 1 and tail_after_s >= 0, got {self}"
+            )
+
+
+class LaneState(msgspec.Struct):
+    tail: list[str] = []
+    """The replicas of the straggler lane as last asked for."""
+
+
+def straggler_lane(event: Event, view: EngineView, opts: LaneOptions, state: LaneState) -> list[Intent]:
+    """Keep the ``opts.replicas`` highest-ranked standalone replicas in rollout as the straggler
+    lane — asked for when the run (re)starts and again whenever those replicas change (one went
+    down, a replacement came up) — as long as at least one other replica is left to start new
+    groups."""
+    if opts.replicas <= 0 or not isinstance(event, RunStarted | RunResumed | ReplicaUp | ReplicaDown | ModeChanged):
+        return []
+    live = sorted((r for r in view.replicas if r.kind == STANDALONE and r.mode == ROLLOUT), key=lambda r: r.rank)
+    tail = [r.replica_id for r in live[-opts.replicas :]] if len(live) > opts.replicas else []
+    if tail == state.tail and not isinstance(event, RunStarted | RunResumed):
+        return []
+    state.tail = tail
+    return [Consolidate(replica_ids=tail, max_in_flight=opts.max_in_flight, after_s=opts.after_s)]

@@ -99,7 +99,7 @@ def make_policy(spec: str, options: dict[str, Any] | None = None) -> Policy:
     try:
         policy = cls(**(options or {}))
     except TypeError as e:
-        raise ValueError(f"policy {spec!r}: bad run.policy_options {options!r}: {e}") from None
+        raise ValueError(f"policy {spec!r}: bad run.policy_options {options!r}: {e}{_takes(cls)}") from None
     except Exception as e:  # noqa: BLE001 - the user's constructor raised
         raise ValueError(f"policy {spec!r}: {cls.__name__}(**{options or {}!r}) raised {type(e).__name__}: {e}") from e
     try:
@@ -110,3 +110,15 @@ def make_policy(spec: str, options: dict[str, Any] | None = None) -> Policy:
             "State must be a msgspec Struct of plain fields"
         ) from e
     return policy
+
+
+def _takes(cls: type) -> str:
+    """``" (it takes: a, b)"`` — the keyword options a policy's constructor names, if it names any."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    names = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    return f" (it takes: {', '.join(names)})" if names else ""

@@ -80,6 +80,21 @@ def _ipc_update_info(info: dict) -> dict:
     return {k: v for k, v in info.items() if k in IPCWeightTransferUpdateInfo.__dataclass_fields__}
 
 
+def _can_keep(engine: Any) -> bool:
+    """Whether this vLLM pauses requests with their KV cache (``pause_generation(mode="keep")``)
+    and labels each token with the weight version that produced it (``update_weight_version``,
+    reported as ``CompletionOutput.weight_versions``): both are needed to update weights in
+    place and still say exactly which tokens which weights made."""
+    import inspect
+
+    pause = getattr(engine, "pause_generation", None)
+    try:
+        has_mode = pause is not None and "mode" in inspect.signature(pause).parameters
+    except (TypeError, ValueError):
+        has_mode = False
+    return has_mode and callable(getattr(engine, "update_weight_version", None))
+
+
 class BackendStartError(RuntimeError):
     """The engine could not be built; the message names the model dir."""
 
@@ -140,6 +155,8 @@ class VLLMBackend:
         self.weight_group = ""  # backend of the weight group this replica joined ("" = none)
         self._group_timeout_s = 120.0
         self._received = -1  # version last received over the weight group (not necessarily loaded)
+        self.keeps_kv = False  # set by start(): this vLLM can pause with the KV cache and label versions
+        self._paused = False
 
     # ------------------------------------------------------------------ start
 
@@ -204,6 +221,7 @@ class VLLMBackend:
                 f"vLLM engine failed to start for model dir {str(model_dir)!r}: {type(e).__name__}: {e}"
             ) from e
         self._sleeping = False
+        self.keeps_kv = _can_keep(self._engine)
         self.timings["start_import_s"] = t1 - t0
         self.timings["start_engine_s"] = time.perf_counter() - t1
 
@@ -272,6 +290,7 @@ class VLLMBackend:
         tokens: list[int] = []
         logprobs: list[float] = []
         finish: str | None = None
+        spans: Any = None
         self._inflight.add(request_id)
         try:
             stream = engine.generate(prompt, sp, request_id)
@@ -281,6 +300,7 @@ class VLLMBackend:
                         self._take(comp, tokens, logprobs)
                         if comp.finish_reason is not None:
                             finish = str(comp.finish_reason)
+                        spans = getattr(comp, "weight_versions", None) or spans
                     if out.finished:
                         break
                     if request_id in self._abort_requested:
@@ -301,7 +321,30 @@ class VLLMBackend:
             raise RuntimeError(
                 f"request {request_id!r} finished with vLLM reason {finish!r} after {len(tokens)} tokens"
             )
-        return GenResult(token_ids=tokens, logprobs=logprobs, finish_reason=_FINISH_MAP[finish])
+        return GenResult(token_ids=tokens, logprobs=logprobs, finish_reason=_FINISH_MAP[finish], marks=_marks(spans))
+
+    # ------------------------------------------------- weights in place (keep mode)
+
+    @_engine_call
+    async def pause(self) -> dict[str, int]:
+        """Freeze every request with its KV cache (vLLM's ``pause_generation(mode="keep")``);
+        returns nothing per request: each result says where its weights changed (``marks``)."""
+        if not self.keeps_kv:
+            raise RuntimeError("this vLLM cannot pause requests with their KV cache and label weight versions")
+        await self._require().pause_generation(mode="keep", clear_cache=False)
+        self._paused = True
+        return {}
+
+    @_engine_call
+    async def resume(self, version: int = -1) -> None:
+        """Let the frozen requests go on; tokens from here on are labelled ``version``."""
+        engine = self._require()
+        try:
+            if version >= 0:
+                await engine.update_weight_version(str(version))
+        finally:
+            self._paused = False
+            await engine.resume_generation()
 
     @staticmethod
     def _take(comp: Any, tokens: list[int], logprobs: list[float]) -> None:
@@ -439,6 +482,8 @@ class VLLMBackend:
         except Exception as e:  # noqa: BLE001  # pragma: no cover - engine without prefix caching
             log.warning("reset_prefix_cache failed: %s", e)
             return
+        if ok is False and self._paused:
+            return  # weights swapped in place: the frozen requests keep the KV they have
         if ok is False:
             try:
                 await engine.reset_prefix_cache(reset_running_requests=True)
@@ -512,3 +557,16 @@ class VLLMBackend:
                 await engine.abort(list(self._inflight))
         engine.shutdown()
         self._sleeping = False
+
+
+def _marks(spans: Any) -> list[tuple[int, int]] | None:
+    """vLLM's weight-version spans of one completion (``WeightVersionSpan(version, start,
+    end)``) as ``(tokens before, version)`` marks (None: the engine labelled nothing; labels
+    that are not shunter's version numbers are skipped)."""
+    out = []
+    for span in spans or ():
+        try:
+            out.append((int(span.start), int(span.version)))
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return out or None

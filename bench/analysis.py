@@ -8,7 +8,11 @@ simulated one are measured by the same code.
 - replica busy: time with at least one sample generating (+1 at ``SampleBegin`` /
   ``SampleResumed``, -1 at ``SampleEnd`` / ``SampleAborted``), counted while the replica is
   in rollout mode (standalone from the start, hybrid between ``ModeChanged`` events);
-- idle fraction = 1 - busy / span, span = first ``RunStarted`` to ``RunEnded``;
+- idle fraction = 1 - busy / span, span = first ``RunStarted`` to ``RunEnded``; the *steady*
+  trainer idle counts from the first ``StepBegin`` on (the wait for the first batch, which no
+  schedule avoids, left out — ``first_step_s`` says how long it was);
+- ``rollout_avail_s``: replica-seconds in rollout mode (the denominator of the decode capacity
+  used, ``scenario.py``'s ``rollout_work_frac``);
 - the work of each optimizer step (``work()``: the prompt and response length of every sample
   of the groups it trained, its duration plus the publish after it) — the input of the true bound
   (``shunter.bench.bound``), which needs the machine's capacity besides. Busy time is not a
@@ -66,6 +70,7 @@ class Summary:
         self.end: float | None = None
         self.first = self.last = None
         self.steps = 0
+        self.first_step: float | None = None
         self.trainer_busy = 0.0
         self.stale: list[float] = []
         self.flight: dict[str, list[tuple[float, int]]] = defaultdict(list)
@@ -84,6 +89,7 @@ class Summary:
             case RunEnded():
                 self.end = m.wall_time
             case StepBegin():
+                self.first_step = m.wall_time if self.first_step is None else self.first_step
                 self._work.append([tuple(x for g in m.group_ids for x in self._groups.pop(g, ())), 0.0, 0.0])
             case StepEnd():
                 self.steps += 1
@@ -130,7 +136,12 @@ class Summary:
             "rollout_tokens": float(self.tokens),
             "rollout_tokens_per_s": self.tokens / span,
             "switches": float(self.switches),
+            "rollout_avail_s": avail,
         }
+        if self.first_step is not None:
+            steady = max(end - self.first_step, 1e-12)
+            out["first_step_s"] = self.first_step - start
+            out["trainer_idle_steady_frac"] = max(0.0, 1 - self.trainer_busy / steady)
         if self.stale:
             out["staleness_mean"] = sum(self.stale) / len(self.stale)
         return out

@@ -207,8 +207,9 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             m = summary.result()
             work = summary.work()
             fl = fleet(sc, v, cfg, cost)
-            m.update(bound.figures(work, fl, schedule_of(v), m["wall_s"], gate(cfg)))
+            m.update(bound.figures(work, fl, schedule_of(v), m["wall_s"], gate(cfg), m.get("first_step_s")))
             m["best_split_bound_s"] = best_split_s(sc, cost, work, fl.machine)
+            capacity_used(m, work, fl)
             m["cpu_s"] = r.cpu_wall_s
             m["messages"] = float(r.handled)
             m["coordinator_cpu_s"] = r.coordinator_cpu_s
@@ -236,6 +237,17 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
         for m, b in zip(per_seed[name], per_seed[ref], strict=True):
             m["time_vs_reference"] = m["wall_s"] / b["wall_s"]
     return result_json(sc, {name: aggregate(runs) for name, runs in per_seed.items()})
+
+
+def capacity_used(m: dict[str, float], work: list[bound.StepWork], fl: bound.Fleet) -> None:
+    """``rollout_work_frac``: the decode work the trained samples need at least (the bound's
+    count) over the replica-seconds spent in rollout — the share of the fleet's capacity that
+    became trained work, which busy flags cannot say."""
+    if work and m.get("rollout_avail_s", 0) > 0:
+        total = bound.Load()
+        for w in work:
+            total = total.plus(fl.machine.load(w.samples))
+        m["rollout_work_frac"] = fl.machine.work_s(total) / m["rollout_avail_s"]
 
 
 def loop_figures(r) -> dict[str, float]:

@@ -207,7 +207,7 @@ class SimBackend:
         self._rearm(loop)
         return {rid: self.model.made(rid) for rid in self._reqs}
 
-    async def resume(self) -> None:
+    async def resume(self, version: int = -1) -> None:
         loop = asyncio.get_running_loop()
         self.model.thaw(loop.time())
         self._rearm(loop)

@@ -7,6 +7,11 @@ aborted (``finish_reason == "abort"``): a cut generation loses nothing. A backen
 engine is gone for good (its process killed) raises :class:`EngineDead` from every call: the
 replica is then dead as a whole (the executors kill it and report ``ReplicaDown``, so every
 sample it held resumes elsewhere), never a string of failed generations.
+
+Optional, for ``rollout.weight_update = "keep"``: ``pause()`` stops every request where it is
+with its KV cache and returns the tokens each has made so far, ``resume(version)`` lets them go
+on (on weights of ``version``); a backend that has them but cannot keep exactly says so with
+``keeps_kv = False``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ class GenResult:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
+    marks: list[tuple[int, int]] | None = None
+    """``(tokens made before, version)`` for each weight swap in place the request went through,
+    when the backend tracks them itself (vLLM's weight-version spans); None: the caller's own
+    count at ``pause`` stands."""
 
 
 class EngineDead(RuntimeError):

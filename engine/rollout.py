@@ -98,7 +98,7 @@ class RolloutCore:
         self.max_model_len = max_model_len  # 0: not checked here
         self.seed = seed
         pause = getattr(backend, "pause", None)
-        if weight_update == "keep" and not callable(pause):
+        if weight_update == "keep" and not (callable(pause) and getattr(backend, "keeps_kv", True)):
             raise TypeError(
                 f"rollout.weight_update = 'keep' needs a backend that can pause its requests with their KV "
                 f"cache; {type(backend).__name__} cannot (use 'abort')"
@@ -226,6 +226,8 @@ class RolloutCore:
                 marks = self._marks.pop(rid, [])
                 if not self._running:
                     self._drained.set()
+            if res.marks is not None:
+                marks = res.marks
             s = msgspec.structs.replace(
                 s,
                 token_ids=s.token_ids + res.token_ids,
@@ -423,7 +425,7 @@ class RolloutCore:
             for rid in self._running:
                 self._marks.setdefault(rid, []).append((int(made.get(rid, 0)), version))
         finally:
-            await getattr(self.backend, "resume")()  # noqa: B009
+            await getattr(self.backend, "resume")(self.version)  # noqa: B009
         return len(self._running)
 
     async def switch_to_trainer(self, sleep_level: int) -> list[Event]:

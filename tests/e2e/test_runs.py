@@ -20,6 +20,7 @@ from shunter.events import (
     SampleEnd,
     SampleResumed,
     StepEnd,
+    WeightsLoaded,
     read_log,
 )
 
@@ -102,3 +103,23 @@ async def test_two_runs_share_a_cluster_without_name_collisions(ray_cluster, tin
     for events, _ in (a, b):
         assert events[-1].reason == "completed"
     assert {e.run_id for e in a[0]} & {e.run_id for e in b[0]} == set()
+
+
+async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tmp_path):
+    """``rollout.weight_update = "keep"`` on real vLLM: a load pauses the running requests with
+    their KV cache (``pause_generation(mode="keep")``), swaps the weights and lets them go on —
+    nothing is cut or resumed, and each token's version is vLLM's own label of the weights that
+    sampled it (its weight-version spans)."""
+    cfg = config(
+        tiny_model, tmp_path, run={"total_steps": 8}, rollout={"weight_update": "keep"}, validation={"every": 0}
+    )
+    events, _ = await run_collect(cfg, timeout=300)
+    assert events[-1].reason == "completed", events[-1]
+    assert not [e for e in events if isinstance(e, SampleAborted) and e.reason == "weights_update"]
+    loads = [e for e in events if isinstance(e, WeightsLoaded) and e.version > 0]
+    assert loads and all(e.interrupted == 0 for e in loads) and sum(e.detail["kept"] for e in loads) > 0
+    two = [e.sample for e in events if isinstance(e, SampleEnd) and len(set(e.sample.versions)) > 1]
+    assert two, "no sample spanned a weight update"
+    for s in two:
+        assert s.versions == sorted(s.versions) and len(s.versions) == len(s.token_ids)
+    assert max(e.metrics["batch/staleness_max"] for e in events if isinstance(e, StepEnd)) <= cfg.rollout.max_staleness

@@ -134,6 +134,9 @@ def test_no_simulated_schedule_beats_its_bound():
     res = run_scenario(sc, log=lambda *_: None)["metrics"]
     for name, m in res.items():
         assert 0 < m["frac_of_bound"]["max"] <= 1 + 1e-6, name
+        assert m["frac_of_bound"]["max"] <= m["frac_of_first_step_bound"]["max"] <= 1 + 1e-6, name
+        assert 0 < m["rollout_work_frac"]["max"] <= 1 + 1e-6, name
+        assert m["bound_first_step_s"]["max"] <= m["first_step_s"]["max"] + 1e-6, name
         assert m["best_split_bound_s"]["median"] > 0
         # the best split's bound is never above the variant's own overlapped bound
         if name.startswith("separate"):

@@ -208,7 +208,7 @@ async def _run(
             ),
         ]
     table.check()
-    core = SimTrainer(cost, replicas=len(kinds))
+    core = SimTrainer(cost, replicas=cfg.rollout.standalone_replicas)  # hybrids on the trainer GPUs: IPC
     if resume is not None:
         core.load(str(resume))
     trainer = TrainerHost(core, Stamper(run_id, "trainer", clock), transport="sim")

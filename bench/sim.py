@@ -21,7 +21,8 @@ so a sample cut by a weight update and resumed elsewhere keeps its length.
 Trainer: an optimizer step on ``t`` tokens over ``trainer_gpus`` data-parallel GPUs takes
 ``train_step_s + train_s_per_token * t / trainer_gpus`` plus a ring all-reduce of
 ``grad_bytes`` (``2 (g - 1) / g * grad_bytes / allreduce_Bps``); publishing takes
-``weight_bytes / sync_bandwidth_Bps + sync_latency_s + sync_s_per_replica * replicas`` (a
+``weight_bytes / sync_bandwidth_Bps + sync_latency_s + sync_s_per_replica * replicas`` (the
+standalone replicas; hybrid ones share the trainer's GPUs and map its buffer; a
 transport that sends to each replica in turn costs the trainer more the more replicas there
 are; 0 for one that publishes once and lets replicas fetch); a replica applies weights in
 ``load_s``, sleeps in ``sleep_s``, wakes in ``wake_s``.

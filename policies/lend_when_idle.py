@@ -18,9 +18,19 @@ The estimate (all inputs come from the view):
     lend iff wait - lend > min_gain_s
 
 ``c_to`` / ``c_back`` are the smoothed measured switch times (``switch_cost_prior_s``
-until a switch has been measured). Nothing is lent while the staleness gate is closed
-(extra replicas would have no new group to start) or before the first optimizer step (rates
-measured over less than a mini-batch mislead).
+until a switch has been measured).
+
+On a long tail that formula sees too little: the samples the trainer waits for are the
+stragglers of its next batch, not a count of missing ones (many later groups are complete
+already), so ``need`` is small while the wait is long. The policy therefore also predicts the
+wait from the waits it measured (``predict_wait``, on by default): the time from the trainer
+falling idle with no batch ready to the next ``BatchReady``, smoothed over steps
+(``wait_ewma_s``), and lends when that wait is over ``wait_factor`` times the switch cost
+``c_to + c_back`` and ``predicted wait - c_to - c_back > min_gain_s`` (a wait not far above
+the switch cost is mostly stragglers that more replicas do not shorten).
+
+Nothing is lent while the staleness gate is closed (extra replicas would have no new group to
+start) or before the first optimizer step (rates measured over less than a mini-batch mislead).
 """
 
 from __future__ import annotations
@@ -37,8 +47,11 @@ from shunter.events import (
     ModeChanged,
     Rebalance,
     RunResumed,
+    RunStarted,
+    StepEnd,
     SwitchToRollout,
     SwitchToTrainer,
+    WeightsReady,
 )
 from shunter.events.view import DOWN, HYBRID, ROLLOUT, STANDALONE, SWITCHING, TRAINER
 from shunter.policies.base import (
@@ -56,6 +69,10 @@ class LendState(msgspec.Struct):
     lends: int = 0
     skipped: int = 0
     last_estimate_gain_s: float = 0.0
+    idle_since: float = -1.0
+    """When the trainer last fell idle with no batch ready (-1: it is not waiting)."""
+    wait_ewma_s: float = -1.0
+    """Smoothed measured wait from ``idle_since`` to the next ``BatchReady`` (-1: none yet)."""
     validation: ValidationState = msgspec.field(default_factory=ValidationState)
 
 
@@ -64,10 +81,19 @@ class LendWhenIdlePolicy(Policy):
     State = LendState
 
     def __init__(
-        self, *, switch_cost_prior_s: float = 1.0, min_gain_s: float = 0.0, sleep_level: int = 1, rebalance: bool = True
+        self,
+        *,
+        switch_cost_prior_s: float = 1.0,
+        min_gain_s: float = 0.0,
+        sleep_level: int = 1,
+        rebalance: bool = True,
+        predict_wait: bool = True,
+        wait_factor: float = 4.0,
     ) -> None:
         super().__init__()
+        self.wait_factor = float(wait_factor)
         self.rebalance = bool(rebalance)
+        self.predict_wait = bool(predict_wait)
         self.switch_cost_prior_s = float(switch_cost_prior_s)
         self.min_gain_s = float(min_gain_s)
         self.sleep_level = int(sleep_level)
@@ -82,6 +108,7 @@ class LendWhenIdlePolicy(Policy):
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
         if isinstance(event, RunResumed):
             self.state.lent = []  # a resumed attempt starts with every hybrid on the trainer
+        self._measure_wait(event, view)
         cmds: list[Intent] = load_on_ready(event, view)
         cmds += validate_when_due(event, view, self.state.validation)
         lent = [i for i in self.state.lent if (r := view.replica(i)) is not None and r.mode != DOWN]
@@ -110,6 +137,18 @@ class LendWhenIdlePolicy(Policy):
                 cmds.append(SwitchToRollout(replica_ids=ids))
         return cmds
 
+    def _measure_wait(self, event: Event, view: EngineView) -> None:
+        """Time how long the trainer waits for a batch: from falling idle with none ready to
+        the ``BatchReady`` that ends it."""
+        st = self.state
+        waiting = view.trainer.state == "idle" and view.buffer.ready_batches == 0 and not view.done
+        if st.idle_since < 0 and waiting and isinstance(event, StepEnd | WeightsReady | RunStarted | RunResumed):
+            st.idle_since = event.wall_time
+        elif st.idle_since >= 0 and (isinstance(event, BatchReady) or view.buffer.ready_batches > 0):
+            w = event.wall_time - st.idle_since
+            st.wait_ewma_s = w if st.wait_ewma_s < 0 else 0.7 * st.wait_ewma_s + 0.3 * w
+            st.idle_since = -1.0
+
     def estimate_gain_s(self, view: EngineView) -> float | None:
         """Expected trainer time saved by lending now (None: not estimable)."""
         need = view.ppo_mini_batch_size - view.buffer.ready_samples
@@ -136,6 +175,13 @@ class LendWhenIdlePolicy(Policy):
         if view.buffer.ready_batches > 0 or not (view.buffer.gate_open or view.buffer.pending_resumes):
             return False
         gain = self.estimate_gain_s(view)
+        if self.predict_wait and self.state.wait_ewma_s > 0 and view.trainer.step >= 1:
+            c = view.switch_cost_s.get(ROLLOUT, self.switch_cost_prior_s) + view.switch_cost_s.get(
+                TRAINER, self.switch_cost_prior_s
+            )
+            if self.state.wait_ewma_s > self.wait_factor * c:  # only waits well above the switch cost
+                predicted = self.state.wait_ewma_s - c
+                gain = predicted if gain is None else max(gain, predicted)
         if gain is None:
             return False
         self.state.last_estimate_gain_s = gain

@@ -88,6 +88,31 @@ def test_lend_when_idle_lends_only_when_it_pays_and_reclaims_before_training():
     assert p.decide(back, view(S0, H1, buffer=BufferView(ready_batches=1))) == [TrainStep()]
 
 
+def test_lend_when_idle_predicts_a_long_tail_wait_from_the_waits_it_measured():
+    """The formula sees a full mini-batch of complete groups (later ones) and no need; the wait
+    is the next batch's stragglers. Measured waits of ~30 s against 2 s of switching: lend."""
+
+    def at(ev, t):
+        return replace(ev, wall_time=t)
+
+    # the trainer falls idle with no batch ready at t=10, the batch is ready at t=40
+    waiting = view(S0, H1, buffer=BufferView(ready_samples=256), switch_cost_s={"rollout": 1.0, "trainer": 1.0})
+    for predict, lends in ((False, 0), (True, 1)):
+        p = LendWhenIdlePolicy(predict_wait=predict)
+        p.decide(at(WEIGHTS, 10.0), replace(waiting, trainer=TrainerView(step=1)))
+        p.decide(at(READY, 40.0), view(S0, H1, buffer=BufferView(ready_batches=1, ready_samples=384)))
+        assert p.state.wait_ewma_s == pytest.approx(30.0)
+        assert p.estimate_gain_s(waiting) < 0  # the formula alone would not lend
+        out = p.decide(at(STEP, 50.0), waiting)
+        assert (out == [SwitchToRollout(replica_ids=["hybrid-1"])]) == bool(lends), out
+    # a wait that is not well above the switch cost (wait_factor) lends nothing
+    p = LendWhenIdlePolicy()
+    p.decide(at(WEIGHTS, 10.0), waiting)
+    p.decide(at(READY, 16.0), view(S0, H1, buffer=BufferView(ready_batches=1, ready_samples=384)))
+    assert p.state.wait_ewma_s == pytest.approx(6.0)
+    assert p.decide(at(STEP, 20.0), waiting) == []
+
+
 def test_lend_when_idle_does_not_lend_when_the_gate_is_closed():
     p = LendWhenIdlePolicy(switch_cost_prior_s=0.0)
     closed = view(S0, H1, buffer=BufferView(ready_samples=0, gate_open=False))

@@ -220,14 +220,8 @@ class ReplicaModel:
         if not b and not self.prefilling:
             return None
         ks = []
-        while self._heap:
-            fin, token, rid = self._heap[0]
-            r = self.running.get(rid)
-            if r is None or r.token != token:
-                heapq.heappop(self._heap)
-                continue
+        if (fin := self._first_finish()) is not None:
             ks.append(max(0.0, fin - self.g))
-            break
         if self.prefilling:
             ks.append(self.prefilling[0].work / self.chunk_s)
         kv = self.cost.kv_tokens
@@ -263,16 +257,9 @@ class ReplicaModel:
 
     def _settle(self, out: list[tuple[str, int]]) -> None:
         """Apply what is due at ``self.t``: finishes, completed prefills, preemption, admission."""
-        while self._heap:
-            fin, token, rid = self._heap[0]
-            r = self.running.get(rid)
-            if r is None or r.token != token:
-                heapq.heappop(self._heap)
-                continue
-            if fin > self.g + _EPS * max(1.0, fin):
-                break
-            heapq.heappop(self._heap)
-            del self.running[rid]
+        while (fin := self._first_finish()) is not None and fin <= self.g + _EPS * max(1.0, fin):
+            _, _, rid = heapq.heappop(self._heap)
+            r = self.running.pop(rid)
             self._s0 -= r.ctx - r.g0
             out.append((rid, r.target))
         if not self.running:
@@ -283,6 +270,16 @@ class ReplicaModel:
             self._join(r)
         self._preempt()
         self._admit()
+
+    def _first_finish(self) -> float | None:
+        """The step at which the first running sequence finishes (stale heap entries dropped)."""
+        while self._heap:
+            fin, token, rid = self._heap[0]
+            r = self.running.get(rid)
+            if r is not None and r.token == token:
+                return fin
+            heapq.heappop(self._heap)
+        return None
 
     def _join(self, r: _Req) -> None:
         r.g0, r.token = self.g, next(self._tokens)

@@ -25,7 +25,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from shunter.engine.buffer import SampleBuffer
+from shunter.engine.buffer import Group, SampleBuffer
 from shunter.engine.dispatcher import Dispatcher
 from shunter.engine.executor import Executor
 from shunter.engine.state import EngineState
@@ -221,6 +221,13 @@ class InFlight:
         self.prompts_taken = prompts_taken
 
     # -- the pump ------------------------------------------------------------------------
+    def _resume(self, p: Sample, g: Group, rid: str) -> None:
+        """Resume a partial sample of group ``g`` on ``rid``."""
+        self._started(g.group_id, rid, 1)
+        self.where[p.sample_id] = (rid, p)
+        self._track(p.sample_id, rid)  # a no-op on the lane: the lane's samples stay there
+        self.executor.send(rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p]))
+
     def pump(self) -> None:
         """Start what can start: resumes first, then new groups while the gate admits them."""
         if self.paused:
@@ -239,12 +246,7 @@ class InFlight:
                 self.resumes.extend(self.tail_resumes)  # the lane is gone: resume anywhere
                 self.tail_resumes.clear()
                 break
-            self.tail_resumes.popleft()
-            self._started(g.group_id, rid, 1)
-            self.where[p.sample_id] = (rid, p)
-            self.executor.send(
-                rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p])
-            )
+            self._resume(self.tail_resumes.popleft(), g, rid)
         while self.resumes:
             p = self.resumes[0]
             g = self.buffer.group(p.group_id)
@@ -254,13 +256,7 @@ class InFlight:
             rid = d.pick(1)
             if rid is None:
                 break
-            self.resumes.popleft()
-            self._started(g.group_id, rid, 1)
-            self.where[p.sample_id] = (rid, p)
-            self._track(p.sample_id, rid)
-            self.executor.send(
-                rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p])
-            )
+            self._resume(self.resumes.popleft(), g, rid)
         if self.tail_after_s >= 0:
             self._move_old()
         while True:

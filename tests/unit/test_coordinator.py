@@ -300,3 +300,22 @@ async def test_an_intent_naming_a_replica_that_does_not_exist_is_refused_by_name
     assert ended.reason == "completed"
     (refused,) = [e for e in seen if isinstance(e, IntentRejected)]
     assert refused.reason == "unknown_replica" and "ghost-7" in refused.detail and "standalone-0" in refused.detail
+
+
+@virtual_time
+async def test_a_consolidate_from_outside_is_checked_and_the_run_goes_on():
+    """What a user's ``submit(Consolidate(...))`` gets wrong: a replica that does not exist is
+    named, a lane of no room is refused; a good one is kept and nothing is lost."""
+    from shunter.events import Consolidate, IntentRejected
+
+    coord, _, _ = local_run(cfg(run={"total_steps": 4}))
+    coord.post(coord.stamp(Consolidate(replica_ids=["standalone-1"], max_in_flight=0)))
+    coord.post(coord.stamp(Consolidate(replica_ids=["ghost-2", "standalone-1"], max_in_flight=4, after_s=0.0)))
+    ended, seen = await run(coord)
+    assert ended.reason == "completed"
+    refused = [e for e in seen if isinstance(e, IntentRejected)]
+    assert [r.reason for r in refused] == ["bad_value", "unknown_replica"]
+    assert "max_in_flight" in refused[0].detail and "ghost-2" in refused[1].detail
+    assert coord.dispatcher.lane("standalone-1") in ("tail", None)  # the lane stands (None: it left at the end)
+    s = ended.summary
+    assert s["buffer/dispatched_groups"] == s["buffer/trained_groups"] + s["buffer/dropped_groups"]

@@ -36,8 +36,24 @@ TOTAL = 10
 @example(schedule=[(5, "stop")], on_stale="wait", staleness=0)
 @example(schedule=[(9, "stop")], on_stale="wait", staleness=0)
 def test_any_fault_schedule_completes_exactly_once_within_the_staleness_bound(schedule, on_stale, staleness):
+    check_schedule(schedule, on_stale, staleness, {})
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    schedule=st.lists(st.tuples(st.integers(1, TOTAL), st.sampled_from(ACTIONS)), max_size=4),
+    on_stale=st.sampled_from(["wait", "drop"]),
+)
+@example(schedule=[(2, "kill_replica"), (4, "coordinator_crashes"), (5, "kill_replica")], on_stale="wait")
+def test_a_straggler_lane_holds_under_any_fault_schedule(schedule, on_stale):
+    """The same, with samples moving to a straggler lane while replicas (the lane's among them)
+    die and the run restarts: a sample cut on its way to the lane is neither lost nor doubled."""
+    check_schedule(schedule, on_stale, 1, {"tail_replicas": 1, "tail_max_in_flight": 4, "tail_after_s": 0.0})
+
+
+def check_schedule(schedule, on_stale, staleness, options):
     c = cfg(
-        run={"total_steps": TOTAL, "checkpoint_every": 2},
+        run={"total_steps": TOTAL, "checkpoint_every": 2, "policy_options": options},
         validation={"every": 0},
         rollout={"standalone_replicas": 3, "max_staleness": staleness, "on_stale": on_stale},
     )

@@ -12,9 +12,9 @@ Invariants:
 - :meth:`pump` starts work only on replicas in the dispatcher with room, resumes before
   new groups, and new groups only while the buffer's staleness gate admits them for the
   chosen replica's weight version — and never on the straggler lane;
-- with a straggler lane (``Consolidate``), the pump moves the oldest samples generating on
-  other replicas (by when they first started, resumes included), once they have run for
-  ``after_s``, to the lane — only as many as the lane has room for, counting those cut and
+- with a straggler lane (``Consolidate``), the pump moves samples generating on other
+  replicas to the lane, those of the oldest groups first (then by when they first started,
+  resumes included), once they have run for ``after_s`` — only as many as the lane has room for, counting those cut and
   on their way (:attr:`moving`): a sample is cut only when a slot waits for it. Looking for
   them costs O(1) per pump and O(log samples) per start.
 """
@@ -68,7 +68,8 @@ class InFlight:
         self.moving: set[str] = set()
         """Samples cut to move to the straggler lane, not back yet."""
         self.moved = 0
-        """Samples moved to the straggler lane so far."""
+        """Samples sent to resume on the straggler lane after a move so far (the run summary's
+        ``rollout/moved_to_lane``)."""
         self.tail_after_s = -1.0
         """Age at which a sample moves to the straggler lane (-1: no lane)."""
         self._born: dict[str, float] = {}  # sample id -> when it first started (lane only)
@@ -117,7 +118,6 @@ class InFlight:
             self.moving.discard(sid)
             if self.buffer.group(partial.group_id) is not None:
                 self.tail_resumes.append(partial)
-                self.moved += 1
             return
         if self.buffer.group(partial.group_id) is not None:
             self.resumes.append(partial)
@@ -247,6 +247,7 @@ class InFlight:
                 self.tail_resumes.clear()
                 break
             self._resume(self.tail_resumes.popleft(), g, rid)
+            self.moved += 1
         while self.resumes:
             p = self.resumes[0]
             g = self.buffer.group(p.group_id)

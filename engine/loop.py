@@ -443,6 +443,8 @@ class Coordinator:
     def summary(self) -> dict[str, float]:
         t = self.state.trainer
         extra = {"coordinator/policy_failures": float(self.guard.failures)} if self.guard.failures else {}
+        if self.inflight.moved:
+            extra["rollout/moved_to_lane"] = float(self.inflight.moved)
         return self.tally.summary(steps=t.step, version=t.version, buffer=self.buffer.counters(), extra=extra)
 
     # -- checkpoints -------------------------------------------------------------------------

@@ -80,9 +80,10 @@ def _unquantized(model: Any) -> bool:
 
 
 def _path_fields(path: str) -> dict:
-    """How a load went in: the path's name, and whether the verified copy plan did it (a
-    number, so it reaches ``WeightsLoaded.detail`` as ``backend_planned``)."""
-    return {"path": path, "planned": float(path == "copy_plan")}
+    """How a load went in: the path's name, whether the verified copy plan did it and whether
+    it did so from a buffer mapped before, bound once (numbers, so they reach
+    ``WeightsLoaded.detail`` as ``backend_planned`` / ``backend_mapped``)."""
+    return {"path": path, "planned": float(path.startswith("copy_plan")), "mapped": float(path == "copy_plan_mapped")}
 
 
 class WeightSyncExtension:
@@ -123,23 +124,38 @@ class WeightSyncExtension:
         }
 
     def shunter_load_cuda_ipc(self, package: bytes) -> dict:
-        """Load weights from CUDA IPC handles to the trainer's flat GPU copy (same GPU):
-        a device-to-device copy per tensor, no host round trip. GPU only."""
+        """Load weights from CUDA IPC handles to the trainer's flat GPU copy (same GPU): device
+        to device, no host round trip. GPU only. The trainer refills two buffers in place, so
+        their mappings are kept (``IpcMappings``) and, once the copy plan is verified, so are its
+        bound (destination, source) views: a later load from a mapped buffer is one fused
+        multi-tensor copy (path ``copy_plan_mapped``)."""
         import torch
 
-        from shunter.engine.weight_transport import open_cuda_ipc
+        from shunter.engine import copy_plan
+        from shunter.engine.weight_transport import IpcMappings, open_cuda_ipc_cached
 
         t0 = time.perf_counter()
-        items, nbytes = open_cuda_ipc(bytes(package))
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        weights = _normalise_tied(dict(items), _tied(model))
+        maps = getattr(self, "_shunter_ipc", None)
+        if maps is None:
+            maps = self._shunter_ipc = IpcMappings()
+        items, nbytes, hit = open_cuda_ipc_cached(bytes(package), maps)
         t_open = time.perf_counter() - t0
         t1 = time.perf_counter()
-        path = self._shunter_reload(list(weights.items()))
+        if hit is not None and hit[2] is not None:
+            copy_plan.copy_all(*hit[2])
+            path, n = "copy_plan_mapped", len(hit[2][0])
+        else:
+            model = self.model_runner.get_model()  # type: ignore[attr-defined]
+            weights = _normalise_tied(dict(items), _tied(model))
+            path = self._shunter_reload(list(weights.items()))
+            n = len(weights)
+            state = getattr(self, "_shunter_plan", None)
+            if state is not None and state[2] and (entry := maps.get_latest()) is not None and entry[0] is items:
+                key = tuple((k, tuple(t.shape)) for k, t in weights.items())
+                if key == state[0]:
+                    entry[2] = copy_plan.bind(dict(model.named_parameters()), state[1], list(weights.values()))
         torch.cuda.synchronize()
         t_load = time.perf_counter() - t1
-        n = len(weights)
-        del items, weights  # drop the mapping; the trainer owns the memory
         return {"n_tensors": n, "nbytes": nbytes, "open_s": t_open, "load_s": t_load, **_path_fields(path)}
 
     def shunter_join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> dict:

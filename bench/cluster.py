@@ -65,7 +65,10 @@ class SimResult:
     coordinator_cpu_s: float
     """Real seconds spent inside the coordinator's loop step (record/apply/decide/pump)."""
     handle_s: list[float]
-    """Real seconds of each loop step, in order (event in -> its commands out)."""
+    """Real seconds of each loop turn (the messages that arrived together in -> their
+    commands out), in order."""
+    turn_sizes: list[int]
+    """How many messages each loop turn of ``handle_s`` handled."""
     latency_s: list[float]
     """Per message: simulated seconds from its posting to the end of its handling (queueing
     included; with ``charge_coordinator`` the handling itself takes its real CPU time)."""
@@ -82,16 +85,20 @@ class ChargedInbox(asyncio.Queue):
         self.clock = clock
         self.debt = 0.0
         self.posted: deque[float] = deque()
-        self.taken = 0.0
-        """When the message taken last was posted."""
+        self.taken: list[float] = []
+        """When each message taken since the last ``took()`` was posted."""
 
     def _put(self, item) -> None:
         self.posted.append(self.clock())
         super()._put(item)
 
     def _get(self):
-        self.taken = self.posted.popleft()
+        self.taken.append(self.posted.popleft())
         return super()._get()
+
+    def took(self) -> list[float]:
+        taken, self.taken = self.taken, []
+        return taken
 
     async def get(self):
         if self.debt > 0:
@@ -238,22 +245,27 @@ async def _run(
         coord.restore(snapshot.decode((resume / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(opening)
     spent: list[float] = []
+    sizes: list[int] = []
     latency: list[float] = []
-    handle = coord.handle
+    handle_many = coord.handle_many
 
-    def timed(msg: Message) -> None:
+    def timed(msgs: list[Message]) -> None:
         t = timer()
-        handle(msg)
+        handle_many(msgs)
         dt = timer() - t
         spent.append(dt)
+        sizes.append(len(msgs))
         if charge:
             inbox.debt += dt
-        latency.append(clock() - inbox.taken + (dt if charge else 0.0))
+        now = clock() + (dt if charge else 0.0)
+        latency.extend(now - posted for posted in inbox.took()[-len(msgs) :])  # before: the opening's
 
-    coord.handle = timed
+    coord.handle_many = timed
     t0, wall0 = clock(), time.perf_counter()
     try:
         ended = await coord.run()
     finally:
         await executor.close()
-    return SimResult(ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], sum(spent), spent, latency)
+    return SimResult(
+        ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], sum(spent), spent, sizes, latency
+    )

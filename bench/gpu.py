@@ -189,6 +189,9 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
             "backend_decode_s",
             "backend_recv_s",
             "backend_planned",
+            "backend_mapped",
+            "backend_rpc_s",
+            "backend_reset_s",
         ):
             if k in last.detail:
                 row[f"replica_{k}"] = last.detail[k]
@@ -205,8 +208,10 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
     keys = [k for k in steady[0] if k.endswith("_s") and all(k in r for r in steady)]
     med = {k: statistics.median(r[k] for r in steady) for k in keys}
     planned = [r["replica_backend_planned"] for r in steady if "replica_backend_planned" in r]
+    mapped = [r["replica_backend_mapped"] for r in steady if "replica_backend_mapped" in r]
     return {
         **({"planned_share": sum(planned) / len(planned)} if planned else {}),  # loads by the copy plan
+        **({"mapped_share": sum(mapped) / len(mapped)} if mapped else {}),  # ... from a buffer mapped before
         "transport": rows[0]["transport"],
         "nbytes": nbytes,
         "copy_gbps": floor_gbps,

@@ -359,12 +359,23 @@ def gpu_section(r: dict, path: Path) -> list[str]:
             f"to the trainer + publish {sy.get('median_to_trainer_and_publish_s', 0) * 1e3:.0f} ms, back to the "
             f"coordinator + policy {sy.get('median_back_and_decide_s', 0) * 1e3:.0f} ms, to the replica + load "
             f"{sy.get('median_to_replica_and_load_s', 0) * 1e3:.0f} ms (map handles "
-            f"{sy.get('median_replica_backend_open_s', 0) * 1e3:.0f}, copy into vLLM's parameters "
-            f"{sy.get('median_replica_backend_load_s', 0) * 1e3:.0f}, the rest: cut requests, prefix-cache reset, RPC)",
+            f"{sy.get('median_replica_backend_open_s', 0) * 1e3:.1f}, copy into vLLM's parameters "
+            f"{sy.get('median_replica_backend_load_s', 0) * 1e3:.1f}"
+            + (
+                f", the engine-core round trip around them {sy['median_replica_backend_rpc_s'] * 1e3:.0f}"
+                if "median_replica_backend_rpc_s" in sy
+                else ""
+            )
+            + "; the rest: cut requests, RPC)",
         ),
         *(
             [("loads made by the verified copy plan (the rest: the model's loader)", f"{sy['planned_share']:.0%}")]
             if "planned_share" in sy
+            else []
+        ),
+        *(
+            [("... of them from a buffer mapped before, plan bound (one fused copy)", f"{sy['mapped_share']:.0%}")]
+            if "mapped_share" in sy
             else []
         ),
         (

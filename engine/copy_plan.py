@@ -82,11 +82,31 @@ def _dst(params: dict[str, torch.Tensor], step: Step) -> torch.Tensor:
     return p if p.dim() == 0 else p[step[1] : step[2]]
 
 
+def bind(
+    params: dict[str, torch.Tensor], plan: list[Step], tensors: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The plan as (destination views, source views): reusable for every load from the same
+    source tensors (a mapped flat buffer the trainer refills), so a load is one :func:`copy_all`."""
+    dsts = [_dst(params, step) for step in plan]
+    return dsts, [tensors[step[3]].reshape(d.shape) for d, step in zip(dsts, plan, strict=True)]
+
+
+@torch.no_grad()
+def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """``dst.copy_(src)`` for each pair, as one fused multi-tensor copy where torch has it."""
+    if not dsts:
+        return
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        foreach(dsts, srcs)
+        return
+    for d, s in zip(dsts, srcs, strict=True):  # pragma: no cover - torch without _foreach_copy_
+        d.copy_(s)
+
+
 @torch.no_grad()
 def apply(params: dict[str, torch.Tensor], plan: list[Step], tensors: list[torch.Tensor]) -> None:
-    for step in plan:
-        dst = _dst(params, step)
-        dst.copy_(tensors[step[3]].reshape(dst.shape))
+    copy_all(*bind(params, plan, tensors))
 
 
 @torch.no_grad()

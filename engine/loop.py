@@ -7,7 +7,8 @@ Every message is handled by the same numbered steps, in arrival order, by one co
                 carried out (``engine/intents.py``)
     3. decide   ``PolicyGuard`` asks the policy (``engine/guard.py``); each intent it returns
                 is recorded and carried out
-    4. pump     start new groups and resume partial samples (``engine/inflight.py``)
+    4. pump     start new groups and resume partial samples (``engine/inflight.py``) — once
+                per batch of messages that arrived together (``handle_many``), after all of them
     5. finale   once the run should end, move it towards ``RunEnded`` (``engine/finale.py``)
 
 Events the coordinator derives on the way (``GroupDropped``, ``BatchReady``, ``IntentRejected``
@@ -77,6 +78,9 @@ def _sink_name(sink: Sink) -> str:
 
 
 class Coordinator:
+    BATCH = 256
+    """At most this many queued messages are handled as one batch (one ``pump``)."""
+
     def __init__(
         self,
         cfg: EngineConfig,
@@ -216,14 +220,21 @@ class Coordinator:
                     self.emit(LoopIdle(in_flight=self.dispatcher.total_in_flight))
                     self._settle()
                     continue
-                try:
-                    msg = await asyncio.wait_for(self._inbox.get(), stall)
-                except TimeoutError:
-                    self._stalled(stall)
-                    continue
-                if isinstance(msg, Message):
+                if self._inbox.empty():
+                    try:
+                        first = await asyncio.wait_for(self._inbox.get(), stall)
+                    except TimeoutError:
+                        self._stalled(stall)
+                        continue
+                else:  # no timer needed (an inbox may still make the loop wait: the simulator's charges time)
+                    first = await self._inbox.get()
+                batch = [first]
+                while len(batch) < self.BATCH and not self._inbox.empty():
+                    batch.append(self._inbox.get_nowait())
+                msgs = [m for m in batch if isinstance(m, Message)]
+                if msgs:
                     self._idle = False
-                    self.handle(msg)
+                    self.handle_many(msgs)
         except Exception as e:  # noqa: BLE001 - the one fault barrier: any error ends the run, said so
             self._crash(e)
         assert self.ended is not None
@@ -248,7 +259,19 @@ class Coordinator:
 
     def handle(self, msg: Message) -> None:
         """One message from outside, then everything it derived, then the finale."""
-        self._step(msg)
+        self.handle_many([msg])
+
+    def handle_many(self, msgs: list[Message]) -> None:
+        """Messages that arrived together, in order: each is recorded, applied and decided on,
+        with everything it derived, before the next; new work starts once, after the last
+        (``pump`` sees the capacity all of them freed), then the finale."""
+        for msg in msgs:
+            self._step(msg)
+            if self._derived:
+                self._drain(pump=False)
+            if self.ended is not None:
+                return
+        self._pump()
         self._settle()
 
     def _settle(self) -> None:
@@ -262,18 +285,22 @@ class Coordinator:
             if not self._derived:
                 return
 
-    def _drain(self) -> None:
-        """Handle the events derived so far, and what they derive in turn. Bounded: one message
-        can derive about one event per sample and group it touches; far more is a feedback loop."""
+    def _drain(self, pump: bool = True) -> None:
+        """Handle the events derived so far, and what they derive in turn; then (``pump``) start
+        new work, and handle what that derived. Bounded: one message can derive about one event
+        per sample and group it touches; far more is a feedback loop."""
         limit = 10_000 + 10 * (self.dispatcher.total_in_flight + self.buffer.in_flight + self.buffer.ready)
         handled = 0
         while self._derived and self.ended is None:
-            handled += 1
-            if handled > limit:
-                raise RuntimeError(
-                    f"livelock: one message derived more than {limit} events (the last {tag_of(self._derived[0])})"
-                )
-            self._step(self._derived.popleft())
+            while self._derived and self.ended is None:
+                handled += 1
+                if handled > limit:
+                    raise RuntimeError(
+                        f"livelock: one message derived more than {limit} events (the last {tag_of(self._derived[0])})"
+                    )
+                self._step(self._derived.popleft())
+            if pump:
+                self._pump()
 
     def _step(self, msg: Message) -> None:
         self._current = msg
@@ -293,6 +320,8 @@ class Coordinator:
                     error=f"{tag_of(msg)} is an order; only the coordinator gives orders (submit intents)",
                 )
             )
+
+    def _pump(self) -> None:
         if self._opened and not self.finale.finishing and self.ended is None:
             self._stage = "pump"
             self.inflight.pump()

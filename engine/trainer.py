@@ -20,6 +20,7 @@ from them; the reference model for the KL term always comes from the original mo
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from pathlib import Path
@@ -340,6 +341,8 @@ class Trainer:
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         self.opt.step()
+        if self.device.startswith("cuda"):  # the step's time holds its optimizer kernels, not the next publish's
+            torch.cuda.synchronize(self.device)
         self.step += 1
         self.steps_since_publish += 1
         stale = [self.version - s.min_version for s in samples]
@@ -379,7 +382,7 @@ class Trainer:
         """Bump the version and return the weights' payload (HF names): a safetensors blob,
         or a CUDA IPC package (ours or vLLM's format) for replicas on the trainer's GPU
         (``weight_transport``)."""
-        items = weight_transport.unique_tensors(self.model.state_dict())
+        items = self._publish_items()
         dtype = self.publish_dtype
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
         if self._publisher is not None:
@@ -392,6 +395,16 @@ class Trainer:
         self.version += 1
         self.steps_since_publish = 0
         return blob
+
+    def _publish_items(self) -> list[tuple[str, torch.Tensor]]:
+        """``unique_tensors(state_dict())``, kept while every parameter and buffer keeps its
+        memory (checked by address: an offload, onload or any ``.data`` swap changes it) — the
+        state dict alone costs ~2 ms a publish for a 0.5B model on an H200."""
+        key = tuple(t.data_ptr() for t in itertools.chain(self.model.parameters(), self.model.buffers()))
+        cached = self.__dict__.get("_items_cache")
+        if cached is None or cached[0] != key:
+            cached = self._items_cache = (key, weight_transport.unique_tensors(self.model.state_dict()))
+        return cached[1]
 
     def _sender(self):
         if self.sender is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import uuid
 
 import torch
 
@@ -82,6 +83,10 @@ class FlatPublisher:
         self._versions = [-1, -1]
         self._locks = [threading.Lock(), threading.Lock()]
         self._next = 0
+        self._token = uuid.uuid4().hex[:12]
+        self._allocs = [0, 0]
+        """How often each buffer was (re)allocated: with the token, the ``buffer`` id a package
+        names — the same id is the same memory, so a receiver may keep its mapping."""
 
     def publish(
         self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype, wire: str = CUDA_IPC, version: int = -1
@@ -102,13 +107,20 @@ class FlatPublisher:
             if buf is None or buf.numel() != total or buf.dtype != dtype or buf.device != device:
                 buf = self._bufs[k] = None  # free the old one first
                 buf = self._bufs[k] = torch.empty(total, dtype=dtype, device=device)
+                self._allocs[k] += 1
             entries = pack_into(buf, items)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             self._versions[k] = version
         self._next ^= 1
         nbytes = total * buf.element_size()
-        layout = {"entries": entries, "nbytes": nbytes, "dtype": str(dtype).split(".")[-1], "version": version}
+        layout = {
+            "entries": entries,
+            "nbytes": nbytes,
+            "dtype": str(dtype).split(".")[-1],
+            "version": version,
+            "buffer": f"{self._token}:{k}:{self._allocs[k]}",
+        }
         if wire == VLLM_IPC:
             uuid = str(torch.cuda.get_device_properties(device).uuid)
             _, args = reduce_tensor(buf.view(torch.uint8))
@@ -128,15 +140,16 @@ class FlatPublisher:
 
 
 def pack_into(buf: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple, int, int]]:
-    """Copy the tensors back to back into the flat ``buf`` (cast to its dtype); return
-    their layout as (name, shape, element offset, numel)."""
+    """Copy the tensors back to back into the flat ``buf`` (cast to its dtype), as one fused
+    multi-tensor copy; return their layout as (name, shape, element offset, numel)."""
+    from shunter.engine.copy_plan import copy_all
+
     entries, off = [], 0
-    with torch.no_grad():
-        for name, t in items:
-            n = t.numel()
-            buf[off : off + n].copy_(t.detach().reshape(-1))
-            entries.append((name, tuple(t.shape), off, n))
-            off += n
+    for name, t in items:
+        n = t.numel()
+        entries.append((name, tuple(t.shape), off, n))
+        off += n
+    copy_all([buf[o : o + n] for _, _, o, n in entries], [t.detach().reshape(-1) for _, t in items])
     return entries
 
 
@@ -162,12 +175,13 @@ def payload_kind(payload: bytes) -> str:
 
 def package_layout(payload: bytes) -> dict:
     """The layout of a ``cuda_ipc`` or ``flat`` package: ``entries`` ((name, shape, element
-    offset, numel)), ``nbytes``, ``dtype`` (a torch dtype name) and ``version``."""
+    offset, numel)), ``nbytes``, ``dtype`` (a torch dtype name), ``version`` and ``buffer`` (the
+    id of the trainer's buffer: the same id, the same memory, refilled)."""
     kind = payload_kind(payload)
     if kind not in (CUDA_IPC, FLAT):
         raise ValueError(f"a {kind} payload carries no flat-buffer layout")
     pkg = pickle.loads(bytes(payload[len(MAGIC) :]))  # noqa: S301 - produced by this run's trainer only
-    return {k: pkg[k] for k in ("entries", "nbytes", "dtype", "version")}
+    return {k: pkg[k] for k in ("entries", "nbytes", "dtype", "version", "buffer")}
 
 
 def flat_views(flat: torch.Tensor, entries: list[tuple[str, tuple, int, int]]) -> list[tuple[str, torch.Tensor]]:
@@ -188,8 +202,51 @@ def open_vllm_ipc(payload: bytes) -> dict:
 
 def open_cuda_ipc(payload: bytes) -> tuple[list[tuple[str, torch.Tensor]], int]:
     """Map the tensors of an IPC package in this process: ((name, view) list, nbytes)."""
+    items, nbytes, _ = open_cuda_ipc_cached(payload, None)
+    return items, nbytes
+
+
+class IpcMappings:
+    """A receiver's mappings of the trainer's flat buffers, by buffer id (at most ``keep``,
+    the trainer's two by default): a package naming a buffer already mapped costs no
+    ``cudaIpcOpenMemHandle``, and whatever the receiver derived from its views (``extra``: a
+    bound copy plan) is kept with it. The trainer refills a buffer in place, so a mapping
+    stays valid until the trainer reallocates it — which gives it a new id."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._maps: dict[str, list] = {}  # id -> [items, nbytes, extra], oldest first
+
+    def get(self, buffer_id: str) -> list | None:
+        m = self._maps.pop(buffer_id, None)
+        if m is not None:
+            self._maps[buffer_id] = m  # most recent last
+        return m
+
+    def get_latest(self) -> list | None:
+        """The entry mapped or used last."""
+        return self._maps[next(reversed(self._maps))] if self._maps else None
+
+    def put(self, buffer_id: str, entry: list) -> None:
+        self._maps[buffer_id] = entry
+        while len(self._maps) > self.keep:
+            del self._maps[next(iter(self._maps))]
+
+
+def open_cuda_ipc_cached(
+    payload: bytes, mappings: IpcMappings | None
+) -> tuple[list[tuple[str, torch.Tensor]], int, list | None]:
+    """``open_cuda_ipc`` through ``mappings``: ((name, view) list, nbytes, the cached entry
+    ``[items, nbytes, extra]`` — None when the buffer was mapped just now)."""
     if not is_cuda_ipc(payload):
         raise ValueError("not a cuda_ipc weight package")
     pkg = pickle.loads(payload[len(MAGIC) :])  # noqa: S301 - produced by this run's trainer only
+    buffer_id = pkg.get("buffer")
+    hit = mappings.get(buffer_id) if mappings is not None and buffer_id is not None else None
+    if hit is not None and [e[:2] for e in pkg["entries"]] == [(n, t.shape) for n, t in hit[0]]:
+        return hit[0], hit[1], hit
     fn, args = pkg["handle"]
-    return flat_views(fn(*args), pkg["entries"]), pkg["nbytes"]
+    items = flat_views(fn(*args), pkg["entries"])
+    if mappings is not None and buffer_id is not None:
+        mappings.put(buffer_id, [items, pkg["nbytes"], None])
+    return items, pkg["nbytes"], None

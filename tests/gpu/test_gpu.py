@@ -190,7 +190,9 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
     from shunter.engine.weight_transport import payload_kind
 
     paths = []
-    for version in (1, 2):  # the second load goes through the copy plan the first one verified
+    # the second load goes through the copy plan the first one verified; the third (cuda_ipc)
+    # comes from the trainer's first buffer again, mapped and bound already: one fused copy
+    for version in (1, 2, 3):
         package, sd = ray.get(pub.publish.remote())
         assert payload_kind(package) == ("cuda_ipc" if transport == "nccl" else transport) and len(package) < 1 << 16
         sent = pub.send.remote(version) if transport == "nccl" else None
@@ -209,8 +211,10 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
                 0, len(p) :
             ].tolist()
             assert got[:4] == ids[:4], (version, paths, p, got, ids)  # bf16 near-ties may split later tokens
-    if transport != "vllm_ipc":
-        assert paths == ["load_weights+plan_verified", "copy_plan"], paths
+    if transport == "cuda_ipc":
+        assert paths == ["load_weights+plan_verified", "copy_plan", "copy_plan_mapped"], paths
+    elif transport == "nccl":
+        assert paths == ["load_weights+plan_verified", "copy_plan", "copy_plan"], paths
     loop.run_until_complete(be.shutdown())
 
 

@@ -149,3 +149,26 @@ def test_the_worker_extension_loads_once_by_the_loader_then_by_the_verified_plan
         got = dict(w.model.named_parameters())
         assert all(torch.equal(got[k], want[k]) for k in want), (seed, paths)
     assert paths == ["load_weights+plan_verified", "copy_plan", "copy_plan"] and w.loader_calls == 1
+
+
+def test_a_plan_bound_to_a_flat_buffer_copies_each_refill_of_it():
+    """The receiver's fast path: the plan is bound once to views of the trainer's flat buffer;
+    the trainer refills that buffer in place; each copy of the bound views writes what the
+    loader writes for the new values."""
+    from shunter.engine import weight_transport as wt
+
+    first = hf_items(seed=0)
+    flat = torch.empty(sum(t.numel() for _, t in first))
+    entries = wt.pack_into(flat, first)
+    views = wt.flat_views(flat, entries)
+    params = vllm_params()
+    plan = copy_plan.build(params, [(n, tuple(t.shape)) for n, t in views])
+    assert plan is not None
+    bound = copy_plan.bind(params, plan, [t for _, t in views])
+    for seed in (1, 2):
+        new = hf_items(seed=seed)
+        wt.pack_into(flat, new)  # refilled in place, as the trainer does
+        copy_plan.copy_all(*bound)
+        expect = vllm_params()
+        loader(expect, new)
+        assert all(torch.equal(expect[k], params[k]) for k in params)

@@ -92,6 +92,37 @@ def test_trainer_step_changes_weights_and_publish_round_trips(model_dir):
     assert torch.equal(loaded["model.embed_tokens.weight"], tr.model.state_dict()["model.embed_tokens.weight"])
 
 
+def test_each_publish_carries_the_weights_of_that_moment_through_in_place_steps_and_offloads(model_dir):
+    """The trainer keeps its list of tensors to publish between publishes; whatever changed
+    since — an in-place optimizer step, every tensor moved to new memory (an offload and
+    onload) — the payload is the live weights."""
+    from safetensors.torch import load
+
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer
+
+    tr = Trainer(TrainerConfig(), model_dir)
+    tr.setup()
+
+    def live():
+        return {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+
+    def same(blob, want):
+        got = load(blob)
+        return set(got) <= set(want) and all(torch.equal(v, want[k]) for k, v in got.items())
+
+    assert same(tr.publish(), live())
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.add_(1.0)  # in place, as an optimizer step
+    assert same(tr.publish(), live())
+    for p in tr.model.parameters():
+        p.data = p.data.clone()  # new memory for every tensor, as an offload and onload give on GPU
+    with torch.no_grad():
+        next(tr.model.parameters()).mul_(-1.0)
+    assert same(tr.publish(), live())
+
+
 def test_missing_model_dir_names_the_folder(tmp_path):
     from shunter.engine.config import TrainerConfig
     from shunter.engine.trainer import ModelDirError, Trainer

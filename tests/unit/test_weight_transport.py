@@ -106,3 +106,47 @@ def test_a_flat_package_names_the_layout_and_the_views_rebuild_the_tensors():
         assert name == n2 and torch.equal(view, t.to(torch.bfloat16))
     with pytest.raises(ValueError, match="safetensors payload carries no flat-buffer layout"):
         wt.package_layout(wt.to_safetensors(items))
+
+
+def test_each_buffer_keeps_its_id_while_refilled_and_gets_a_new_one_when_reallocated():
+    pub = wt.FlatPublisher()
+    items = wt.unique_tensors(dict(_items()))
+    ids = [wt.package_layout(pub.publish(items, torch.bfloat16, wire=wt.FLAT, version=v))["buffer"] for v in range(4)]
+    assert ids[0] == ids[2] and ids[1] == ids[3] and ids[0] != ids[1]  # two buffers, refilled in turn
+    bigger = [*items, ("extra", torch.ones(3))]
+    again = wt.package_layout(pub.publish(bigger, torch.bfloat16, wire=wt.FLAT, version=4))["buffer"]
+    assert again not in ids  # buffer 0 reallocated: other memory, another id
+    assert wt.FlatPublisher().publish(items, torch.bfloat16, wire=wt.FLAT) != ids[0]  # another trainer
+
+
+OPENED = []
+
+
+def _map_buffer(n: int) -> torch.Tensor:  # stands in for torch's rebuild_cuda_tensor
+    OPENED.append(n)
+    return torch.arange(n, dtype=torch.float32)
+
+
+def _package(buffer_id: str, entries: list) -> bytes:
+    n = sum(e[3] for e in entries)
+    pkg = {"handle": (_map_buffer, (n,)), "buffer": buffer_id, "entries": entries, "nbytes": 4 * n}
+    return wt.MAGIC + pickle.dumps(pkg)
+
+
+def test_a_receiver_maps_each_buffer_once_and_keeps_the_last_two():
+    OPENED.clear()
+    maps = wt.IpcMappings()
+    layout = [("a", (2, 3), 0, 6), ("b", (4,), 6, 4)]
+    items, nbytes, hit = wt.open_cuda_ipc_cached(_package("t:0:1", layout), maps)
+    assert hit is None and nbytes == 40 and [(n, tuple(t.shape)) for n, t in items] == [("a", (2, 3)), ("b", (4,))]
+    assert torch.equal(items[1][1], torch.arange(6, 10, dtype=torch.float32))
+    again, _, hit = wt.open_cuda_ipc_cached(_package("t:0:1", layout), maps)
+    assert hit is not None and again is items and OPENED == [10]  # the same buffer: not mapped again
+    other = [("a", (3, 2), 0, 6), ("b", (4,), 6, 4)]  # same id, another layout: mapped afresh
+    wt.open_cuda_ipc_cached(_package("t:0:1", other), maps)
+    wt.open_cuda_ipc_cached(_package("t:1:1", layout), maps)
+    wt.open_cuda_ipc_cached(_package("t:0:2", layout), maps)  # a third buffer: the oldest mapping goes
+    assert OPENED == [10, 10, 10, 10]
+    assert maps.get("t:0:1") is None and maps.get("t:1:1") is not None
+    wt.open_cuda_ipc_cached(_package("t:1:1", layout), None)  # no mappings kept: always mapped
+    assert len(OPENED) == 5

@@ -163,19 +163,43 @@ def _check(work: Sequence[StepWork], fleet: Fleet) -> None:
         raise ValueError(f"a fleet needs replicas, got {fleet.replicas}")
 
 
-def overlapped_s(
-    work: Sequence[StepWork], machine: Machine, replicas: int, gate: Gate | None = None, first_at: float = 0.0
-) -> float:
-    finish: list[float] = []
-    total = Load()
-    for s, w in enumerate(work):
+class Generation(NamedTuple):
+    """What the overlapped bound needs of the generation, per step, whatever the split: the
+    replica-seconds of work up to and including the step, and its longest sequence alone."""
+
+    cum_work_s: list[float]
+    alone_s: list[float]
+
+
+def generation(work: Sequence[StepWork], machine: Machine) -> Generation:
+    cum, alone, total = [], [], Load()
+    for w in work:
         step = machine.load(w.samples)
         total = total.plus(step)
-        ready = max(machine.work_s(total) / replicas, step.alone_s, first_at if s == 0 else 0.0)
+        cum.append(machine.work_s(total))
+        alone.append(step.alone_s)
+    return Generation(cum, alone)
+
+
+def overlapped_s(
+    work: Sequence[StepWork],
+    machine: Machine,
+    replicas: int,
+    gate: Gate | None = None,
+    first_at: float = 0.0,
+    gen: Generation | None = None,
+) -> float:
+    """``gen``: ``generation(work, machine)`` when already computed (it does not depend on
+    ``replicas``, the gate or the train times: a search over splits computes it once)."""
+    g = gen if gen is not None else generation(work, machine)
+    finish: list[float] = []
+    for s, w in enumerate(work):
+        alone = g.alone_s[s]
+        ready = max(g.cum_work_s[s] / replicas, alone, first_at if s == 0 else 0.0)
         if gate is not None:
             first = (s // gate.steps_per_version - gate.max_staleness) * gate.steps_per_version - 1
             if first >= 0:
-                ready = max(ready, finish[first] + step.alone_s)
+                ready = max(ready, finish[first] + alone)
         finish.append(max(finish[-1] if finish else 0.0, ready) + w.train_s)
     return finish[-1] if finish else 0.0
 

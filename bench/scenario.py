@@ -45,6 +45,7 @@ from shunter.bench.analysis import Summary
 from shunter.bench.analytic import colocated_run_s
 from shunter.bench.cluster import run_sim
 from shunter.bench.sim import CostModel
+from shunter.engine import lengths
 from shunter.engine.config import EngineConfig, from_dict, merge
 
 
@@ -91,10 +92,24 @@ class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def load(path: str | Path) -> Scenario:
+    """A scenario file; relative length files (``cost.lengths_file``, ``rollout.length_dist =
+    "file:..."`` of the engine block and of each variant's) are resolved from its folder."""
     p = Path(path)
     try:
-        return msgspec.convert(tomllib.loads(p.read_text()), Scenario)
-    except (msgspec.ValidationError, tomllib.TOMLDecodeError) as e:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"scenario {p}: {e}") from None
+    base = p.resolve().parent
+    cost = data.get("cost")
+    if isinstance(cost, dict) and isinstance(f := cost.get("lengths_file"), str) and f:
+        cost["lengths_file"] = lengths.file_of(lengths.resolved(lengths.FILE + f, base)).as_posix()
+    for eng in [data.get("engine"), *(v.get("engine") for v in data.get("variant", []) if isinstance(v, dict))]:
+        ro = eng.get("rollout") if isinstance(eng, dict) else None
+        if isinstance(ro, dict) and isinstance(ro.get("length_dist"), str):
+            ro["length_dist"] = lengths.resolved(ro["length_dist"], base)
+    try:
+        return msgspec.convert(data, Scenario)
+    except msgspec.ValidationError as e:
         raise ValueError(f"scenario {p}: {e}") from None
 
 
@@ -164,13 +179,14 @@ def best_split_s(sc: Scenario, cost: CostModel, work: list[bound.StepWork], mach
     k0 = cost.trainer_gpus
     fixed0 = cost.train_step_s + cost.allreduce_s()
     best = float("inf")
+    gen = bound.generation(work, machine)  # the same for every split
     for k in range(1, sc.cluster.gpus):
         replicas = (sc.cluster.gpus - k) // sc.cluster.gpus_per_replica
         if replicas < 1:
             continue
         fixed = cost.train_step_s + msgspec.structs.replace(cost, trainer_gpus=k).allreduce_s()
         scaled = [w._replace(step_s=fixed + max(0.0, w.step_s - fixed0) * k0 / k) for w in work]
-        best = min(best, bound.overlapped_s(scaled, machine, replicas))
+        best = min(best, bound.overlapped_s(scaled, machine, replicas, gen=gen))
     return best
 
 

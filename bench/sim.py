@@ -40,6 +40,7 @@ from pathlib import Path
 import msgspec
 
 from shunter.bench.replica_model import ReplicaModel
+from shunter.engine import lengths
 from shunter.engine.backend import GenParams, GenResult
 from shunter.events import Sample
 
@@ -103,11 +104,8 @@ class LengthSampler:
     def __init__(self, cost: CostModel, seed: int) -> None:
         self.rng = random.Random(seed)
         self.cost = cost
-        self.table: list[int] = []
-        if cost.lengths_file:
-            self.table = [int(x) for x in Path(cost.lengths_file).read_text().split() if x.strip()]
-            if not self.table:
-                raise ValueError(f"lengths_file {cost.lengths_file!r} holds no lengths")
+        # the engine's length-file format (engine.lengths): positive integers, '#' comments
+        self.table = list(lengths.read_lengths(cost.lengths_file)) if cost.lengths_file else []
 
     def draw(self) -> int:
         if self.table:
@@ -287,7 +285,6 @@ class SimTrainer:
     def save(self, path: str) -> int:
         """The trainer's checkpoint part: its step and version (a simulated run has no weights)."""
         import json
-        from pathlib import Path
 
         data = json.dumps({"step": self.step, "version": self.version}).encode()
         (Path(path) / "trainer.json").write_bytes(data)
@@ -295,7 +292,6 @@ class SimTrainer:
 
     def load(self, path: str) -> None:
         import json
-        from pathlib import Path
 
         st = json.loads((Path(path) / "trainer.json").read_text())
         self.step, self.version = int(st["step"]), int(st["version"])

@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from shunter.events.data import SamplingSpec, parse_length_dist
+from shunter.engine import lengths
+from shunter.events.data import SamplingSpec
 from shunter.events.vocab import WeightUpdate
 
 
@@ -149,7 +150,7 @@ class RolloutConfig(_Section):
     length_dist: Annotated[
         str,
         _d(
-            "Benchmark knob: each sample's token budget drawn from 'lognormal:<median>:<sigma>' (capped at max_tokens); with ignore_eos, long-tail response lengths from a model that never stops. Empty: every sample may use max_tokens."
+            "Benchmark knob: each sample's token budget drawn from 'lognormal:<median>:<sigma>', or from the lengths in a file, 'file:<path>' (whitespace-separated positive integers, '#' comments; a relative path is resolved from the config file's folder), capped at max_tokens; with ignore_eos, long-tail response lengths from a model that never stops. Empty: every sample may use max_tokens."
         ),
     ] = ""
     max_staleness: Annotated[
@@ -382,6 +383,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> En
         if str(folder) not in paths:
             paths.append(str(folder))
     run["import_paths"] = paths
+    ro = data.get("rollout")
+    if isinstance(ro, dict) and isinstance(ro.get("length_dist"), str):
+        ro["length_dist"] = lengths.resolved(ro["length_dist"], p.resolve().parent)
     return from_dict(data, origin=str(p))
 
 
@@ -421,7 +425,7 @@ def check(cfg: EngineConfig) -> None:
             "the context must hold the prompt and the whole response"
         )
     try:
-        parse_length_dist(r.length_dist)
+        lengths.check(r.length_dist)
     except ValueError as e:
         raise ConfigError(f"rollout.length_dist: {e}") from None
     if r.max_in_flight_per_replica < r.n_samples_per_prompt:

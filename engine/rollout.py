@@ -20,12 +20,12 @@ import asyncio
 import itertools
 import math
 import numbers
-import random
 from collections.abc import Callable
 from typing import Literal, TypeVar
 
 import msgspec
 
+from shunter.engine import lengths
 from shunter.engine.backend import Backend, GenParams, Tokenizer
 from shunter.engine.errors import describe, type_name
 from shunter.events import (
@@ -56,7 +56,6 @@ from shunter.events import (
     sample_id,
     tag_of,
 )
-from shunter.events.data import parse_length_dist
 from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, ServingMode, WeightUpdate
 
 Reward = Callable[[str, str, str], float]
@@ -248,15 +247,9 @@ class RolloutCore:
         return ev + self._finish(s, prompt)
 
     def _budget(self, sp: SamplingSpec, sample_id: str) -> int:
-        """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist`` seeded by
-        this replica's seed and the sample id (reproducible in a seeded run; a sample resumed
-        elsewhere keeps the budget it was given)."""
-        dist = parse_length_dist(sp.length_dist)
-        if dist is None:
-            return sp.max_tokens
-        median, sigma = dist
-        rng = random.Random(f"{self.seed}:{sample_id}")
-        return max(1, min(sp.max_tokens, round(rng.lognormvariate(math.log(median), sigma))))
+        """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist``
+        (``engine.lengths``: seeded by this replica's seed and the sample id)."""
+        return lengths.budget(sp.length_dist, self.seed, sample_id, sp.max_tokens)
 
     def _params(self, sp: SamplingSpec, s: Sample) -> GenParams:
         return GenParams(

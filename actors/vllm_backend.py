@@ -433,6 +433,7 @@ class VLLMBackend:
         from shunter.engine import weight_transport as wt
 
         kind = wt.payload_kind(blob)
+        reset = False
         if self.receives(blob):
             self.last_load = await self.receive_weights(blob, load=True)
             results = [self.last_load]
@@ -452,10 +453,9 @@ class VLLMBackend:
                 _timed(engine.collective_rpc(rpc, args=(bytes(blob),))), _timed(self._drop_stale_prefix_cache())
             )
             self.last_load = {**(results[0] if results else {}), "rpc_s": rpc_s, "reset_s": reset_s}
-            dt = time.perf_counter() - t0
-            log.debug("load_weights: %s in %.3fs", results, dt)
-            return dt
-        await self._drop_stale_prefix_cache()
+            reset = True
+        if not reset:  # the prefix cache is reset after the load (above: alongside it)
+            await self._drop_stale_prefix_cache()
         dt = time.perf_counter() - t0
         log.debug("load_weights: %s in %.3fs", results, dt)
         return dt

@@ -102,7 +102,7 @@ def load(path: str | Path) -> Scenario:
     base = p.resolve().parent
     cost = data.get("cost")
     if isinstance(cost, dict) and isinstance(f := cost.get("lengths_file"), str) and f:
-        cost["lengths_file"] = lengths.file_of(lengths.resolved(lengths.FILE + f, base)).as_posix()
+        cost["lengths_file"] = str(lengths.resolved_path(Path(f), base))
     for eng in [data.get("engine"), *(v.get("engine") for v in data.get("variant", []) if isinstance(v, dict))]:
         ro = eng.get("rollout") if isinstance(eng, dict) else None
         if isinstance(ro, dict) and isinstance(ro.get("length_dist"), str):

@@ -75,11 +75,14 @@ def budget(spec: str, seed: int, sample_id: str, max_tokens: int) -> int:
     return max(1, min(max_tokens, round(rng.lognormvariate(math.log(median), sigma))))
 
 
+def resolved_path(path: Path, base: Path) -> Path:
+    """``path`` made absolute: against ``base`` (the config's or the scenario's folder) if the
+    file is there, else against the working directory."""
+    if path.is_absolute():
+        return path
+    return (base / path if (base / path).exists() or not path.exists() else path).resolve()
+
+
 def resolved(spec: str, base: Path) -> str:
-    """``spec`` with a relative file path made absolute: against ``base`` (the config's or the
-    scenario's folder) if the file is there, else against the working directory."""
-    if not is_file_spec(spec) or file_of(spec).is_absolute():
-        return spec
-    rel = file_of(spec)
-    at = base / rel if (base / rel).exists() or not rel.exists() else rel
-    return FILE + str(at.resolve())
+    """``spec`` with a relative file path made absolute (:func:`resolved_path`)."""
+    return FILE + str(resolved_path(file_of(spec), base)) if is_file_spec(spec) else spec

@@ -30,6 +30,7 @@ from shunter.events import (
     ValidateEnd,
     tag_of,
 )
+from shunter.events.codec import frame_header
 from shunter.events.logfile import Repair, repair
 from shunter.events.rollout import SampleAborted, SampleBegin, SampleEnd, SampleResumed
 
@@ -59,7 +60,7 @@ class EventLog:
 
     def __call__(self, msg: Message) -> None:
         body = self._encode(msg)
-        self._f.write(len(body).to_bytes(4, "big"))
+        self._f.write(frame_header(body))  # a frame, as Codec.frame makes it, from the one encoding
         self._f.write(body)
         if self.feed is not None:
             self.feed.push(body, msg)

@@ -112,6 +112,7 @@ class Trainer:
         self.weight_host = "127.0.0.1"  # the address replicas reach this trainer's weight groups at
         self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
         self.steps_since_publish = 0
+        self._items_cache: tuple[tuple[int, ...], list[tuple[str, torch.Tensor]]] | None = None
         self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
 
     def setup(self) -> None:
@@ -401,7 +402,7 @@ class Trainer:
         memory (checked by address: an offload, onload or any ``.data`` swap changes it) — the
         state dict alone costs ~2 ms a publish for a 0.5B model on an H200."""
         key = tuple(t.data_ptr() for t in itertools.chain(self.model.parameters(), self.model.buffers()))
-        cached = self.__dict__.get("_items_cache")
+        cached = self._items_cache
         if cached is None or cached[0] != key:
             cached = self._items_cache = (key, weight_transport.unique_tensors(self.model.state_dict()))
         return cached[1]

@@ -122,9 +122,9 @@ class FlatPublisher:
             "buffer": f"{self._token}:{k}:{self._allocs[k]}",
         }
         if wire == VLLM_IPC:
-            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            gpu = str(torch.cuda.get_device_properties(device).uuid)
             _, args = reduce_tensor(buf.view(torch.uint8))
-            return VLLM_MAGIC + pickle.dumps(vllm_update_info(entries, dtype, {uuid: args}))
+            return VLLM_MAGIC + pickle.dumps(vllm_update_info(entries, dtype, {gpu: args}))
         if wire == FLAT:
             return FLAT_MAGIC + pickle.dumps(layout)
         return MAGIC + pickle.dumps({"handle": reduce_tensor(buf), **layout})

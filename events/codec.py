@@ -70,4 +70,9 @@ class Codec:
     def frame(self, msg: Message) -> bytes:
         """One event-log frame: the encoded message after its 4-byte big-endian length."""
         body = self._enc.encode(msg)
-        return len(body).to_bytes(4, "big") + body
+        return frame_header(body) + body
+
+
+def frame_header(body: bytes) -> bytes:
+    """The 4-byte big-endian length that precedes an encoded message in an event-log frame."""
+    return len(body).to_bytes(4, "big")

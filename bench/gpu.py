@@ -12,7 +12,9 @@ the machine's details:
 - ``policies``: step time of ``colocated`` vs ``lend_when_idle`` on one GPU;
 - ``transports``: the two IPC weight paths side by side on one engine, in one process —
   shunter's worker extension (``cuda_ipc``) and vLLM's own weight-transfer engine
-  (``vllm_ipc``) — publish and load split into their parts, without Ray or the coordinator.
+  (``vllm_ipc``) — publish and load split into their parts, without Ray or the coordinator;
+- ``rpc``: the round trip of vLLM's engine-core calls a load makes, around no work, idle,
+  decoding, and with another process's kernels on the GPU (``bench/gpu_rpc.py``).
 
 Across two GPUs of one host (issue 7; a config with ``weight_transport = "nccl"``, e.g.
 ``examples/gpu2_qwen05b.toml``):
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from shunter.engine.config import EngineConfig, load_config, merge
 from shunter.events import (
@@ -55,8 +58,10 @@ from shunter.events import (
     Onloaded,
     PublishWeights,
     RunEnded,
+    SampleAborted,
     SampleBegin,
     SampleEnd,
+    SampleResumed,
     StepEnd,
     WeightsLoaded,
     WeightsReady,
@@ -64,7 +69,7 @@ from shunter.events import (
     read_log,
 )
 
-PARTS = ("sync", "rollout", "switch", "policies", "transports", "nccl_floor", "separate2", "colocated2", "lend2")
+PARTS = ("sync", "rollout", "switch", "policies", "transports", "rpc", "nccl_floor", "separate2", "colocated2", "lend2")
 
 
 def machine() -> dict:
@@ -179,6 +184,7 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
             "to_trainer_and_publish_s": ready.wall_time - m.wall_time,
         }
         if cmd is not None:
+            row["load_at"] = cmd.wall_time
             row["back_and_decide_s"] = cmd.wall_time - ready.wall_time
             row["to_replica_and_load_s"] = last.wall_time - cmd.wall_time
         for k in (
@@ -192,6 +198,7 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
             "backend_mapped",
             "backend_rpc_s",
             "backend_reset_s",
+            "backend_salted",
         ):
             if k in last.detail:
                 row[f"replica_{k}"] = last.detail[k]
@@ -210,6 +217,7 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
     planned = [r["replica_backend_planned"] for r in steady if "replica_backend_planned" in r]
     mapped = [r["replica_backend_mapped"] for r in steady if "replica_backend_mapped" in r]
     return {
+        **decode_steps(msgs, [r["load_at"] for r in steady if "load_at" in r]),
         **({"planned_share": sum(planned) / len(planned)} if planned else {}),  # loads by the copy plan
         **({"mapped_share": sum(mapped) / len(mapped)} if mapped else {}),  # ... from a buffer mapped before
         "transport": rows[0]["transport"],
@@ -221,6 +229,40 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
         "first": rows[0],
         "n": len(rows),
     }
+
+
+def decode_steps(msgs: list, load_times: list[float]) -> dict:
+    """The engine step a weight load must wait for, from the run's own samples: a load lands
+    between two engine steps, so a publish at a random moment waits the rest of the step under
+    way — half a step on average, at least. With continuous batching every running sequence
+    gains one token a step, so the mean step is (sequences in flight, time-averaged) / (tokens
+    per second), both over the run's generation window (a prefill chunk makes a step longer:
+    this is a lower estimate). ``in_flight_at_load``: sequences generating as each load was
+    ordered (median over the steady publishes)."""
+    marks = sorted(
+        (m.wall_time, 1 if isinstance(m, SampleBegin | SampleResumed) else -1)
+        for m in msgs
+        if isinstance(m, SampleBegin | SampleResumed | SampleEnd | SampleAborted)
+    )
+    tokens = sum(len(m.sample.token_ids) for m in msgs if isinstance(m, SampleEnd))
+    if len(marks) < 2 or tokens == 0:
+        return {}
+    area, n, prev, at_load, loads = 0.0, 0, marks[0][0], [], sorted(load_times)
+    for t, d in marks:
+        while loads and loads[0] < t:
+            at_load.append(n)
+            loads.pop(0)
+        area += n * (t - prev)
+        n, prev = n + d, t
+    window = marks[-1][0] - marks[0][0]
+    if window <= 0:
+        return {}
+    step = (area / window) / (tokens / window)
+    out = {"mean_in_flight": area / window, "decode_tokens_per_s": tokens / window, "decode_step_s": step}
+    out["step_wait_floor_s"] = step / 2
+    if at_load:
+        out["in_flight_at_load"] = float(statistics.median(at_load))
+    return out
 
 
 def rollout_tokens_per_s(events: list) -> dict:
@@ -278,6 +320,21 @@ def _in_child(flag: str, spec: dict) -> dict:
     return json.loads(line[-1])
 
 
+def child_backend(spec: dict, **over: Any) -> Any:
+    """The ``VLLMBackend`` a measurement child starts, from the spec its parent sent (the
+    config's model, context and memory share, engine args; ``over``: fields to change)."""
+    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+
+    kw: dict = {
+        "model_dir": spec["model_dir"],
+        "max_model_len": spec["max_model_len"],
+        "gpu_memory_utilization": spec["gpu_memory_utilization"],
+        "extra": spec["engine_args"],
+        **over,
+    }
+    return VLLMBackend(EngineSpec(**kw))
+
+
 def core_alone(spec: dict) -> dict:
     """The replica's rollout core (``RolloutCore`` + ``VLLMBackend``) alone in one process, no
     Ray and no coordinator, on the same requests as the raw baseline: tells whether a gap to
@@ -289,22 +346,13 @@ def _core_child(spec: dict) -> dict:
     from transformers import AutoTokenizer
 
     from shunter.actors.rollout import _Tok
-    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
     from shunter.engine.rollout import RolloutCore
     from shunter.events import Generate, PromptSpec, SampleEnd, SamplingSpec, Stamper
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     async def go() -> dict:
-        be = VLLMBackend(
-            EngineSpec(
-                model_dir=spec["model_dir"],
-                max_model_len=spec["max_model_len"],
-                gpu_memory_utilization=spec["gpu_memory_utilization"],
-                stream_interval=spec.get("stream_interval", 16),
-                extra=spec["engine_args"],
-            )
-        )
+        be = child_backend(spec, stream_interval=spec.get("stream_interval", 16))
         await be.start()
         core = RolloutCore(
             "core", be, _Tok(AutoTokenizer.from_pretrained(spec["model_dir"])), lambda *a: 0.0, Stamper("bench", "core")
@@ -350,7 +398,6 @@ def _transports_child(spec: dict) -> dict:
     handles) and load into one vLLM engine that has both paths; alternate the paths."""
     import torch
 
-    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
     from shunter.engine import weight_transport as wt
     from shunter.engine.config import TrainerConfig
     from shunter.engine.trainer import Trainer
@@ -363,15 +410,7 @@ def _transports_child(spec: dict) -> dict:
     pub = wt.CudaIpcPublisher()
 
     async def go() -> dict:
-        be = VLLMBackend(
-            EngineSpec(
-                model_dir=spec["model_dir"],
-                max_model_len=spec["max_model_len"],
-                gpu_memory_utilization=spec["gpu_memory_utilization"],
-                weight_transfer="ipc",
-                extra={**spec["engine_args"], "dtype": "bfloat16"},
-            )
-        )
+        be = child_backend(spec, weight_transfer="ipc", extra={**spec["engine_args"], "dtype": "bfloat16"})
         await be.start()
         rows: dict[str, list[dict]] = {wt.CUDA_IPC: [], wt.VLLM_IPC: []}
         for _ in range(spec.get("rounds", 8)):
@@ -583,6 +622,17 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                     for wire in ("cuda_ipc", "vllm_ipc"):
                         tr[wire]["ratio_to_floor"] = tr[wire]["total_s"] / tr["floor_s"]
                 res["transports"] = tr
+            elif part == "rpc":  # bench/gpu_rpc.py: the engine-core round trip a load waits for
+                r = base.rollout
+                res["rpc"] = _in_child(
+                    "--rpc",
+                    {
+                        "model_dir": base.model.path,
+                        "max_model_len": r.max_model_len,
+                        "gpu_memory_utilization": r.gpu_memory_utilization,
+                        "engine_args": dict(r.engine_args),
+                    },
+                )
             elif part == "nccl_floor":
                 res["nccl_floor"] = nccl_floor(_published_nbytes(base), int(base.trainer.weight_bucket_mb * (1 << 20)))
             elif part in ("separate2", "colocated2", "lend2"):
@@ -752,7 +802,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", help=argparse.SUPPRESS)
     p.add_argument("--core", help=argparse.SUPPRESS)
     p.add_argument("--transports", help=argparse.SUPPRESS)
+    p.add_argument("--rpc", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.rpc:
+        from shunter.bench.gpu_rpc import rpc_child
+
+        print(json.dumps(rpc_child(json.loads(a.rpc))))
+        return 0
     if a.transports:
         print(json.dumps(_transports_child(json.loads(a.transports))))
         return 0

@@ -378,6 +378,19 @@ def gpu_section(r: dict, path: Path) -> list[str]:
             if "mapped_share" in sy
             else []
         ),
+        *(
+            [
+                (
+                    "the engine step a load waits for (same run)",
+                    f"{sy['decode_step_s'] * 1e3:.1f} ms a decode step ({sy['mean_in_flight']:.0f} sequences in flight "
+                    f"on average, {sy.get('in_flight_at_load', float('nan')):.0f} as loads were ordered, "
+                    f"{sy['decode_tokens_per_s']:,.0f} tok/s): a load lands between steps, so it waits "
+                    f"{sy['step_wait_floor_s'] * 1e3:.1f} ms on average at least",
+                )
+            ]
+            if "decode_step_s" in sy
+            else []
+        ),
         (
             "copy floor (same run)",
             f"{sy.get('floor_s', 0) * 1e3:.2f} ms at {r.get('copy_gbps', 0):,.0f} GB/s "

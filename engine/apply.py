@@ -36,7 +36,9 @@ from shunter.events import (
     ReplicaGivenUp,
     ReplicaUp,
     SampleAborted,
+    SampleBegin,
     SampleEnd,
+    SampleResumed,
     SaveCheckpoint,
     StepBegin,
     StepEnd,
@@ -55,6 +57,9 @@ FAILED_GROUPS_BEFORE_TRAINING = 8
 """This many failed generations before any group trained means every generation fails."""
 
 End = Callable[..., None]
+_RECORDED_ONLY = frozenset({SampleBegin, SampleResumed})
+"""Per-sample facts the coordinator's state already holds (it placed the sample): they are
+recorded, followed by the supervisor and the finale, and shown to the policy — no case below."""
 
 
 class Applier:
@@ -88,6 +93,16 @@ class Applier:
         st.now = max(st.now, ev.wall_time)
         if (rid := getattr(ev, "replica_id", None)) is not None:
             st.touch(rid)
+        if ev.__class__ in _RECORDED_ONLY:
+            pass  # a sample (re)started: nothing here changes but what every event touches
+        else:
+            self._apply(ev)
+        if (decision := self.supervisor.observe(ev)) is not None:
+            self.emit(decision)
+        self.finale.observe(ev)
+
+    def _apply(self, ev: Event) -> None:
+        st = self.state
         match ev:
             case ReplicaUp():
                 self._replica_up(ev)
@@ -135,9 +150,6 @@ class Applier:
                 st.trainer.offloaded -= set(ev.parts)
             case ReplicaGivenUp() if self.supervisor.none_left():
                 self.end("error", error=f"no rollout replica left, none can be replaced; the last lost: {ev.reason}")
-        if (decision := self.supervisor.observe(ev)) is not None:
-            self.emit(decision)
-        self.finale.observe(ev)
 
     def restored(self) -> None:
         """After a restore: ready groups form batches again."""

@@ -24,10 +24,12 @@ from shunter.engine.errors import bounded
 from shunter.events import (
     CheckpointSaved,
     Codec,
+    GroupDropped,
     Message,
     RunEnded,
     StepEnd,
     ValidateEnd,
+    WeightsLoaded,
     tag_of,
 )
 from shunter.events.codec import frame_header
@@ -51,7 +53,7 @@ class EventLog:
     def __init__(self, path: Path, feed: Feed | None = None) -> None:
         self.path = path
         self.repaired: Repair | None = repair(path) if path.is_file() else None
-        self._f = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._f = open(path, "ab", buffering=1 << 20)  # noqa: SIM115 - closed in close(); flushed below
         self._encode = Codec().encode
         self._n = 0
         self._flushed = time.monotonic()
@@ -86,24 +88,35 @@ def make_logger(path: Path) -> Any:
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.JSONRenderer(serializer=lambda obj, **_: enc.encode(obj)),
         ],
+        cache_logger_on_first_use=True,
     )
 
 
 class LogSink:
     """One structlog line per message, named by its tag (per-sample messages summarised).
 
+    Per-sample messages are not logged (but a failed sample); per-replica weight loads and
+    group drops are logged on the 1st, 10th, 100th … of a version / reason, with ``count``.
     Every string field is bounded (``engine.errors.bounded``); an error repeated word for word
     is logged the 1st, 10th, 100th … time with ``repeats`` instead of every time."""
 
     def __init__(self, logger: Any) -> None:
         self.log = logger
         self._repeats: dict[tuple[str, str], int] = {}
+        self._routine: dict[tuple[object, ...], int] = {}
 
     def __call__(self, msg: Message) -> None:
         if isinstance(msg, QUIET) or (msg.__class__ is SampleAborted and msg.reason != "failed"):
             return  # routine per-sample messages; a sample that failed is worth a line
+        count = 0
+        if (key := _routine_key(msg)) is not None:  # one per replica or group: milestones only
+            count = self._routine[key] = self._routine.get(key, 0) + 1
+            if len(self._routine) > 64:  # old versions: their count is final
+                self._routine = {key: count}
+            if not _milestone(count):
+                return
         tag = tag_of(msg)
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {"count": count} if count else {}
         for k in msg.__struct_fields__:
             if k in ("run_id", "wall_time", "samples", "prompts", "resume"):
                 continue
@@ -128,6 +141,17 @@ class LogSink:
             else "info"
         )
         getattr(self.log, level)(tag, **fields)
+
+
+def _routine_key(msg: Message) -> tuple[object, ...] | None:
+    """Messages that come once per replica (a weight load) or per group (a drop): logged on the
+    1st, 10th, 100th … of their kind with ``count``, so a line budget does not grow with the fleet
+    (the event log keeps every one)."""
+    if msg.__class__ is WeightsLoaded:
+        return (WeightsLoaded, msg.version)
+    if msg.__class__ is GroupDropped:
+        return (GroupDropped, msg.reason)
+    return None
 
 
 def _milestone(n: int) -> bool:

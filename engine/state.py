@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from shunter.engine.config import EngineConfig
@@ -138,7 +138,10 @@ class EngineState:
             return self._views
         n = ReplicaViews.CHUNK
         stale: set[int] = set()
-        for rid in self._dirty:
+        dirty: Iterable[str] = self._dirty
+        if len(self._dirty) > 1:  # new replicas in rank order, so that registrations append
+            dirty = sorted(dirty, key=lambda i: r.rank if (r := self.replicas.get(i)) is not None else -1)
+        for rid in dirty:
             r = self.replicas.get(rid)
             if r is None:
                 continue

@@ -280,6 +280,10 @@ async def run(model_dir: Path) -> None:
     blob = st_save(both)
     dt = await be.load_weights(blob)
     print(f"    load_weights {dt * 1e3:.1f} ms for {len(blob) / 1e6:.2f} MB")
+    check(
+        be.last_load.get("salted") == 1.0,
+        "requests are salted by weight epoch (the repeated prompt below can only miss the old blocks)",
+    )
     r2 = await be.generate("w1", prompt, greedy)
     want2, want2_lp = ref.greedy(prompt, 48)
     check(r2.token_ids != r.token_ids, "greedy output changed after load_weights")

@@ -129,3 +129,29 @@ def test_the_simulator_calibrated_on_its_own_runs_predicts_them(tmp_path):
     from shunter.bench.report import gpu_sim_section
 
     assert any("ratio colocated2_over_separate2" in line for line in gpu_sim_section(r, out))
+
+
+def test_decode_steps_estimate_the_step_a_load_waits_for_from_the_runs_samples():
+    """Two sequences generate for 10 s, 100 tokens each (20 tokens/s in all, 2 in flight): a
+    step is 2 / 20 = 0.1 s, a load waits half of one at least; one of them is cut by a weight
+    load at t=4 and resumes at once, which changes neither figure."""
+    from shunter.events import SampleAborted, SampleBegin, SampleEnd, SampleResumed
+    from shunter.events.data import Sample
+
+    def s(k: int) -> Sample:
+        return Sample(sample_id=f"1.{k}", group_id=1, prompt_id=0, prompt_token_ids=[0], token_ids=[1] * 100)
+
+    ids = {"group_id": 1, "replica_id": "a", **ENV}
+    msgs = [
+        SampleBegin(sample_id="1.0", version=0, wall_time=0.0, **ids),
+        SampleBegin(sample_id="1.1", version=0, wall_time=0.0, **ids),
+        SampleAborted(sample_id="1.1", reason="weights_update", wall_time=4.0, **ids),
+        SampleResumed(sample_id="1.1", prefix_len=40, remaining_tokens=60, version=1, wall_time=4.0, **ids),
+        SampleEnd(replica_id="a", sample=s(0), wall_time=10.0, **ENV),
+        SampleEnd(replica_id="a", sample=s(1), wall_time=10.0, **ENV),
+    ]
+    f = gpu.decode_steps(msgs, [3.0])
+    assert abs(f["decode_tokens_per_s"] - 20.0) < 1e-9 and abs(f["mean_in_flight"] - 2.0) < 1e-9
+    assert abs(f["decode_step_s"] - 0.1) < 1e-9 and abs(f["step_wait_floor_s"] - 0.05) < 1e-9
+    assert f["in_flight_at_load"] == 2.0
+    assert gpu.decode_steps([], []) == {}

@@ -1,0 +1,48 @@
+"""The structured run log an operator tails: one line per message but for the routine ones,
+whose lines do not grow with the fleet (per-replica weight loads, per-group drops), and
+nothing lost from the event log."""
+
+from __future__ import annotations
+
+import json
+
+from shunter.engine.records import EventLog, LogSink, make_logger
+from shunter.events import GroupDropped, SampleAborted, StepEnd, WeightsLoaded, read_log
+
+ENV = {"run_id": "r", "source": "t", "wall_time": 1.0}
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_weight_loads_and_drops_are_logged_at_milestones_with_their_count(tmp_path):
+    log, events = tmp_path / "run.log", tmp_path / "events.bin"
+    sinks = [LogSink(make_logger(log)), EventLog(events)]
+    msgs = []
+    for v in (1, 2):
+        msgs += [WeightsLoaded(replica_id=f"r{i}", version=v, duration_s=0.01, **ENV) for i in range(1200)]
+    msgs += [GroupDropped(group_id=g, reason="stale", samples=2, **ENV) for g in range(25)]
+    msgs += [GroupDropped(group_id=100, reason="failed", samples=2, **ENV)]
+    msgs += [SampleAborted(sample_id="1.0", group_id=1, replica_id="r0", reason="failed", **ENV)]
+    msgs += [StepEnd(step=1, batch_id=0, duration_s=1.0, **ENV)]
+    for m in msgs:
+        for s in sinks:
+            s(m)
+    sinks[1].close()
+    got = lines(log)
+    loads = [(x["version"], x["count"]) for x in got if x["event"] == "rollout.weights_loaded"]
+    assert loads == [(1, 1), (1, 10), (1, 100), (1, 1000), (2, 1), (2, 10), (2, 100), (2, 1000)]
+    drops = [(x["reason"], x["count"]) for x in got if x["event"] == "buffer.group_dropped"]
+    assert drops == [("stale", 1), ("stale", 10), ("failed", 1)]
+    assert [x["event"] for x in got][-2:] == ["rollout.sample_aborted", "trainer.step_end"]  # the rest, a line each
+    assert len(list(read_log(events))) == len(msgs)  # the event log keeps every one
+
+
+def test_the_milestone_counts_of_old_versions_are_forgotten(tmp_path):
+    """A run of many days publishes thousands of versions: the sink keeps a bounded table."""
+    sink = LogSink(make_logger(tmp_path / "run.log"))
+    for v in range(500):
+        sink(WeightsLoaded(replica_id="r0", version=v, duration_s=0.01, **ENV))
+    assert len(sink._routine) <= 64
+    assert sum(1 for _ in open(tmp_path / "run.log")) == 500  # each version's first load still logged

@@ -1,7 +1,7 @@
 """Where a replica's weight load waits: the round trip of vLLM's engine-core calls.
 
-A load is two calls into vLLM's engine core (``collective_rpc`` of the copy into the model's
-parameters, and ``reset_prefix_cache``). This measures their round trip around no work at all,
+A load is a ``collective_rpc`` of the copy into the model's parameters (before requests were
+salted by weight epoch, also a ``reset_prefix_cache``). This measures their round trip around no work at all,
 on one engine started as a replica starts it (engine core in its own process), under three
 conditions: the engine idle; sequences decoding; and the GPU also running another process's
 kernels (the trainer's step, on a shared GPU). What a load costs past its own copy is the

@@ -36,10 +36,10 @@ class Batches:
 
     def announce(self) -> None:
         """One ``BatchReady`` per mini-batch that became formable since the last call."""
-        if self.buffer.ready_batches() <= self.announced:
-            return  # nothing new (a count, not a walk over the ready groups)
         version = self.state.trainer.version
-        for k, groups in enumerate(self.buffer.formable(skip=self.announced), start=self.announced):
+        if self.buffer.most_batches() <= self.announced or self.buffer.ready_batches(version) <= self.announced:
+            return  # nothing new (a count, or the plan kept since the buffer last changed)
+        for k, groups in enumerate(self.buffer.formable(skip=self.announced, version=version), start=self.announced):
             self.announced += 1
             min_v = min(g.min_version for g in groups)
             self.emit(

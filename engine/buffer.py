@@ -10,16 +10,17 @@ Invariants (checked by :meth:`check`):
   weights of version ``v`` only while
   ``dispatched - dropped < (max_staleness + v + 1) * groups_per_train_batch``;
 - no trained sample has ``trainer_version - min_token_version > max_staleness``:
-  ``on_stale="wait"`` trains groups strictly oldest-first (with the gate this keeps
-  every group within the bound, so the trainer waits for stragglers instead of dropping);
+  ``on_stale="wait"`` trains finished groups in completion order as far as the bound allows
+  and the oldest first where it requires (``shunter.engine.deadlines``: with the gate, no
+  group is dropped for staleness while the trainer publishes every ``batches_per_version``
+  mini-batches; the trainer waits for a straggler only once its deadline has come);
   ``on_stale="drop"`` trains finished groups in completion order and drops those that
   exceeded the bound (reason ``stale``).
 
-Cost: every operation is O(1) amortised in the groups held, but for the groups it returns
-and ``prune`` (drop mode, once per publish), which looks at every ready group — a view of a
-run holding thousands of ready groups costs no scan. Wait mode keeps the leading
-run of ready groups (``_prefix``) and extends it past the groups that completed or left
-since (each group enters it once).
+Cost: every operation is O(1) amortised in the groups held, but for the groups it returns,
+``prune`` (drop mode, once per publish), which looks at every ready group, and the wait-mode
+plan, which walks the ready groups once per change of the buffer or the trainer's version
+(views between changes reuse it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from itertools import islice
 import msgspec
 
 from shunter.engine.config import EngineConfig
+from shunter.engine.deadlines import Pace, plan
 from shunter.events import Batch, PromptSpec, Sample
 
 
@@ -41,6 +43,14 @@ class Group:
     n: int
     dispatch_version: int
     samples: dict[str, Sample] = field(default_factory=dict)
+    level: int = -1
+    """The oldest weight version its tokens may come from (its dispatch version at most)."""
+
+    def __post_init__(self) -> None:
+        self.level = self.dispatch_version if self.level < 0 else self.level
+        for s in self.samples.values():
+            if s.versions:
+                self.level = min(self.level, s.min_version)
 
     @property
     def complete(self) -> bool:
@@ -70,6 +80,9 @@ class BufferState(msgspec.Struct, frozen=True, kw_only=True):
     """In flight or ready, in dispatch order."""
     ready: list[int]
     """Complete groups in completion order."""
+    taken_version: int = 0
+    taken_at_version: int = 0
+    """Mini-batches taken on trainer version ``taken_version`` (the wait-mode plan's pace)."""
 
 
 class SampleBuffer:
@@ -91,8 +104,12 @@ class SampleBuffer:
         self.on_stale = on_stale
         self._groups: dict[int, Group] = {}  # in flight or ready, by group id (= dispatch order)
         self._ready: dict[int, None] = {}  # complete groups in completion order
-        self._prefix: dict[int, None] = {}  # wait mode: the leading run of ready groups, in dispatch order
-        self._scan = 0  # wait mode: the first group id not yet looked at for _prefix
+        self.batches_per_version = batches_per_version
+        self._levels: Counter[int] = Counter()  # level -> groups in flight or ready
+        self._taken_version = 0  # wait mode: the trainer version of the last take ...
+        self._taken_at = 0  # ... and the batches taken on it
+        self._changes = 0  # bumped by every change the wait-mode plan depends on
+        self._plan: tuple[tuple[int, int, int], list[list[int]]] | None = None
         self._next_group = 0
         self._next_batch = 0
         self.trained = 0
@@ -122,7 +139,9 @@ class SampleBuffer:
     def open(self, prompt: PromptSpec, version: int) -> Group:
         g = Group(self._next_group, prompt, self.group_size, version)
         self._groups[g.group_id] = g
+        self._levels[g.level] += 1
         self._next_group += 1
+        self._changes += 1
         return g
 
     def add(self, sample: Sample) -> bool:
@@ -133,8 +152,14 @@ class SampleBuffer:
         if g is None or g.complete:
             return False
         g.samples[sample.sample_id] = sample
+        if sample.versions and sample.min_version < g.level:
+            self._levels[g.level] -= 1
+            g.level = sample.min_version
+            self._levels[g.level] += 1
+            self._changes += 1
         if g.complete:
             self._ready[g.group_id] = None
+            self._changes += 1
             return True
         return False
 
@@ -158,30 +183,42 @@ class SampleBuffer:
             self.drop(g.group_id, "stale")
         return stale
 
-    def _candidates(self) -> dict[int, None]:
-        """Groups that may be taken, in taking order: drop mode, every ready group by
-        completion; wait mode, oldest first up to the first group still in flight."""
-        if self.on_stale == "drop":
-            return self._ready
-        groups, scan = self._groups, self._scan
-        while scan < self._next_group:
-            if scan in groups:
-                if scan not in self._ready:
-                    break
-                self._prefix[scan] = None
-            scan += 1
-        self._scan = scan
-        return self._prefix
+    def _pace(self, version: int | None) -> Pace:
+        v = self._taken_version if version is None else version
+        return Pace(
+            version=v,
+            taken_at_version=self._taken_at if v == self._taken_version else 0,
+            batches_per_version=self.batches_per_version,
+            max_staleness=self.max_staleness,
+            groups_per_batch=self.groups_per_batch,
+        )
 
-    def ready_batches(self) -> int:
-        return len(self._candidates()) // self.groups_per_batch
-
-    def formable(self, skip: int = 0) -> list[list[Group]]:
-        """The mini-batches that could be taken now, in taking order (before staleness
-        checks at take time), but for the first ``skip``."""
+    def formable(self, skip: int = 0, version: int | None = None) -> list[list[Group]]:
+        """The mini-batches that could be taken now by a trainer at ``version`` (default: the
+        last take's), in taking order (before staleness checks at take time), but for the
+        first ``skip``. Drop mode: ready groups by completion; wait mode: the deadline plan."""
         g = self.groups_per_batch
-        c = list(islice(self._candidates(), skip * g, None))
-        return [[self._groups[i] for i in c[k : k + g]] for k in range(0, len(c) - g + 1, g)]
+        if self.on_stale == "drop":
+            c = list(islice(self._ready, skip * g, None))
+            return [[self._groups[i] for i in c[k : k + g]] for k in range(0, len(c) - g + 1, g)]
+        return [[self._groups[i] for i in b] for b in self._wait_plan(version)[skip:]]
+
+    def ready_batches(self, version: int | None = None) -> int:
+        if self.on_stale == "drop" or len(self._ready) < self.groups_per_batch:
+            return len(self._ready) // self.groups_per_batch
+        return len(self._wait_plan(version))
+
+    def most_batches(self) -> int:
+        """An upper bound on :meth:`ready_batches` that costs nothing: full batches of ready groups."""
+        return len(self._ready) // self.groups_per_batch
+
+    def _wait_plan(self, version: int | None) -> list[list[int]]:
+        pace = self._pace(version)
+        key = (self._changes, pace.version, pace.taken_at_version)
+        if self._plan is None or self._plan[0] != key:
+            ready = ((gid, self._groups[gid].level) for gid in self._ready)
+            self._plan = (key, plan(pace, self._levels, ready))
+        return self._plan[1]
 
     @property
     def batches_taken(self) -> int:
@@ -194,21 +231,26 @@ class SampleBuffer:
     def take(self, version: int) -> tuple[Batch | None, list[Group]]:
         """The next mini-batch for a trainer at ``version`` (None if not ready) and the
         groups dropped on the way for staleness."""
-        dropped = self.prune(version)
-        cands = list(islice(self._candidates(), self.groups_per_batch))
+        if self.on_stale == "drop":
+            dropped = self.prune(version)
+            cands = list(islice(self._ready, self.groups_per_batch))
+        else:
+            dropped = self._drop_late(version)
+            planned = self._wait_plan(version)
+            cands = planned[0] if planned else []
         if len(cands) < self.groups_per_batch:
             return None, dropped
         late = [gid for gid in cands if self.staleness(self._groups[gid], version) > self.max_staleness]
-        if late:  # cannot happen in wait mode while the gate holds; never train them anyway
+        if late:  # a level known too late (see shunter.engine.deadlines); never train them anyway
             for gid in late:
                 dropped.append(self._groups[gid])
                 self.drop(gid, "stale")
             batch, more = self.take(version)
             return batch, dropped + more
-        groups = [self._groups.pop(gid) for gid in cands]
-        for gid in cands:
-            del self._ready[gid]
-            self._prefix.pop(gid, None)
+        groups = [self._forget(gid) for gid in cands]
+        if version != self._taken_version:
+            self._taken_version, self._taken_at = version, 0
+        self._taken_at += 1
         self.trained += len(groups)
         samples = [s for g in groups for s in sorted(g.samples.values(), key=lambda s: s.sample_id)]
         min_v = min(g.min_version for g in groups)
@@ -222,12 +264,30 @@ class SampleBuffer:
         self._next_batch += 1
         return batch, dropped
 
-    def drop(self, group_id: int, reason: str) -> Group | None:
-        g = self._groups.pop(group_id, None)
-        if g is None:
-            return None
+    def _drop_late(self, version: int) -> list[Group]:
+        """Wait mode: ready groups no batch on ``version`` or later may train (see
+        ``shunter.engine.deadlines`` for how one can arise); they are dropped as stale."""
+        floor = version - self.max_staleness
+        if not self._levels or min(self._levels) >= floor:
+            return []
+        late = [self._groups[i] for i in self._ready if self.staleness(self._groups[i], version) > self.max_staleness]
+        for g in late:
+            self.drop(g.group_id, "stale")
+        return late
+
+    def _forget(self, group_id: int) -> Group:
+        g = self._groups.pop(group_id)
         self._ready.pop(group_id, None)
-        self._prefix.pop(group_id, None)
+        self._levels[g.level] -= 1
+        if not self._levels[g.level]:
+            del self._levels[g.level]
+        self._changes += 1
+        return g
+
+    def drop(self, group_id: int, reason: str) -> Group | None:
+        if group_id not in self._groups:
+            return None
+        g = self._forget(group_id)
         self.dropped[reason] += 1
         return g
 
@@ -250,6 +310,8 @@ class SampleBuffer:
             trained=self.trained,
             dropped=dict(self.dropped),
             ready=list(self._ready),
+            taken_version=self._taken_version,
+            taken_at_version=self._taken_at,
             groups=[
                 GroupState(
                     group_id=g.group_id,
@@ -272,8 +334,10 @@ class SampleBuffer:
                 gs.group_id, gs.prompt, gs.n, gs.dispatch_version, {s.sample_id: s for s in gs.samples}
             )
         self._ready = {gid: None for gid in st.ready}
+        self._levels = Counter(g.level for g in self._groups.values())
         self._next_group, self._next_batch, self.trained = st.next_group, st.next_batch, st.trained
-        self._prefix, self._scan = {}, min(self._groups, default=self._next_group)
+        self._taken_version, self._taken_at = st.taken_version, st.taken_at_version
+        self._changes += 1
         self.dropped = Counter(st.dropped)
         self.check()
 
@@ -301,6 +365,8 @@ class SampleBuffer:
         total = self.in_flight + self.ready + self.trained + sum(self.dropped.values())
         if total != self.dispatched:
             raise AccountingError(f"groups unaccounted for: {self.counters()}")
+        if sum(self._levels.values()) != len(self._groups):
+            raise AccountingError(f"levels count {sum(self._levels.values())} groups, {len(self._groups)} are held")
 
 
 class AccountingError(RuntimeError):

@@ -392,7 +392,7 @@ class Coordinator:
         gate = b.capacity(t.version if serving is None else serving) > 0
         bv = BufferView(
             ready_samples=b.ready_samples,
-            ready_batches=b.ready_batches(),
+            ready_batches=b.ready_batches(t.version),
             in_flight_groups=b.in_flight,
             in_flight_samples=self.dispatcher.total_in_flight,
             dispatched_groups=b.dispatched,

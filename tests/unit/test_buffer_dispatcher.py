@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shunter.engine.buffer import SampleBuffer
+from shunter.engine.deadlines import plan
 from shunter.engine.dispatcher import Dispatcher
 from shunter.events import PromptSpec, Sample
 
@@ -45,18 +49,37 @@ def test_gate_admits_max_staleness_plus_one_versions_of_groups():
     assert b.capacity(1) == 2
 
 
-def test_wait_mode_trains_oldest_first_and_waits_for_stragglers():
-    b = buf()
+def test_wait_mode_trains_finished_groups_first_and_waits_only_for_a_due_straggler():
+    b = buf()  # 2 groups a batch, staleness 1: groups of version 0 may train on versions 0 and 1
     for i in range(4):
         b.open(PromptSpec(prompt_id=i, text="1>"), 0)
     finish(b, 1, 0)
     finish(b, 2, 0)
-    finish(b, 3, 0)
-    assert b.ready_batches() == 0  # group 0 is the straggler
-    finish(b, 0, 0)
-    assert b.ready_batches() == 2
+    assert b.ready_batches(0) == 1  # group 0 still generates: it can wait for the next batch
     batch, dropped = b.take(0)
-    assert batch.group_ids == [0, 1] and not dropped
+    assert batch.group_ids == [1, 2] and not dropped
+    finish(b, 3, 0)
+    # the next batch trains on version 1, the last group 0 may: it must be in it
+    assert b.ready_batches(1) == 0
+    finish(b, 0, 0)
+    batch, dropped = b.take(1)
+    assert sorted(batch.group_ids) == [0, 3] and not dropped and batch.max_staleness == 1
+    b.check()
+
+
+def test_wait_mode_takes_the_due_groups_before_younger_ones_that_finished_first():
+    b = buf(max_staleness=1)
+    for i in range(4):  # the gate: 4 groups on version 0
+        b.open(PromptSpec(prompt_id=i, text="1>"), 0)
+    for gid in (0, 1):
+        finish(b, gid, 0)
+    b.take(0)
+    for i in range(4, 6):
+        b.open(PromptSpec(prompt_id=i, text="1>"), 1)
+    for gid in (4, 5, 3, 2):  # version 1's groups finish before version 0's
+        finish(b, gid, 1 if gid >= 4 else 0)
+    batch, _ = b.take(1)
+    assert sorted(batch.group_ids) == [2, 3]  # due on version 1; 4 and 5 may wait for version 2
     b.check()
 
 
@@ -110,9 +133,8 @@ def test_budget_overrun_is_rejected():
     st.integers(0, 3),
 )
 def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
-    """Versions advance only as the gate allows; whatever the order, every group is
-    accounted for, no trained group exceeds the bound, and the incremental candidates equal
-    a full scan's."""
+    """Whatever the order (publishes at any time included), every group is accounted for, no
+    trained group exceeds the bound, and the incremental bookkeeping equals a full scan's."""
     b = buf(on_stale=mode, max_staleness=eta)
     version = 0
     for op, x in ops:
@@ -134,21 +156,57 @@ def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
         elif op == "restore":
             b.restore(b.snapshot())
         b.check()
-        assert list(b._candidates()) == naive_candidates(b)
-        assert b.ready_batches() == len(naive_candidates(b)) // b.groups_per_batch
+        assert b.formable(version=version) == naive_formable(b, version)
 
 
-def naive_candidates(b: SampleBuffer) -> list[int]:
+def naive_formable(b: SampleBuffer, version: int) -> list[list]:
     """What the incremental bookkeeping must equal: every ready group (drop mode), or the
-    leading run of ready groups in dispatch order (wait mode)."""
+    deadline plan over levels counted afresh (wait mode)."""
+    g = b.groups_per_batch
     if b.on_stale == "drop":
-        return list(b._ready)
-    out = []
-    for gid in sorted(b._groups):
-        if gid not in b._ready:
-            break
-        out.append(gid)
-    return out
+        c = list(b._ready)
+        return [[b._groups[i] for i in c[k : k + g]] for k in range(0, len(c) - g + 1, g)]
+    levels = Counter(
+        min([grp.dispatch_version, *(s.min_version for s in grp.samples.values())]) for grp in b._groups.values()
+    )
+    ready = [(gid, b._groups[gid].level) for gid in b._ready]
+    return [[b._groups[i] for i in batch] for batch in plan(b._pace(version), levels, ready)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_wait_mode_never_drops_for_staleness_and_never_waits_with_nothing_generating(seed):
+    """Under the gate, with a publish every ``spv`` batches (or, ``late``, whenever the
+    trainer gets to it after at least ``spv``) and replicas on the current weights or the
+    previous ones, no group is ever trained past the bound or dropped as stale; whenever
+    nothing is generating, every full batch of ready groups is formable. Random walks:
+    groups finish in any order, takes come at any time."""
+    rng = random.Random(seed)
+    for _ in range(25):
+        eta, per_batch, spv, late = rng.randint(0, 3), rng.randint(1, 3), rng.randint(1, 3), rng.random() < 0.3
+        b = buf(max_staleness=eta, groups_per_batch=per_batch, batches_per_version=spv)
+        version, taken = 0, 0
+        for _ in range(150):
+            op = rng.choices(["open", "open_lagging", "finish", "take", "publish"], [4, 1, 4, 2, 1])[0]
+            v_open = version if op == "open" else max(0, version - 1)
+            if op.startswith("open") and b.capacity(v_open) > 0:
+                b.open(PromptSpec(prompt_id=b.dispatched, text="1>"), v_open)
+            elif op == "finish" and b.in_flight:
+                gid = rng.choice([g for g in b._groups if g not in b._ready])
+                finish(b, gid, b.group(gid).dispatch_version)
+            elif op == "take":
+                batch, dropped = b.take(version)
+                assert not dropped
+                if batch is not None:
+                    assert batch.max_staleness <= eta
+                    taken += 1
+                    if taken >= spv and not late:
+                        version, taken = version + 1, 0
+            elif op == "publish" and late and taken >= spv:
+                version, taken = version + 1, 0
+            b.check()
+            if not b.in_flight:
+                assert b.ready_batches(version) == b.ready // per_batch
+        assert b.counters().get("dropped_stale", 0) == 0
 
 
 def test_dispatcher_picks_least_loaded_with_room():

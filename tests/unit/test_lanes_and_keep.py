@@ -125,9 +125,10 @@ def test_a_straggler_lane_moves_old_samples_and_loses_nothing():
             where[m.sample_id] = m.replica_id
     assert moved and all(m.prefix_len > 0 for m in moved)
     cut = {m.sample_id: m.group_id for m in r.messages if isinstance(m, SampleAborted) and m.reason == "rebalanced"}
-    # every sample cut for the lane resumed there, but for those the end of the run caught on the way
+    # every sample cut for the lane resumed there (a trained group's certainly), but for those the
+    # end of the run caught on the way
     trained = set(trained_once(r.messages))
-    assert {m.sample_id for m in moved} == {sid for sid, g in cut.items() if g in trained}
+    assert {sid for sid, g in cut.items() if g in trained} <= {m.sample_id for m in moved} <= cut.keys()
     assert len(moved) <= r.ended.summary["rollout/moved_to_lane"] <= len(cut)  # sent there; the end may catch some
     running, most = 0, 0
     for m in r.messages:

@@ -167,6 +167,7 @@ class Applier:
 
     def _replica_down(self, ev: ReplicaDown) -> None:
         r = self.state.replicas.get(ev.replica_id)
+        self.state.joining.discard(ev.replica_id)
         if r is not None and r.mode != DOWN:
             r.mode = DOWN
             r.rate.stop()
@@ -177,6 +178,7 @@ class Applier:
     def _mode_changed(self, ev: ModeChanged) -> None:
         st = self.state
         r = st.replicas.get(ev.replica_id)
+        st.joining.discard(ev.replica_id)
         if r is None or r.mode == DOWN:
             return
         r.mode = ev.mode

@@ -123,6 +123,10 @@ class Dispatcher:
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._capacity
 
+    def size(self) -> int:
+        """Replicas serving (in any lane)."""
+        return len(self._capacity)
+
     def active(self) -> list[str]:
         return sorted(self._capacity, key=self._rank.__getitem__)
 

@@ -12,6 +12,10 @@ Invariants:
 - :meth:`pump` starts work only on replicas in the dispatcher with room, resumes before
   new groups, and new groups only while the buffer's staleness gate admits them for the
   chosen replica's weight version — and never on the straggler lane;
+- while replicas are on their way into rollout (``EngineState.joining``), a serving replica
+  takes new groups only up to its share of what the gate admits, counting the joiners: the
+  first replica awake does not take the work of the whole fleet (a synchronous schedule
+  waking every replica at once generates its batch on all of them);
 - with a straggler lane (``Consolidate``), the pump moves samples generating on other
   replicas to the lane, those of the oldest groups first (then by when they first started,
   resumes included), once they have run for ``after_s`` — only as many as the lane has room for, counting those cut and
@@ -228,6 +232,16 @@ class InFlight:
         self._track(p.sample_id, rid)  # a no-op on the lane: the lane's samples stay there
         self.executor.send(rid, Generate(group_id=g.group_id, prompt=g.prompt, n=0, sampling=self.sampling, resume=[p]))
 
+    def _join_share(self) -> int | None:
+        """Samples a serving replica may hold while others join rollout (None: none joining):
+        the groups in flight plus those the gate admits now, spread over serving and joining."""
+        joining = len(self.state.joining)
+        if not joining:
+            return None
+        groups = self.buffer.in_flight + max(0, self.buffer.capacity(self.state.trainer.version))
+        replicas = self.dispatcher.size() + joining
+        return -(-groups // replicas) * self.group_size
+
     def pump(self) -> None:
         """Start what can start: resumes first, then new groups while the gate admits them."""
         if self.paused:
@@ -260,10 +274,13 @@ class InFlight:
             self._resume(self.resumes.popleft(), g, rid)
         if self.tail_after_s >= 0:
             self._move_old()
+        share = self._join_share()
         while True:
             rid = d.pick(n)
             if rid is None or self.buffer.capacity(self.state.replicas[rid].version) <= 0:
                 return
+            if share is not None and d.in_flight(rid) + n > share:
+                return  # the least loaded holds its share: the rest waits for the replicas joining
             prompt = next(self.prompts, None)
             if prompt is None:
                 return

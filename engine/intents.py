@@ -146,6 +146,7 @@ class Intents:
         t = self.state.trainer
         for rid in self._in(ids, TRAINER):
             self.state.replicas[rid].mode = SWITCHING
+            self.state.joining.add(rid)
             self.state.touch(rid)
             self.executor.send(rid, EnterRollout(version=t.version, handle=t.handle))
 

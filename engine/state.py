@@ -106,6 +106,8 @@ class EngineState:
     seq: int = 0
     now: float = 0.0
     done: bool = False
+    joining: set[str] = field(default_factory=set)
+    """Replicas told to switch to rollout and not there yet (nor down)."""
     _order: list[ReplicaView] = field(default_factory=list)
     _pos: dict[str, int] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)

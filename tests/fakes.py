@@ -100,6 +100,8 @@ class FakeBackend:
         self._aborted: set[str] = set()
         self.requests = 0
         self.dead = False
+        self.wake_s = 0.0
+        """How long ``wake_up`` takes (replicas of one fleet wake at different times)."""
 
     def die(self) -> None:
         self.dead = True
@@ -144,6 +146,8 @@ class FakeBackend:
         self.sleeping = True
 
     async def wake_up(self) -> None:
+        if self.wake_s:
+            await asyncio.sleep(self.wake_s)
         self.sleeping = False
 
     async def shutdown(self) -> None:

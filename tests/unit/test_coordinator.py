@@ -121,6 +121,25 @@ async def test_colocated_never_overlaps_training_and_rollout():
 
 
 @virtual_time
+async def test_colocated_spreads_each_batch_over_every_replica_though_they_wake_one_by_one():
+    """The first replica awake does not take the whole batch while the others still wake:
+    every step's groups spread over the fleet (the sync baseline must use all its GPUs)."""
+    c = cfg(
+        run={"policy": "colocated", "total_steps": 4},
+        rollout={"standalone_replicas": 0, "hybrid_replicas": 4, "max_staleness": 0, "max_in_flight_per_replica": 64},
+        trainer={"ppo_mini_batch_size": 16, "parameter_sync_step": 1, "train_batch_size": 16},
+        validation={"every": 0},
+    )
+    coord, backends, trainer = local_run(c, token_s=0.02)  # an answer takes ~0.1 s
+    for k, b in enumerate(backends.values()):
+        b.wake_s = 0.02 * k  # the first awake could take the whole batch before the last wakes
+    ended, _ = await run(coord)
+    assert ended.reason == "completed", ended
+    # 4 groups of 4 samples a step, 4 steps: one group per replica per step
+    assert [b.requests for b in backends.values()] == [16, 16, 16, 16]
+
+
+@virtual_time
 async def test_policy_that_raises_becomes_an_event_and_the_loop_survives():
     from shunter.events import PolicyFailed
     from shunter.policies import SeparatePolicy

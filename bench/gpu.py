@@ -69,7 +69,20 @@ from shunter.events import (
     read_log,
 )
 
-PARTS = ("sync", "rollout", "switch", "policies", "transports", "rpc", "nccl_floor", "separate2", "colocated2", "lend2")
+PARTS = (
+    "sync",
+    "live_sync",
+    "live_sync_abort",
+    "rollout",
+    "switch",
+    "policies",
+    "transports",
+    "rpc",
+    "nccl_floor",
+    "separate2",
+    "colocated2",
+    "lend2",
+)
 
 
 def machine() -> dict:
@@ -523,10 +536,15 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
     for part in parts:
         t0 = time.perf_counter()
         try:
-            if part == "sync" or part.startswith("sync_"):  # sync_<transport>: that weight transport
-                over = {"run": {"policy": "separate"}}
-                if part != "sync":
+            if part in ("sync", "live_sync", "live_sync_abort") or part.startswith("sync_"):
+                # sync_<transport>: that weight transport; live_sync(_abort): staleness 3, so the
+                # replica generates while the weights arrive (kept in place, or cut and resumed)
+                over: dict = {"run": {"policy": "separate"}}
+                if part.startswith("sync_"):
                     over["trainer"] = {"weight_transport": part.removeprefix("sync_")}
+                if part.startswith("live_sync"):
+                    update = "abort" if part.endswith("_abort") else "keep"
+                    over["rollout"] = {"max_staleness": 3, "weight_update": update}
                 events, run_dir = run(cfg(over))
                 res[part] = sync_figures(run_dir / "events.bin", floor)
                 res[part]["ended"] = _ended(events)

@@ -159,7 +159,7 @@ class RolloutConfig(_Section):
     on_stale: Annotated[
         Literal["wait", "drop"],
         _d(
-            "'wait': batches wait for the oldest groups so none exceeds the bound; 'drop': batches take finished groups first and drop any that exceeded it."
+            "'wait': batches take finished groups first as far as the bound allows and wait for a straggler only once its deadline has come, so none exceeds it; 'drop': batches take finished groups first and drop any that exceeded it."
         ),
     ] = "wait"
     weight_update: Annotated[

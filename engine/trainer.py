@@ -112,7 +112,7 @@ class Trainer:
         self.weight_host = "127.0.0.1"  # the address replicas reach this trainer's weight groups at
         self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
         self.steps_since_publish = 0
-        self._items_cache: tuple[tuple[int, ...], list[tuple[str, torch.Tensor]]] | None = None
+        self._items_cache: tuple[tuple[int, ...], list[tuple[str, torch.Tensor]], torch.Tensor | None] | None = None
         self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
 
     def setup(self) -> None:
@@ -150,6 +150,7 @@ class Trainer:
         start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
         self.model = load_causal_lm(start, self.device)
         self.model.train()
+        weight_transport.flatten_module(self.model)  # a publish casts the weights with one copy
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         if self.cfg.kl_coef > 0:
             self.ref = load_causal_lm(self.model_dir, self.device).eval().requires_grad_(False)
@@ -383,29 +384,31 @@ class Trainer:
         """Bump the version and return the weights' payload (HF names): a safetensors blob,
         or a CUDA IPC package (ours or vLLM's format) for replicas on the trainer's GPU
         (``weight_transport``)."""
-        items = self._publish_items()
+        items, source = self._publish_items()
         dtype = self.publish_dtype
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
         if self._publisher is not None:
             wire = self.transport
             if wire in weight_transport.COLLECTIVE_TRANSPORTS:  # hybrid replicas on this GPU map the handle
                 wire = weight_transport.CUDA_IPC if self.device.startswith("cuda") else weight_transport.FLAT
-            blob = self._publisher.publish(items, dtype, wire=wire, version=self.version + 1)
+            blob = self._publisher.publish(items, dtype, wire=wire, version=self.version + 1, source=source)
         else:
             blob = weight_transport.to_safetensors(items, dtype)
         self.version += 1
         self.steps_since_publish = 0
         return blob
 
-    def _publish_items(self) -> list[tuple[str, torch.Tensor]]:
-        """``unique_tensors(state_dict())``, kept while every parameter and buffer keeps its
-        memory (checked by address: an offload, onload or any ``.data`` swap changes it) — the
-        state dict alone costs ~2 ms a publish for a 0.5B model on an H200."""
+    def _publish_items(self) -> tuple[list[tuple[str, torch.Tensor]], torch.Tensor | None]:
+        """``unique_tensors(state_dict())`` and the flat tensor they lie in (None: they do not),
+        kept while every parameter and buffer keeps its memory (checked by address: an
+        offload, onload or any ``.data`` swap changes it) — the state dict alone costs ~2 ms a
+        publish for a 0.5B model on an H200."""
         key = tuple(t.data_ptr() for t in itertools.chain(self.model.parameters(), self.model.buffers()))
         cached = self._items_cache
         if cached is None or cached[0] != key:
-            cached = self._items_cache = (key, weight_transport.unique_tensors(self.model.state_dict()))
-        return cached[1]
+            items = weight_transport.unique_tensors(self.model.state_dict())
+            cached = self._items_cache = (key, items, weight_transport.flat_source(items))
+        return cached[1], cached[2]
 
     def _sender(self):
         if self.sender is None:
@@ -428,7 +431,10 @@ class Trainer:
         return self._move(parts, "cpu")
 
     def onload(self, parts: list[str]) -> int:
-        return self._move(parts, self.device)
+        moved = self._move(parts, self.device)
+        if "params" in parts:
+            weight_transport.flatten_module(self.model)  # back in one flat buffer
+        return moved
 
     def _move(self, parts: list[str], device: str) -> int:
         """Move optimizer state / params / grads; returns bytes that changed device."""

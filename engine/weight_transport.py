@@ -31,6 +31,7 @@ from outside (events never carry them).
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 import uuid
@@ -63,6 +64,51 @@ def unique_tensors(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, torch
     return out
 
 
+def flatten_module(module: torch.nn.Module) -> torch.Tensor | None:
+    """Make the module's published tensors (``unique_tensors(state_dict())``, tied ones once)
+    views of one flat buffer, back to back in that order, so that a publish casts them with one
+    copy instead of one per tensor. Returns the flat buffer, or None (nothing changed) when they
+    are not all floating point of one dtype on one device. Parameters keep their identity (an
+    optimizer built before or after sees the same objects); only their storage moves."""
+    items = unique_tensors(module.state_dict())
+    owners = {t.data_ptr(): t for t in itertools.chain(module.parameters(), module.buffers())}
+    if not items or any(t.data_ptr() not in owners for _, t in items):
+        return None
+    dtypes = {t.dtype for _, t in items}
+    devices = {t.device for _, t in items}
+    if len(dtypes) != 1 or len(devices) != 1 or not next(iter(dtypes)).is_floating_point:
+        return None
+    flat = torch.empty(sum(t.numel() for _, t in items), dtype=dtypes.pop(), device=devices.pop())
+    off = 0
+    with torch.no_grad():
+        for _, t in items:
+            owner, n = owners[t.data_ptr()], t.numel()
+            view = flat[off : off + n].view(owner.shape)
+            view.copy_(owner.data)
+            owner.data = view
+            off += n
+    return flat
+
+
+def flat_source(items: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
+    """The one flat tensor ``items`` lie in, back to back in order (see :func:`flatten_module`),
+    or None when they do not."""
+    if not items:
+        return None
+    first = items[0][1]
+    base, size, total = first.data_ptr(), first.element_size(), 0
+    for _, t in items:
+        if t.dtype != first.dtype or t.device != first.device or not t.is_contiguous():
+            return None
+        if t.data_ptr() != base + total * size:
+            return None
+        total += t.numel()
+    storage = first.untyped_storage()
+    if first.storage_offset() * size + total * size > storage.nbytes():
+        return None
+    return torch.empty(0, dtype=first.dtype, device=first.device).set_(storage, first.storage_offset(), (total,))
+
+
 def to_safetensors(items: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> bytes:
     """``unique_tensors`` output as a safetensors image (on the host, in ``dtype``)."""
     from safetensors.torch import save
@@ -89,10 +135,16 @@ class FlatPublisher:
         names — the same id is the same memory, so a receiver may keep its mapping."""
 
     def publish(
-        self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype, wire: str = CUDA_IPC, version: int = -1
+        self,
+        items: list[tuple[str, torch.Tensor]],
+        dtype: torch.dtype,
+        wire: str = CUDA_IPC,
+        version: int = -1,
+        source: torch.Tensor | None = None,
     ) -> bytes:
         """Copy ``unique_tensors`` output into the next buffer; return the package in the
-        ``wire`` format (``cuda_ipc``, ``vllm_ipc`` or ``flat``)."""
+        ``wire`` format (``cuda_ipc``, ``vllm_ipc`` or ``flat``). ``source``: the flat tensor the
+        items lie in back to back (:func:`flat_source`): one cast copy instead of one per tensor."""
         from torch.multiprocessing.reductions import reduce_tensor
 
         if wire not in (*IPC_TRANSPORTS, FLAT):
@@ -108,7 +160,7 @@ class FlatPublisher:
                 buf = self._bufs[k] = None  # free the old one first
                 buf = self._bufs[k] = torch.empty(total, dtype=dtype, device=device)
                 self._allocs[k] += 1
-            entries = pack_into(buf, items)
+            entries = pack_into(buf, items, source)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             self._versions[k] = version
@@ -139,9 +191,12 @@ class FlatPublisher:
         )
 
 
-def pack_into(buf: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple, int, int]]:
-    """Copy the tensors back to back into the flat ``buf`` (cast to its dtype), as one fused
-    multi-tensor copy; return their layout as (name, shape, element offset, numel)."""
+def pack_into(
+    buf: torch.Tensor, items: list[tuple[str, torch.Tensor]], source: torch.Tensor | None = None
+) -> list[tuple[str, tuple, int, int]]:
+    """Copy the tensors back to back into the flat ``buf`` (cast to its dtype): one copy from
+    ``source`` when they lie in it back to back, else one fused multi-tensor copy; return their
+    layout as (name, shape, element offset, numel)."""
     from shunter.engine.copy_plan import copy_all
 
     entries, off = [], 0
@@ -149,7 +204,10 @@ def pack_into(buf: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[
         n = t.numel()
         entries.append((name, tuple(t.shape), off, n))
         off += n
-    copy_all([buf[o : o + n] for _, _, o, n in entries], [t.detach().reshape(-1) for _, t in items])
+    if source is not None and source.numel() == off:
+        buf.copy_(source)
+    else:
+        copy_all([buf[o : o + n] for _, _, o, n in entries], [t.detach().reshape(-1) for _, t in items])
     return entries
 
 

@@ -150,3 +150,52 @@ def test_a_receiver_maps_each_buffer_once_and_keeps_the_last_two():
     assert maps.get("t:0:1") is None and maps.get("t:1:1") is not None
     wt.open_cuda_ipc_cached(_package("t:1:1", layout), None)  # no mappings kept: always mapped
     assert len(OPENED) == 5
+
+
+class _Tied(torch.nn.Module):
+    """A tiny causal-LM-shaped module: tied embedding / head, a layer, a norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.embed_tokens = torch.nn.Embedding(11, 4)
+        self.up = torch.nn.Linear(4, 6)
+        self.norm = torch.nn.LayerNorm(6)
+        self.lm_head = torch.nn.Linear(4, 11, bias=False)
+        self.lm_head.weight = self.embed_tokens.weight
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.up(self.embed_tokens(x))).sum() + self.lm_head(self.embed_tokens(x)).sum()
+
+
+def test_a_flattened_module_keeps_its_values_and_parameters_and_publishes_with_one_copy():
+    m = _Tied()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    params = list(m.parameters())
+    flat = wt.flatten_module(m)
+    assert flat is not None and flat.numel() == sum(p.numel() for p in params)
+    assert list(m.parameters()) == params and m.lm_head.weight is m.embed_tokens.weight  # same objects, tie kept
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    items = wt.unique_tensors(m.state_dict())
+    source = wt.flat_source(items)
+    assert source is not None and source.data_ptr() == flat.data_ptr()
+    # an optimizer step writes through the views; the one-copy publish equals the per-tensor one
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+    m(torch.tensor([1, 2, 3])).backward()
+    opt.step()
+    assert not torch.equal(m.up.weight, before["up.weight"]) and wt.flat_source(items) is not None
+    one, each = wt.FlatPublisher(), wt.FlatPublisher()
+    one.publish(items, torch.bfloat16, wire=wt.FLAT, version=1, source=source)
+    each.publish(items, torch.bfloat16, wire=wt.FLAT, version=1)
+    assert torch.equal(one.buffer(1)[0], each.buffer(1)[0])
+
+
+def test_tensors_not_back_to_back_or_of_mixed_dtypes_get_no_flat_source():
+    m = _Tied()
+    assert wt.flat_source(wt.unique_tensors(m.state_dict())) is None  # separate allocations
+    m.norm.to(torch.float64)
+    assert wt.flatten_module(m) is None  # two dtypes: left as it was
+    assert wt.flat_source(wt.unique_tensors(m.state_dict())) is None

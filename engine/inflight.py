@@ -12,6 +12,9 @@ Invariants:
 - :meth:`pump` starts work only on replicas in the dispatcher with room, resumes before
   new groups, and new groups only while the buffer's staleness gate admits them for the
   chosen replica's weight version — and never on the straggler lane;
+- no new group starts once the groups trained, ready and in flight are as many as the run
+  will train (:attr:`groups_wanted`): the rollout's last work goes to the groups the last
+  steps need, not to groups the end of the run would drop;
 - while replicas are on their way into rollout (``EngineState.joining``), a serving replica
   takes new groups only up to its share of what the gate admits, counting the joiners: the
   first replica awake does not take the work of the whole fleet (a synchronous schedule
@@ -82,6 +85,8 @@ class InFlight:
         self.prompts_taken = 0
         self.paused = False
         """Set when the run ends: nothing new starts."""
+        self.groups_wanted: int | None = None
+        """Groups the run trains in all (None: no end known, as when a user's loop trains)."""
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _started(self, group_id: int, rid: str, n: int) -> None:
@@ -281,6 +286,9 @@ class InFlight:
                 return
             if share is not None and d.in_flight(rid) + n > share:
                 return  # the least loaded holds its share: the rest waits for the replicas joining
+            b = self.buffer
+            if self.groups_wanted is not None and b.trained + b.in_flight + b.ready >= self.groups_wanted:
+                return  # enough to finish the run: the replicas' time goes to the groups it needs
             prompt = next(self.prompts, None)
             if prompt is None:
                 return

@@ -130,6 +130,8 @@ class Coordinator:
             cfg.sampling(),
             cfg.rollout.n_samples_per_prompt,
         )
+        if self.state.trainer_driver == "engine":  # the run trains this many groups, no more
+            self.inflight.groups_wanted = cfg.run.total_steps * cfg.groups_per_mini_batch
         self.batches = Batches(self.buffer, self.state, self.emit)
         self.guard = PolicyGuard(
             self.policy,

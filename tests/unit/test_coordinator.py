@@ -108,6 +108,17 @@ async def test_lend_when_idle_lends_and_reclaims_hybrids():
 
 
 @virtual_time
+async def test_a_run_starts_no_group_it_will_not_train():
+    """With rollout far ahead (staleness 4), the last steps' groups are the last started: no
+    replica works on groups the end of the run drops."""
+    coord, _, trainer = local_run(cfg(rollout={"max_staleness": 4}))
+    ended, seen = await run(coord)
+    assert ended.reason == "completed" and trainer.step == 6
+    c = coord.buffer.counters()
+    assert c["dispatched"] == c["trained"] == 6 * 2 and c["dropped"] == 0
+
+
+@virtual_time
 async def test_colocated_never_overlaps_training_and_rollout():
     c = cfg(
         run={"policy": "colocated", "total_steps": 4},
@@ -214,7 +225,7 @@ async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothin
     from shunter.events import ModeChanged, Rebalance, SampleEnd, SwitchToRollout
 
     c = cfg(
-        run={"total_steps": 2},
+        run={"total_steps": 6},  # groups enough for 6 groups in flight at once
         rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_in_flight_per_replica": 32, "max_staleness": 2},
     )
     coord, backends, trainer = local_run(c, token_s=0.01)  # separate: the hybrid stays asleep

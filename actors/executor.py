@@ -205,9 +205,11 @@ class RayExecutor(TaskExecutor):
                 out, refs = await asyncio.wait_for(self.trainer.control.remote(data), self.timeout_s)
             else:
                 h = self.replicas[target]
-                if isinstance(cmd, Generate):
+                if isinstance(cmd, Generate):  # a stream: each sample's events as it ends
                     try:
-                        out = await asyncio.wait_for(h.generate.remote(data), self.generate_timeout_s)
+                        async with asyncio.timeout(self.generate_timeout_s):
+                            async for ref in h.generate.remote(data):
+                                self._decoded(target, await ref)
                     except TimeoutError:  # hung: kill it so it can neither hold resources nor answer late
                         ray.kill(h)
                         self._replica_down(
@@ -217,7 +219,7 @@ class RayExecutor(TaskExecutor):
                                 f" = {self.generate_timeout_s:g}s; killed"
                             ),
                         )
-                        return
+                    return
                 else:
                     payload, send = None, None
                     if isinstance(cmd, InstallWeights | EnterRollout) and cmd.handle:
@@ -272,6 +274,10 @@ class RayExecutor(TaskExecutor):
                 ]
             )
             return
+        self._decoded(target, out, refs)
+
+    def _decoded(self, target: str, out: bytes, refs: list | None = None) -> None:
+        """Deliver the events in a reply (bytes that do not decode: ``EventRejected``)."""
         try:
             events = codec().decode_batch(out)
         except msgspec.MsgspecError as e:

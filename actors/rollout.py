@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import AsyncIterator
 
 import ray
 
@@ -104,11 +105,42 @@ class RolloutWorker:
         return time.perf_counter() - t0
 
     @ray.method(concurrency_group="generate")
-    async def generate(self, data: bytes) -> bytes:
+    async def generate(self, data: bytes) -> AsyncIterator[bytes]:
+        """A streaming generator: the encoded events of each sample of the group as it ends."""
         cmd = decode_order(data)
         if not isinstance(cmd, Generate):
             raise TypeError(f"generate() takes rollout.generate, got {type(cmd).__name__}")
-        return encode_events(await self._on_engine_loop(self.core.generate(cmd)))
+        async for events in self._stream_on_engine_loop(self.core.generate_stream(cmd)):
+            yield encode_events(events)
+
+    async def _stream_on_engine_loop(self, stream: AsyncIterator[list]) -> AsyncIterator[list]:
+        """Iterate ``stream`` on the engine's loop, handing its items to this (the actor's) loop."""
+        if asyncio.get_running_loop() is self._loop:
+            async for item in stream:
+                yield item
+            return
+        here, items = asyncio.get_running_loop(), asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for item in stream:
+                    here.call_soon_threadsafe(items.put_nowait, (item, None))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+                here.call_soon_threadsafe(items.put_nowait, (None, e))
+                return
+            here.call_soon_threadsafe(items.put_nowait, (None, None))
+
+        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                item, err = await items.get()
+                if err is not None:
+                    raise err
+                if item is None:
+                    return
+                yield item
+        finally:
+            fut.cancel()  # the consumer went away: stop generating on the engine's loop
 
     @ray.method(concurrency_group="control")
     async def control(self, data: bytes, payload: bytes | None = None) -> bytes:

@@ -68,6 +68,12 @@ class LocalExecutor(TaskExecutor):
                             del self.blobs[old]
             else:
                 payload = self.blobs.get(cmd.handle) if isinstance(cmd, InstallWeights | EnterRollout) else None
+                if isinstance(cmd, Generate):  # each sample's events as it ends, like the Ray executor
+                    async for evs in self.replicas[target].generate_stream(cmd):
+                        if target in self._dead:
+                            return
+                        self._deliver(list(evs))
+                    return
                 events = await self.replicas[target].handle(cmd, payload, max_tokens=self.max_tokens)
         except EngineDead as e:  # the replica is dead as a whole, as the Ray executor reports it
             self.kill(target, reason=f"its inference engine died during {tag_of(cmd)}: {describe(e)}")

@@ -11,7 +11,9 @@ Invariants:
   are swapped and the requests go on: the tokens after that count get the new version;
 - a sample that must leave the replica (``SwitchToTrainer``, shutdown) is returned whole
   as ``SampleAborted.partial``; nothing generated is dropped;
-- each call returns the events it produced, in order, stamped by this replica.
+- each call returns the events it produced, in order, stamped by this replica; a group's
+  generation (:meth:`generate_stream`) hands each sample's events over as that sample ends,
+  so the coordinator frees its slot then, not when the group's slowest sample ends.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import asyncio
 import itertools
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Literal, TypeVar
 
 import msgspec
@@ -144,10 +146,17 @@ class RolloutCore:
 
     # -- generation --------------------------------------------------------------------
     async def generate(self, cmd: Generate) -> list[Event]:
+        """The events of the whole group, once its last sample ends (:meth:`generate_stream`
+        hands them over sample by sample)."""
+        return [e for evs in [x async for x in self.generate_stream(cmd)] for e in evs]
+
+    async def generate_stream(self, cmd: Generate) -> AsyncIterator[list[Event]]:
+        """Generate a group's samples (or resume its partials); yield each sample's events as
+        that sample ends (a failure: one ``CommandFailed`` per order, the first)."""
         prompt_ids = self.tok.encode(cmd.prompt.text)
         need = len(prompt_ids) + cmd.sampling.max_tokens
         if self.max_model_len and need > self.max_model_len:  # refuse before vLLM sees it; the group is dropped
-            return [
+            yield [
                 self._stamp(
                     CommandFailed(
                         command_kind=tag_of(cmd),
@@ -160,6 +169,7 @@ class RolloutCore:
                     )
                 )
             ]
+            return
         if cmd.resume:
             samples = [
                 s if s.prompt_token_ids else msgspec.structs.replace(s, prompt_token_ids=prompt_ids) for s in cmd.resume
@@ -175,10 +185,20 @@ class RolloutCore:
                 )
                 for k in range(cmd.n)
             ]
-        results = await asyncio.gather(*(self._run(s, cmd.prompt, cmd.sampling) for s in samples))
-        events = [e for evs in results for e in evs]
-        failed = [e for e in events if isinstance(e, CommandFailed)]
-        return [e for e in events if not isinstance(e, CommandFailed)] + failed[:1]
+        tasks = [asyncio.ensure_future(self._run(s, cmd.prompt, cmd.sampling)) for s in samples]
+        failed = False
+        try:
+            for done in asyncio.as_completed(tasks):
+                events = await done
+                out = [e for e in events if not isinstance(e, CommandFailed)]
+                if not failed and len(out) < len(events):
+                    failed = True
+                    out.append(next(e for e in events if isinstance(e, CommandFailed)))
+                if out:
+                    yield out
+        finally:  # the caller went away (its replica is cut off, say): nothing keeps generating
+            for t in tasks:
+                t.cancel()
 
     async def _run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec) -> list[Event]:
         ev: list[Event] = []

@@ -16,6 +16,7 @@ from shunter.events import (
     PromptSpec,
     Publish,
     ReplicaDown,
+    SampleEnd,
     SamplingSpec,
 )
 
@@ -36,32 +37,57 @@ GEN = Generate(group_id=0, prompt=PromptSpec(prompt_id=0, text="12>"), n=2, samp
 
 
 class Hangs:
-    """Answers nothing, ever (a wedged replica or trainer)."""
+    """Answers nothing, ever (a wedged replica or trainer). ``generate`` streams, as a
+    replica's does (``RolloutWorker.generate``)."""
 
-    async def generate(self, data: bytes) -> bytes:
+    async def generate(self, data: bytes):
         await asyncio.sleep(3600)
-        return b""
+        yield b""
 
     async def control(self, data: bytes, payload=None):
         await asyncio.sleep(3600)
         return b"", []
 
 
+class StreamsThenHangs:
+    """Ends one sample of the group at once and never the other (a long straggler)."""
+
+    async def generate(self, data: bytes):
+        from shunter.actors.wire import encode_events
+        from shunter.events import Sample, SampleEnd
+
+        first = Sample(
+            sample_id="0.0",
+            group_id=0,
+            prompt_id=0,
+            prompt_token_ids=[1],
+            token_ids=[2],
+            logprobs=[-1.0],
+            versions=[0],
+            max_tokens=4,
+        )
+        yield encode_events([SampleEnd(replica_id="standalone-0", sample=first)])
+        await asyncio.sleep(3600)
+        yield b""
+
+
 class Dies:
-    def generate(self, data: bytes) -> bytes:
+    def generate(self, data: bytes):
         import os
 
         os._exit(1)
+        yield b""
 
 
 class DiesMidBatch:
     """Holds several generate calls, then the process dies under all of them."""
 
-    async def generate(self, data: bytes) -> bytes:
+    async def generate(self, data: bytes):
         import os
 
         await asyncio.sleep(0.5)
         os._exit(1)
+        yield b""
 
 
 async def run(executor, target, cmd, timeout=60):
@@ -85,7 +111,16 @@ async def test_hung_replica_is_killed_and_reported_down_after_its_timeout(ray_cl
     got = await run(ex, "standalone-0", GEN)
     assert isinstance(got[0], ReplicaDown) and "generate_timeout_s = 1s; killed" in got[0].reason
     with pytest.raises(ray_cluster.exceptions.RayActorError):
-        await hung.generate.remote(b"")
+        async for ref in hung.generate.remote(b""):
+            await ref
+
+
+async def test_a_samples_end_is_posted_while_the_rest_of_its_group_generates(ray_cluster):
+    slow = ray_cluster.remote(num_cpus=0)(StreamsThenHangs).remote()
+    ex = RayExecutor("t", None, {"standalone-0": slow}, timeout_s=5, generate_timeout_s=600)
+    got = await run(ex, "standalone-0", GEN, timeout=30)  # the first post; the group is far from done
+    assert [type(e) for e in got] == [SampleEnd] and got[0].sample.sample_id == "0.0"
+    ray_cluster.kill(slow)
 
 
 async def test_dead_replica_is_reported_down_not_dropped(ray_cluster):

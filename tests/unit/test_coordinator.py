@@ -14,6 +14,7 @@ from shunter.events import (
     GroupDropped,
     ModeChanged,
     SampleAborted,
+    SampleEnd,
     SampleResumed,
     StepEnd,
     ValidateEnd,
@@ -105,6 +106,30 @@ async def test_lend_when_idle_lends_and_reclaims_hybrids():
     c = coord.buffer.counters()
     assert c["dispatched"] == c["trained"] + c["dropped"]
     assert c["trained"] == 16
+
+
+@virtual_time
+async def test_each_sample_reaches_the_coordinator_as_it_ends_not_with_its_group():
+    """A group's short samples are reported (and their slots freed) while its long ones still
+    generate: the replica streams a group's events sample by sample."""
+    c = cfg(
+        run={"total_steps": 4},
+        validation={"every": 0},
+        rollout={"max_tokens": 12, "length_dist": "lognormal:4:0.8", "ignore_eos": True, "max_staleness": 4},
+    )
+    coord, _, _ = local_run(c, token_s=0.01)
+    loop = asyncio.get_running_loop()
+    arrived: dict[int, list[tuple[int, float]]] = {}
+
+    def watch(m):
+        if isinstance(m, SampleEnd) and len(set(m.sample.versions)) == 1:  # never cut: one Generate
+            arrived.setdefault(m.sample.group_id, []).append((len(m.sample.token_ids), loop.time()))
+
+    coord.sinks.append(watch)
+    ended, _ = await run(coord)
+    assert ended.reason == "completed", ended.error
+    spread = [v for v in arrived.values() if len(v) > 1 and len({n for n, _ in v}) > 1]
+    assert spread and all(min(v)[1] < max(v)[1] for v in spread)  # the shortest arrived before the longest
 
 
 @virtual_time
@@ -222,7 +247,7 @@ async def test_a_policy_that_stops_acting_ends_the_run_with_a_stall_error_not_a_
 
 @virtual_time
 async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothing():
-    from shunter.events import ModeChanged, Rebalance, SampleEnd, SwitchToRollout
+    from shunter.events import ModeChanged, Rebalance, SwitchToRollout
 
     c = cfg(
         run={"total_steps": 6},  # groups enough for 6 groups in flight at once

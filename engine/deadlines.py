@@ -14,14 +14,16 @@ later, so each batch must hold at least ``req(m)`` groups of levels ``<= m``::
 
 where ``untrained`` counts the groups in flight or ready, ``slots_after(X)`` the batches after
 this one that train on versions ``<= X`` and ``B`` the groups per batch. Groups not started
-yet need no term: the gate starts a group on version ``w`` only while ``live < (max_staleness
-+ w + 1) * B * batches_per_version`` (``live``: started and not dropped, trained included), and
-with ``T = (version * batches_per_version + taken_at_version) * B`` groups trained at the
-trainer's pace, the groups of levels ``<= m`` that may still start never outnumber the slots
-left over by ``untrained(<= m) <= untrained``. A batch meets every ``req`` from the lowest
-level up (oldest level first, completion order within a level), then fills with the groups
-that finished first; if a requirement names groups still generating, no batch is formable and
-the trainer waits for them.
+yet need no term: with ``G = B * batches_per_version`` groups a version, the trainer's pace
+leaves ``(m + max_staleness + 1) * G - trained`` slots through version ``m + max_staleness``,
+and the gate (a start on weights ``w`` only while ``started - dropped < (max_staleness + w +
+1) * G``) caps every group that ever starts on weights ``<= m``, trained ones included, at
+``(max_staleness + m + 1) * G`` — so those yet to start fit in the slots the untrained ones
+leave.
+
+A batch meets every ``req`` from the lowest level up (oldest level first, completion order
+within a level), then fills with the groups that finished first; if a requirement names
+groups still generating, no batch is formable and the trainer waits for them.
 
 Why: a strictly oldest-first trainer waits for the longest sample of every batch — under
 long-tailed lengths the first batch alone waits for its longest sample in a busy fleet,

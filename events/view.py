@@ -140,8 +140,8 @@ class BufferView(msgspec.Struct, frozen=True, kw_only=True):
     ready_samples: int = 0
     """Samples of complete groups not yet trained."""
     ready_batches: int = 0
-    """Mini-batches that could be taken now (with ``on_stale = "wait"``, only behind no older
-    group still generating)."""
+    """Mini-batches that could be taken now (with ``on_stale = "wait"``, none while a group
+    whose staleness deadline has come is still generating)."""
     in_flight_groups: int = 0
     in_flight_samples: int = 0
     dispatched_groups: int = 0

@@ -152,7 +152,7 @@ class LendWhenIdlePolicy(Policy):
     def estimate_gain_s(self, view: EngineView) -> float | None:
         """Expected trainer time saved by lending now (None: not estimable)."""
         need = view.ppo_mini_batch_size - view.buffer.ready_samples
-        if view.buffer.ready_batches == 0:  # ready groups wait behind older ones still generating (on_stale=wait)
+        if view.buffer.ready_batches == 0:  # ready groups wait for a due one still generating (on_stale=wait)
             need = max(need, view.n_samples_per_prompt)
         standalone = [r for r in view.replicas if r.kind == STANDALONE and r.mode == ROLLOUT]
         r_s = sum(r.samples_per_s for r in standalone)

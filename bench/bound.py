@@ -32,8 +32,9 @@ tokens need ``T / peak`` replica-seconds and a response of ``L`` tokens ``L / al
 - **lending** (the trainer's GPUs also generate while the trainer is idle): the larger of the
   overlapped bound with the lent replicas always present and the GPU-seconds bound
   (generation GPU-seconds + training GPU-seconds) / GPUs.
-- **serial** (``colocated``: every GPU generates, then every GPU trains):
-  ``finish_s = finish_(s-1) + max(work(step s) / R, alone_s) + train_s``.
+- **serial** (``colocated``: every GPU generates a version's batches, then every GPU trains
+  them): per version ``v`` (its ``steps_per_version`` steps),
+  ``finish_v = finish_(v-1) + max(work(steps of v) / R, alone_v) + train_s(steps of v)``.
 - **at a staleness bound** (``stale_bound``): with ``on_stale = "wait"`` the groups of step s
   start only once the weights ``max_staleness`` versions before the ones step s trains are
   published (AReaL's gate), so also ``ready_s >= finish_(that publish) + alone_s``. This is the
@@ -149,6 +150,8 @@ class Fleet(NamedTuple):
     trainer_gpus: int = 1
     """GPUs the trainer holds while it trains or publishes."""
     gpus_per_replica: int = 1
+    steps_per_version: int = 1
+    """Optimizer steps between publishes: a serial schedule generates them all at once."""
 
 
 class Gate(NamedTuple):
@@ -204,11 +207,15 @@ def overlapped_s(
     return finish[-1] if finish else 0.0
 
 
-def serial_s(work: Sequence[StepWork], machine: Machine, replicas: int, first_at: float = 0.0) -> float:
-    out = 0.0
-    for s, w in enumerate(work):
-        step = machine.load(w.samples)
-        out += max(machine.work_s(step) / replicas, step.alone_s, first_at if s == 0 else 0.0) + w.train_s
+def serial_s(
+    work: Sequence[StepWork], machine: Machine, replicas: int, first_at: float = 0.0, steps_per_version: int = 1
+) -> float:
+    out, k = 0.0, max(1, steps_per_version)
+    for v in range(0, len(work), k):
+        steps = work[v : v + k]
+        gen = machine.load([x for w in steps for x in w.samples])
+        ready = max(machine.work_s(gen) / replicas, gen.alone_s, first_at if v == 0 else 0.0)
+        out += ready + sum(w.train_s for w in steps)
     return out
 
 
@@ -223,7 +230,7 @@ def bound_s(
     _check(work, fleet)
     m = fleet.machine
     if schedule == "serial":
-        return serial_s(work, m, fleet.replicas, first_at)
+        return serial_s(work, m, fleet.replicas, first_at, fleet.steps_per_version)
     if schedule == "overlapped":
         return overlapped_s(work, m, fleet.replicas, gate, first_at)
     lent = overlapped_s(work, m, fleet.replicas + fleet.lendable, gate, first_at)
@@ -253,7 +260,8 @@ def figures(
     b = bound_s(work, fleet, schedule)
     out = {"bound_s": b, "frac_of_bound": b / wall_s if wall_s > 0 else 0.0}
     if work:
-        first = fleet.machine.load(work[0].samples)
+        k = fleet.steps_per_version if schedule == "serial" else 1  # a serial run generates a version at once
+        first = fleet.machine.load([x for w in work[:k] for x in w.samples])
         replicas = fleet.replicas + (fleet.lendable if schedule == "lending" else 0)
         out["bound_first_step_s"] = max(fleet.machine.work_s(first) / replicas, first.alone_s)
     if work and first_step_s is not None:

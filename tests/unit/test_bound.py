@@ -42,6 +42,15 @@ def test_serial_bound_adds_generation_and_training_per_step():
     assert bound.bound_s(w, Fleet(RATE, replicas=1), "serial") == pytest.approx(3 + 2)
 
 
+def test_serial_bound_generates_a_versions_steps_at_once():
+    # two steps a publish: their longest samples (5 s alone each) generate side by side
+    fleet = Fleet(bound.RateMachine(peak_tok_s=1e6, alone_tok_s=100), replicas=1, steps_per_version=2)
+    w = [work(600, 500, 1.0), work(600, 500, 1.0, 0.5)] * 2
+    assert bound.bound_s(w, fleet, "serial") == pytest.approx(2 * (5 + 2.5))
+    # the same steps published one by one pay the long sample every step
+    assert bound.bound_s(w, fleet._replace(steps_per_version=1), "serial") == pytest.approx(4 * 5 + 5)
+
+
 def test_lending_bound_is_the_larger_of_lent_capacity_and_gpu_seconds():
     w = [work(1000, 10, 1.0)] * 4
     fleet = Fleet(RATE, replicas=1, lendable=1, gpus=2, trainer_gpus=1)
@@ -107,7 +116,7 @@ COST = CostModel(
 )
 
 
-def scenario(variants: list[Variant], cost: CostModel = COST, **rollout) -> Scenario:
+def scenario(variants: list[Variant], cost: CostModel = COST, spv: int = 1, **rollout) -> Scenario:
     return Scenario(
         scenario=Meta(name="bound", seeds=[1, 2], baseline="colocated"),
         cluster=Cluster(gpus=4),
@@ -115,10 +124,17 @@ def scenario(variants: list[Variant], cost: CostModel = COST, **rollout) -> Scen
         engine={
             "run": {"total_steps": 6},
             "rollout": {"n_samples_per_prompt": 4, "max_tokens": 2048, "max_model_len": 4096, **rollout},
-            "trainer": {"ppo_mini_batch_size": 32, "parameter_sync_step": 1, "train_batch_size": 32},
+            "trainer": {"ppo_mini_batch_size": 32, "parameter_sync_step": spv, "train_batch_size": 32 * spv},
         },
         variant=variants,
     )
+
+
+def test_a_synchronous_run_of_several_steps_a_publish_does_not_beat_its_bound():
+    sc = scenario([Variant(name="colocated", policy="colocated", max_staleness=0)], spv=2, max_in_flight_per_replica=64)
+    m = run_scenario(sc, log=lambda *_: None)["metrics"]["colocated"]
+    assert 0.5 < m["frac_of_bound"]["max"] <= 1 + 1e-6
+    assert m["bound_first_step_s"]["max"] <= m["first_step_s"]["max"] + 1e-6
 
 
 def test_no_simulated_schedule_beats_its_bound():

@@ -32,7 +32,7 @@ from itertools import islice
 import msgspec
 
 from shunter.engine.config import EngineConfig
-from shunter.engine.deadlines import Pace, plan
+from shunter.engine.deadlines import Pace, formable_now, plan
 from shunter.events import Batch, PromptSpec, Sample
 
 
@@ -106,6 +106,8 @@ class SampleBuffer:
         self._ready: dict[int, None] = {}  # complete groups in completion order
         self.batches_per_version = batches_per_version
         self._levels: Counter[int] = Counter()  # level -> groups in flight or ready
+        self._ready_levels: Counter[int] = Counter()  # level -> ready groups
+        self._ready_by_level: dict[int, dict[int, None]] = {}  # level -> its ready groups by completion
         self._taken_version = 0  # wait mode: the trainer version of the last take ...
         self._taken_at = 0  # ... and the batches taken on it
         self._changes = 0  # bumped by every change the wait-mode plan depends on
@@ -159,6 +161,8 @@ class SampleBuffer:
             self._changes += 1
         if g.complete:
             self._ready[g.group_id] = None
+            self._ready_levels[g.level] += 1
+            self._ready_by_level.setdefault(g.level, {})[g.group_id] = None
             self._changes += 1
             return True
         return False
@@ -216,8 +220,21 @@ class SampleBuffer:
         pace = self._pace(version)
         key = (self._changes, pace.version, pace.taken_at_version)
         if self._plan is None or self._plan[0] != key:
-            ready = ((gid, self._groups[gid].level) for gid in self._ready)
-            self._plan = (key, plan(pace, self._levels, ready))
+            if formable_now(pace, self._levels, self._ready_levels):
+                groups = self._groups
+                self._plan = (
+                    key,
+                    plan(
+                        pace,
+                        self._levels,
+                        self._ready_levels,
+                        self._ready_by_level,
+                        self._ready,
+                        lambda g: groups[g].level,
+                    ),
+                )
+            else:  # a due group still generates: no walk over the ready ones
+                self._plan = (key, [])
         return self._plan[1]
 
     @property
@@ -277,7 +294,13 @@ class SampleBuffer:
 
     def _forget(self, group_id: int) -> Group:
         g = self._groups.pop(group_id)
-        self._ready.pop(group_id, None)
+        if group_id in self._ready:
+            del self._ready[group_id]
+            self._ready_levels[g.level] -= 1
+            same = self._ready_by_level[g.level]
+            del same[group_id]
+            if not same:
+                del self._ready_by_level[g.level]
         self._levels[g.level] -= 1
         if not self._levels[g.level]:
             del self._levels[g.level]
@@ -335,6 +358,10 @@ class SampleBuffer:
             )
         self._ready = {gid: None for gid in st.ready}
         self._levels = Counter(g.level for g in self._groups.values())
+        self._ready_levels = Counter(self._groups[gid].level for gid in self._ready)
+        self._ready_by_level = {}
+        for gid in self._ready:
+            self._ready_by_level.setdefault(self._groups[gid].level, {})[gid] = None
         self._next_group, self._next_batch, self.trained = st.next_group, st.next_batch, st.trained
         self._taken_version, self._taken_at = st.taken_version, st.taken_at_version
         self._changes += 1
@@ -365,8 +392,11 @@ class SampleBuffer:
         total = self.in_flight + self.ready + self.trained + sum(self.dropped.values())
         if total != self.dispatched:
             raise AccountingError(f"groups unaccounted for: {self.counters()}")
-        if sum(self._levels.values()) != len(self._groups):
-            raise AccountingError(f"levels count {sum(self._levels.values())} groups, {len(self._groups)} are held")
+        if sum(self._levels.values()) != len(self._groups) or sum(self._ready_levels.values()) != len(self._ready):
+            raise AccountingError(
+                f"levels count {sum(self._levels.values())} groups ({sum(self._ready_levels.values())} ready), "
+                f"{len(self._groups)} are held ({len(self._ready)} ready)"
+            )
 
 
 class AccountingError(RuntimeError):

@@ -37,7 +37,7 @@ its slot refilled at an older version, a sample resumed on a replica with older 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 
@@ -70,63 +70,72 @@ class Pace(NamedTuple):
 
 
 def plan(
-    pace: Pace, levels: Mapping[int, int], ready: Iterable[tuple[int, int]], max_batches: int | None = None
+    pace: Pace,
+    levels: Mapping[int, int],
+    ready_levels: Mapping[int, int],
+    ready_by_level: Mapping[int, Iterable[int]],
+    ready: Iterable[int],
+    level_of: Callable[[int], int],
+    max_batches: int | None = None,
 ) -> list[list[int]]:
     """The mini-batches formable now, in taking order, each a list of group ids.
 
-    ``levels``: level -> groups in flight or ready; ``ready``: (group id, level) of every
-    ready group in completion order. A ready group already past the bound for a batch is never put in it (the
-    caller drops such groups at take time)."""
+    ``levels``: level -> groups in flight or ready; ``ready_levels``: level -> ready groups;
+    ``ready_by_level``: level -> its ready groups in completion order; ``ready``: every ready
+    group in completion order; ``level_of``: a ready group's level. The iterables are walked
+    lazily, only as far as the batches formed need. A ready group already past the bound for a
+    batch is never put in it (the caller drops such groups at take time)."""
     B, eta = pace.groups_per_batch, pace.max_staleness
-    order = list(ready)
-    by_level: dict[int, list[int]] = {}
-    for gid, lv in order:
-        by_level.setdefault(lv, []).append(gid)
-    heads = dict.fromkeys(by_level, 0)  # per level: before it, every group is taken
-    level_of = dict(order)
-    counts = dict(levels)
+    counts, left = dict(levels), dict(ready_levels)
+    walkers = {lv: iter(gids) for lv, gids in ready_by_level.items()}
+    fill = iter(ready)
     taken: set[int] = set()
     batches: list[list[int]] = []
-    cursor = 0  # into ``order``: before it, every group is taken or late
-    most = len(order) // B if max_batches is None else min(max_batches, len(order) // B)
+    most = sum(left.values()) // B if max_batches is None else max_batches
     while len(batches) < most:
         i = len(batches)
         floor = pace.version_of(i) - eta  # groups of lower levels are late for this batch
         picks: list[int] = []
-        cum = 0
+        cum = avail = 0
         # req(level) peaks at levels that hold groups (between them only the slots grow)
         for lv in sorted(k for k in counts if k >= floor and counts[k] > 0):
             cum += counts[lv]
+            avail += left.get(lv, 0)
             req = min(B, cum - B * pace.slots_after(lv + eta, i))
-            while len(picks) < req:
-                gid = _oldest_ready(by_level, heads, taken, floor, lv)
-                if gid is None:
-                    return batches  # a group whose deadline has come is still generating
+            if req > avail:
+                return batches  # a group whose deadline has come is still generating
+            while len(picks) < req:  # the lowest levels first, the first finished within one
+                lo = min(k for k in left if floor <= k <= lv and left[k] > 0)
+                gid = next(g for g in walkers[lo] if g not in taken)
                 picks.append(gid)
                 taken.add(gid)
-        while len(picks) < B and cursor < len(order):
-            gid, lv = order[cursor]
-            cursor += 1
+                left[lo] -= 1
+        if avail < B:
+            return batches
+        while len(picks) < B:  # then the first finished of any level the batch may hold
+            gid = next(fill, None)
+            if gid is None:
+                return batches
+            lv = level_of(gid)
             if gid not in taken and lv >= floor:
                 picks.append(gid)
                 taken.add(gid)
-        if len(picks) < B:
-            break
+                left[lv] -= 1
         for gid in picks:
-            counts[level_of[gid]] -= 1
+            counts[level_of(gid)] -= 1
         batches.append(picks)
     return batches
 
 
-def _oldest_ready(
-    by_level: Mapping[int, list[int]], heads: dict[int, int], taken: set[int], lo: int, hi: int
-) -> int | None:
-    """The first-finished untaken ready group of the lowest level in ``[lo, hi]``."""
-    for lv in sorted(k for k in by_level if lo <= k <= hi):
-        gids, k = by_level[lv], heads[lv]
-        while k < len(gids) and gids[k] in taken:
-            k += 1
-        heads[lv] = k
-        if k < len(gids):
-            return gids[k]
-    return None
+def formable_now(pace: Pace, levels: Mapping[int, int], ready_levels: Mapping[int, int]) -> bool:
+    """Whether :func:`plan` would form at least one batch, from counts per level alone: O(levels),
+    so a view need not walk the ready groups while a due group still generates."""
+    B, eta = pace.groups_per_batch, pace.max_staleness
+    floor = pace.version_of(0) - eta
+    cum = ready = 0
+    for lv in sorted(k for k in levels if k >= floor and levels[k] > 0):
+        cum += levels[lv]
+        ready += ready_levels.get(lv, 0)
+        if min(B, cum - B * pace.slots_after(lv + eta, 0)) > ready:
+            return False
+    return ready >= B

@@ -169,8 +169,16 @@ def naive_formable(b: SampleBuffer, version: int) -> list[list]:
     levels = Counter(
         min([grp.dispatch_version, *(s.min_version for s in grp.samples.values())]) for grp in b._groups.values()
     )
-    ready = [(gid, b._groups[gid].level) for gid in b._ready]
-    return [[b._groups[i] for i in batch] for batch in plan(b._pace(version), levels, ready)]
+    ready = list(b._ready)
+    level = {gid: b._groups[gid].level for gid in ready}
+    by_level: dict[int, list[int]] = {}
+    for gid in ready:
+        by_level.setdefault(level[gid], []).append(gid)
+    ready_levels = Counter(level.values())
+    return [
+        [b._groups[i] for i in batch]
+        for batch in plan(b._pace(version), levels, ready_levels, by_level, ready, level.__getitem__)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(40))

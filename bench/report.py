@@ -337,6 +337,19 @@ def gpu_sim_section(r: dict, path: Path) -> list[str]:
     ]
 
 
+def live_sync_row(ls: dict) -> tuple[str, str]:
+    """The sync measured while the replica generates (``bench gpu --parts live_sync``)."""
+    return (
+        "weight sync with requests in flight (median; `live_sync`)",
+        f"{ls.get('median_end_to_end_s', float('nan')) * 1e3:.1f} ms with "
+        f"{ls.get('in_flight_at_load', float('nan')):.0f} sequences in flight as the loads were ordered (a "
+        f"{ls.get('decode_step_s', float('nan')) * 1e3:.0f} ms decode step): to the trainer + publish "
+        f"{ls.get('median_to_trainer_and_publish_s', 0) * 1e3:.1f} ms, back + policy "
+        f"{ls.get('median_back_and_decide_s', 0) * 1e3:.1f} ms, to the replica + load "
+        f"{ls.get('median_to_replica_and_load_s', 0) * 1e3:.1f} ms",
+    )
+
+
 def gpu_section(r: dict, path: Path) -> list[str]:
     """The one-GPU measurements (``python -m shunter.bench gpu``), as written by it."""
     m, sy, ro, sw, po = (
@@ -396,6 +409,7 @@ def gpu_section(r: dict, path: Path) -> list[str]:
             f"{sy.get('floor_s', 0) * 1e3:.2f} ms at {r.get('copy_gbps', 0):,.0f} GB/s "
             f"device-to-device; end to end = {sy.get('ratio_to_floor', 0):.0f}x the floor",
         ),
+        *([live_sync_row(r["live_sync"])] if "live_sync" in r else []),
         (
             "rollout efficiency (engine / raw vLLM)",
             f"{ro.get('efficiency') or 0:.0%}: {ro.get('engine', {}).get('tokens_per_s', 0):,.0f} vs "

@@ -207,6 +207,8 @@ class Applier:
             r.tokens_done += len(s.token_ids)
         self.tally.tokens += len(s.token_ids)
         if self.buffer.add(s):
+            if (late := self.buffer.drop_if_late(s.group_id, self.state.trainer.version)) is not None:
+                self.emit(GroupDropped(group_id=late.group_id, reason="stale", samples=len(late.samples)))
             self.batches.announce()
 
     def _step_end(self, ev: StepEnd) -> None:

@@ -15,10 +15,15 @@ Invariants (checked by :meth:`check`):
   group is dropped for staleness while the trainer publishes every ``batches_per_version``
   mini-batches; the trainer waits for a straggler only once its deadline has come);
   ``on_stale="drop"`` trains finished groups in completion order and drops those that
-  exceeded the bound (reason ``stale``).
+  exceeded the bound (reason ``stale``);
+- no ready group is past the bound for the trainer's version once the caller has told the
+  buffer of a publish (:meth:`prune`) and of each completed group (:meth:`drop_if_late`): a
+  group no batch can train never holds a place under the gate (a user's loop may publish
+  sooner than every ``batches_per_version`` batches).
 
 Cost: every operation is O(1) amortised in the groups held, but for the groups it returns,
-``prune`` (drop mode, once per publish), which looks at every ready group, and the wait-mode
+``prune`` (once per publish; in wait mode only while a level below the bound is held), which
+looks at every ready group, and the wait-mode
 plan, which walks the ready groups once per change of the buffer or the trainer's version
 (views between changes reuse it).
 """
@@ -44,13 +49,19 @@ class Group:
     dispatch_version: int
     samples: dict[str, Sample] = field(default_factory=dict)
     level: int = -1
-    """The oldest weight version its tokens may come from (its dispatch version at most)."""
+    """The oldest weight version its tokens may come from: while it generates, its dispatch
+    version at most (a sample may still start there); once complete, its :attr:`min_version`
+    — the version its staleness is measured from, which may be newer than the dispatch version
+    when a replica loaded new weights before generating it."""
 
     def __post_init__(self) -> None:
-        self.level = self.dispatch_version if self.level < 0 else self.level
-        for s in self.samples.values():
-            if s.versions:
-                self.level = min(self.level, s.min_version)
+        self.level = self.rule_level()
+
+    def rule_level(self) -> int:
+        """:attr:`level` computed afresh from the samples (the buffer keeps it incrementally)."""
+        if self.complete:
+            return self.min_version
+        return min([self.dispatch_version, *(s.min_version for s in self.samples.values() if s.versions)])
 
     @property
     def complete(self) -> bool:
@@ -58,7 +69,8 @@ class Group:
 
     @property
     def min_version(self) -> int:
-        return min((s.min_version for s in self.samples.values()), default=self.dispatch_version)
+        """The oldest weight version any of its tokens came from (a sample without tokens has none)."""
+        return min((s.min_version for s in self.samples.values() if s.versions), default=self.dispatch_version)
 
 
 class GroupState(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,9 +166,12 @@ class SampleBuffer:
         if g is None or g.complete:
             return False
         g.samples[sample.sample_id] = sample
-        if sample.versions and sample.min_version < g.level:
+        level = g.min_version if g.complete else min(g.level, sample.min_version if sample.versions else g.level)
+        if level != g.level:
             self._levels[g.level] -= 1
-            g.level = sample.min_version
+            if not self._levels[g.level]:
+                del self._levels[g.level]
+            g.level = level
             self._levels[g.level] += 1
             self._changes += 1
         if g.complete:
@@ -179,13 +194,24 @@ class SampleBuffer:
         return version - g.min_version
 
     def prune(self, version: int) -> list[Group]:
-        """In drop mode, drop ready groups already past the bound; return them."""
+        """Drop the ready groups already past the bound for a trainer at ``version`` (a publish);
+        return them. Wait mode looks only when a level below the bound is held."""
         if self.on_stale != "drop":
-            return []
+            return self._drop_late(version)
         stale = [self._groups[i] for i in self._ready if self.staleness(self._groups[i], version) > self.max_staleness]
         for g in stale:
             self.drop(g.group_id, "stale")
         return stale
+
+    def drop_if_late(self, group_id: int, version: int) -> Group | None:
+        """A group that just completed already past the bound for a trainer at ``version`` is
+        dropped as stale at once (returned): no batch may train it, and while it sat ready it
+        would hold a place under the gate that only a take could free — a user's loop that
+        publishes sooner than every ``batches_per_version`` batches waited on it forever."""
+        g = self._groups.get(group_id)
+        if g is None or not g.complete or self.staleness(g, version) <= self.max_staleness:
+            return None
+        return self.drop(group_id, "stale")
 
     def _pace(self, version: int | None) -> Pace:
         v = self._taken_version if version is None else version
@@ -392,10 +418,12 @@ class SampleBuffer:
         total = self.in_flight + self.ready + self.trained + sum(self.dropped.values())
         if total != self.dispatched:
             raise AccountingError(f"groups unaccounted for: {self.counters()}")
-        if sum(self._levels.values()) != len(self._groups) or sum(self._ready_levels.values()) != len(self._ready):
+        levels = Counter(g.rule_level() for g in self._groups.values())
+        ready_levels = Counter(self._groups[gid].rule_level() for gid in self._ready)
+        if +self._levels != levels or +self._ready_levels != ready_levels:
             raise AccountingError(
-                f"levels count {sum(self._levels.values())} groups ({sum(self._ready_levels.values())} ready), "
-                f"{len(self._groups)} are held ({len(self._ready)} ready)"
+                f"groups per level kept {dict(+self._levels)} ({dict(+self._ready_levels)} ready), "
+                f"recounted {dict(levels)} ({dict(ready_levels)} ready)"
             )
 
 

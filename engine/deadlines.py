@@ -30,9 +30,12 @@ long-tailed lengths the first batch alone waits for its longest sample in a busy
 while the groups that finished first sit ready. Here a batch waits only for a group whose
 deadline has come.
 
-Left to the caller's check at take time (a group trained past the bound is dropped, never
-trained): a publish sooner than every ``batches_per_version`` batches, a group dropped and
-its slot refilled at an older version, a sample resumed on a replica with older weights.
+Left to the caller (the buffer drops a group past the bound at the publish, as it completes
+and at take time; it is never trained): a publish sooner than every ``batches_per_version``
+batches (a user's loop), a group dropped and its slot refilled at an older version, a sample
+resumed on a replica with older weights. A complete group's level is the oldest version its
+tokens came from, which is newer than its dispatch version when a replica loaded new weights
+before generating it.
 """
 
 from __future__ import annotations

@@ -83,6 +83,38 @@ def test_wait_mode_takes_the_due_groups_before_younger_ones_that_finished_first(
     b.check()
 
 
+def test_a_publish_sooner_than_the_pace_drops_the_groups_it_made_late_and_reopens_the_gate():
+    """A user's loop publishes after one of two batches a version: the version-0 groups ready
+    and those still generating can no longer train (staleness 0); they are dropped, ready ones
+    at the publish and the others as they complete, so the gate lets their replacements start."""
+    b = buf(max_staleness=0, groups_per_batch=2, batches_per_version=2)  # 4 groups a version
+    for i in range(4):
+        b.open(PromptSpec(prompt_id=i, text="1>"), 0)
+    for gid in (0, 1, 2):
+        finish(b, gid, 0)
+    batch, _ = b.take(0)
+    assert batch is not None and b.capacity(0) == 0
+    assert [g.group_id for g in b.prune(1)] == [next(g for g in (0, 1, 2) if g not in batch.group_ids)]
+    assert finish(b, 3, 0) and b.drop_if_late(3, 1).group_id == 3
+    assert b.capacity(1) == 6 and b.in_flight == 0 and b.ready == 0  # 8 - the 2 trained
+    assert b.counters()["dropped_stale"] == 2
+    b.check()
+
+
+def test_a_group_generated_on_newer_weights_than_it_was_dispatched_on_trains_on_them():
+    """Dispatched on version 0, generated after the replica loaded version 1: its staleness
+    counts from version 1, and so does the plan (it waited forever for a version-0 slot)."""
+    b = buf(max_staleness=0, groups_per_batch=2, batches_per_version=1)
+    for i in range(2):
+        b.open(PromptSpec(prompt_id=i, text="1>"), 0)
+    for gid in (0, 1):
+        finish(b, gid, 1)
+    assert b.ready_batches(1) == 1
+    batch, dropped = b.take(1)
+    assert batch.group_ids == [0, 1] and batch.max_staleness == 0 and not dropped
+    b.check()
+
+
 def test_drop_mode_takes_finished_groups_and_drops_stale_ones():
     b = buf(on_stale="drop", max_staleness=0)
     for i in range(4):
@@ -143,7 +175,11 @@ def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
         elif op == "finish":
             live = [g for g in list(b._groups) if g not in b._ready]
             if live:
-                finish(b, live[x % len(live)], b.group(live[x % len(live)]).dispatch_version)
+                gid = live[x % len(live)]  # generated on its dispatch weights or newer ones
+                if finish(
+                    b, gid, b.group(gid).dispatch_version + x % 3 * (version - b.group(gid).dispatch_version) // 2
+                ):
+                    b.drop_if_late(gid, version)
         elif op == "take":
             batch, _ = b.take(version)
             if batch is not None:
@@ -157,6 +193,11 @@ def test_accounting_and_staleness_under_random_schedules(ops, mode, eta):
             b.restore(b.snapshot())
         b.check()
         assert b.formable(version=version) == naive_formable(b, version)
+        # nothing past the bound sits ready holding a place under the gate (publishes come at
+        # any time here, sooner than batches_per_version included: a user's loop does that)
+        assert all(b.staleness(b.group(g), version) <= eta for g in b._ready)
+        if not b.in_flight:  # and with nothing generating, every full batch of ready groups is formable
+            assert b.ready_batches(version) == b.ready // b.groups_per_batch
 
 
 def naive_formable(b: SampleBuffer, version: int) -> list[list]:
@@ -166,9 +207,7 @@ def naive_formable(b: SampleBuffer, version: int) -> list[list]:
     if b.on_stale == "drop":
         c = list(b._ready)
         return [[b._groups[i] for i in c[k : k + g]] for k in range(0, len(c) - g + 1, g)]
-    levels = Counter(
-        min([grp.dispatch_version, *(s.min_version for s in grp.samples.values())]) for grp in b._groups.values()
-    )
+    levels = Counter(grp.rule_level() for grp in b._groups.values())
     ready = list(b._ready)
     level = {gid: b._groups[gid].level for gid in ready}
     by_level: dict[int, list[int]] = {}
@@ -198,9 +237,9 @@ def test_wait_mode_never_drops_for_staleness_and_never_waits_with_nothing_genera
             v_open = version if op == "open" else max(0, version - 1)
             if op.startswith("open") and b.capacity(v_open) > 0:
                 b.open(PromptSpec(prompt_id=b.dispatched, text="1>"), v_open)
-            elif op == "finish" and b.in_flight:
+            elif op == "finish" and b.in_flight:  # on its dispatch weights, or newer ones loaded since
                 gid = rng.choice([g for g in b._groups if g not in b._ready])
-                finish(b, gid, b.group(gid).dispatch_version)
+                finish(b, gid, rng.randint(b.group(gid).dispatch_version, version))
             elif op == "take":
                 batch, dropped = b.take(version)
                 assert not dropped

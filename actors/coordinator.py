@@ -11,7 +11,7 @@ never polls a dead run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ from shunter.actors.wire import codec
 from shunter.engine import config as config_mod
 from shunter.engine import snapshot
 from shunter.engine.checkpoint import CheckpointStore
+from shunter.engine.datasets import DataError, Dataset, Row, expand, run_prompts, validation_specs
 from shunter.engine.errors import bounded, describe
 from shunter.engine.loop import Coordinator
 from shunter.engine.records import RunSinks
-from shunter.engine.tasks import load_task
 from shunter.events import (
     BatchReady,
     CommandFailed,
@@ -74,7 +74,38 @@ class Waiters:
         return fut
 
 
+def load_run_data(cfg: config_mod.EngineConfig, model_dir: str) -> tuple[Dataset, list[PromptSpec]]:
+    """A run's dataset (see ``shunter.engine.datasets.run_prompts``), loaded once by the launcher
+    before any component starts: the training
+    rows, their prompts too long for the context left out (counted with the model's own
+    tokenizer and chat template, as the replicas will tokenize them), and the validation
+    prompts. ``DataError`` names the file, row and field of a row that cannot be used."""
+    from transformers import AutoTokenizer
+
+    from shunter.actors.rollout import HFTokenizer
+
+    d, r = cfg.data, cfg.rollout
+    tok = HFTokenizer(AutoTokenizer.from_pretrained(model_dir))
+    room = d.max_prompt_tokens or r.max_model_len - r.max_tokens
+
+    def count(row: Row) -> int:
+        try:
+            return len(tok.render(list(row.messages)) if row.messages else tok.encode(row.text))
+        except Exception as e:  # noqa: BLE001 - a chat prompt without a template: said at load, with the row
+            raise DataError(f"{row.where}: {describe(e, limit=300)}") from None
+
+    train = Dataset.load(expand(d.train_files, what="data.train_files"), count_tokens=count, max_prompt_tokens=room)
+    val: list[PromptSpec] = []
+    if d.val_files:
+        held = Dataset.load(expand(d.val_files, what="data.val_files"), count_tokens=count, max_prompt_tokens=room)
+        val = validation_specs(held, cfg.validation.prompts)
+    return train, val
+
+
 class CoordinatorActor:
+    def _prompts(self) -> tuple[Iterator[PromptSpec], list[PromptSpec]]:
+        return run_prompts(self.cfg, self.data)
+
     def __init__(
         self,
         cfg: bytes,
@@ -88,8 +119,10 @@ class CoordinatorActor:
         attempt: int = 0,
         reason: str = "",
         skipped: dict[str, str] | None = None,
+        data: tuple[Dataset, list[PromptSpec]] | None = None,
     ) -> None:
         self.cfg = msgspec.msgpack.decode(cfg, type=config_mod.EngineConfig)
+        self.data = data
         use_import_paths(self.cfg.run.import_paths)
         self.run_id = run_id
         self.out = Path(out_dir)
@@ -109,15 +142,7 @@ class CoordinatorActor:
         self.sinks = RunSinks.open(self.out, extra=lambda: self.core.guard.metrics())
         self.log, self.metrics, self.feed = self.sinks.log, self.sinks.metrics, self.sinks.feed
         self.user = Stamper(run_id, "user")
-        task = load_task(self.cfg.task.name)
-        prompts = (
-            PromptSpec(prompt_id=i, text=p.text, answer=p.answer)
-            for i, p in enumerate(task.train_prompts(self.cfg.run.seed))
-        )
-        val = [
-            PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
-            for i, p in enumerate(task.validation_prompts(self.cfg.validation.prompts, self.cfg.run.seed))
-        ]
+        prompts, val = self._prompts()
         self.core = Coordinator(
             self.cfg,
             make_policy(self.cfg.run.policy, self.cfg.run.policy_options),

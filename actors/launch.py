@@ -41,6 +41,8 @@ class Launcher:
         self.registry: Any = None
         self.coordinator: Any = None
         self.model_dir = ""
+        self.data: Any = None
+        """(training rows, validation prompts) of a run over a dataset, for each attempt's coordinator."""
         self.serve: tuple[str, int] = ("", 0)
         """(model folder, weight version) new replicas start from."""
         self._made = 0
@@ -56,6 +58,7 @@ class Launcher:
         from shunter.engine.placement import plan
 
         self.model_dir = self._ensure_model()
+        self.data = self._load_data()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.reaped = reap_orphans(self.out_dir / RAY_SESSION)
         self._init_ray()
@@ -76,6 +79,18 @@ class Launcher:
             .options(name=registry.registry_name(self.run_id), namespace=NAMESPACE)
             .remote(self.run_id, None, str(self.out_dir / "registry.msgpack"))
         )
+
+    def _load_data(self) -> Any:
+        """The dataset (``data.train_files``), read and checked before anything starts."""
+        if not self.cfg.data.train_files:
+            return None
+        from shunter.actors.coordinator import load_run_data
+        from shunter.engine.datasets import DataError
+
+        try:
+            return load_run_data(self.cfg, self.model_dir)
+        except DataError as e:
+            raise EngineSetupError(f"the dataset cannot be used: {e}") from None
 
     def _ensure_model(self) -> str:
         m = self.cfg.model
@@ -197,6 +212,7 @@ class Launcher:
                 attempt=self.attempt,
                 reason=reason,
                 skipped=resume.skipped if resume else {},
+                data=self.data,
             )
         )
         self.actors.append(self.coordinator)
@@ -326,6 +342,8 @@ class Launcher:
                 model_dir,
                 reward=cfg.task.reward,
                 task=cfg.task.name,
+                reward_timeout_s=cfg.task.reward_timeout_s,
+                reward_threads=cfg.task.reward_threads,
                 version=version,
                 mode=ROLLOUT if kind == STANDALONE else TRAINER,
                 seed=cfg.run.seed + rank,

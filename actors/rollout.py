@@ -43,6 +43,8 @@ class RolloutWorker:
         weight_transfer: str = "",
         weight_update: str = "abort",
         import_paths: list[str] | None = None,
+        reward_timeout_s: float = 30.0,
+        reward_threads: int = 4,
     ) -> None:
         from shunter.policies.registry import use_import_paths
 
@@ -58,6 +60,7 @@ class RolloutWorker:
         self.stream_interval = stream_interval
         self.weight_transfer = weight_transfer
         self.weight_update = weight_update
+        self.reward_timeout_s, self.reward_threads = reward_timeout_s, reward_threads
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -92,7 +95,7 @@ class RolloutWorker:
         self.core = RolloutCore(
             self.replica_id,
             backend,
-            _Tok(tok),
+            HFTokenizer(tok),
             reward,
             Stamper(self.run_id, self.replica_id),
             mode=self.mode,
@@ -101,6 +104,8 @@ class RolloutWorker:
             version=self.version,
             max_model_len=self.max_model_len,
             weight_update=self.weight_update,  # type: ignore[arg-type]
+            reward_timeout_s=self.reward_timeout_s,
+            reward_threads=self.reward_threads,
         )
         return time.perf_counter() - t0
 
@@ -172,7 +177,7 @@ class RolloutWorker:
         return where()
 
 
-class _Tok:
+class HFTokenizer:
     """Adapts an HF tokenizer to the engine's Tokenizer protocol (no special tokens added)."""
 
     def __init__(self, tok) -> None:
@@ -184,6 +189,15 @@ class _Tok:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
+
+    def render(self, messages) -> list[int]:
+        """A chat prompt through the model's chat template, with the generation prompt."""
+        if not getattr(self._tok, "chat_template", None):
+            raise ValueError("the model's tokenizer has no chat template; give the dataset's 'prompt' as a string")
+        text = self._tok.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages], tokenize=False, add_generation_prompt=True
+        )
+        return self.encode(text)
 
 
 def remote_class():

@@ -35,6 +35,7 @@ from shunter.events import (
     ReplicaDown,
     ReplicaGivenUp,
     ReplicaUp,
+    RewardFailed,
     SampleAborted,
     SampleBegin,
     SampleEnd,
@@ -55,6 +56,10 @@ REPLICA_STATE_ORDERS = frozenset(tag_of(c) for c in (InstallWeights, EnterRollou
 """Orders whose failure leaves a replica's mode or weights unknown: it is taken out."""
 FAILED_GROUPS_BEFORE_TRAINING = 8
 """This many failed generations before any group trained means every generation fails."""
+MIN_REWARD_FAILURES_BEFORE_ENDING = 8
+"""Reward failures on a mini-batch's worth of samples (at least this many) before any sample was
+scored mean the reward cannot score: the run ends naming the function (training on zeros would
+learn nothing, silently)."""
 
 End = Callable[..., None]
 _RECORDED_ONLY = frozenset({SampleBegin, SampleResumed})
@@ -86,6 +91,7 @@ class Applier:
         self.batches, self.intents, self.cuts, self.finale, self.tally = batches, intents, cuts, finale, tally
         self.emit, self.end, self.snapshot = emit, end, snapshot
         self.supervisor = supervisor
+        self._unscored: set[str] = set()  # samples whose RewardFailed came, their SampleEnd not yet
 
     def apply(self, ev: Event) -> None:
         st = self.state
@@ -110,6 +116,8 @@ class Applier:
                 self._replica_down(ev)
             case SampleEnd():
                 self._sample_end(ev)
+            case RewardFailed():
+                self._reward_failed(ev)
             case SampleAborted():
                 if ev.reason == "failed" or ev.partial is not None:
                     self.inflight.finished(ev.sample_id, ev.group_id, ev.replica_id)
@@ -197,8 +205,25 @@ class Applier:
         r.rate.start(t)
 
     # -- samples and steps --------------------------------------------------------------------
+    def _reward_failed(self, ev: RewardFailed) -> None:
+        t = self.tally
+        t.reward_failures[ev.failure] += 1
+        self._unscored.add(ev.sample_id)
+        enough = max(MIN_REWARD_FAILURES_BEFORE_ENDING, self.cfg.trainer.ppo_mini_batch_size)
+        if t.rewards_scored == 0 and t.reward_failures.total() >= enough:
+            self.end(
+                "error",
+                error=f"{ev.error} — it failed on each of the run's first {t.reward_failures.total()} samples "
+                f"({', '.join(f'{n} {k}' for k, n in t.reward_failures.items())}) and scored none",
+                failed_component=ev.user_code,
+            )
+
     def _sample_end(self, ev: SampleEnd) -> None:
         s = ev.sample
+        if s.sample_id in self._unscored:
+            self._unscored.discard(s.sample_id)
+        else:
+            self.tally.rewards_scored += 1
         self.inflight.finished(s.sample_id, s.group_id, ev.replica_id)
         self.inflight.done(s.sample_id)
         if (r := self.state.replicas.get(ev.replica_id)) is not None:

@@ -58,6 +58,10 @@ class Backend(Protocol):
 
 
 class Tokenizer(Protocol):
+    """What a replica tokenizes with. A tokenizer that renders chat prompts also has
+    ``render(messages: list[ChatMessage]) -> list[int]`` (the chat template, with the
+    generation prompt); without it, a chat prompt is refused naming the cause."""
+
     eos_token_id: int
 
     def encode(self, text: str) -> list[int]: ...

@@ -44,7 +44,10 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RunConfig(_Section):
     name: Annotated[str, _d("Run name; the run id is '<name>-<random suffix>'.")] = "shunter"
     seed: Annotated[int, _d("Seed for prompts, sampling and the trainer.")] = 0
-    output_dir: Annotated[str, _d("Where the run writes events.bin, metrics.jsonl, summary.json.")] = "runs"
+    output_dir: Annotated[
+        str,
+        _d("Where runs write their folders (<output_dir>/<run_id>: events.bin, metrics.jsonl, run.log, checkpoints/)."),
+    ] = "runs"
     total_steps: Annotated[PosInt, _d("Optimizer steps to run before stopping.")] = 100
     policy: Annotated[
         str, _d("Switching policy: a built-in name (separate, lend_when_idle, colocated) or 'module:Class'.")
@@ -128,8 +131,48 @@ class ModelConfig(_Section):
 class TaskConfig(_Section):
     name: Annotated[str, _d("Built-in task (sort_digits) or 'module:Class'.")] = "sort_digits"
     reward: Annotated[
-        str, _d("Reward override 'module:function' (prompt, response, answer) -> float; empty: the task's own.")
+        str,
+        _d(
+            "Reward override 'module:function': (prompt, response, answer) or verl's (data_source, solution_str, ground_truth, extra_info), returning a float or a dict with 'score'; empty: the task's own."
+        ),
     ] = ""
+    reward_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "Each reward call's limit on a replica; a call that raises, returns junk or runs longer scores 0.0 and is counted (reward/raised, reward/returned, reward/timeout)."
+        ),
+    ] = 30.0
+    reward_threads: Annotated[
+        PosInt, _d("Worker threads per replica that run reward calls (off the replica's event loop).")
+    ] = 4
+
+
+class DataConfig(_Section):
+    train_files: Annotated[
+        list[str],
+        _d(
+            "Prompt files in verl's layout (parquet or JSONL: prompt as chat messages or a string, data_source, reward_model.ground_truth, extra_info), paths or globs; relative ones from the config file's folder. Empty: the task's own prompts."
+        ),
+    ] = []
+    val_files: Annotated[
+        list[str],
+        _d(
+            "Held-out prompt files (same layout); validation scores their first validation.prompts rows. Empty with train_files set: no validation."
+        ),
+    ] = []
+    shuffle: Annotated[bool, _d("Shuffle each epoch's order (seeded by run.seed and the epoch).")] = True
+    epochs: Annotated[
+        NonNegInt,
+        _d(
+            "Passes over train_files; when they are done the run trains what it has and ends. 0: no end but total_steps."
+        ),
+    ] = 0
+    max_prompt_tokens: Annotated[
+        NonNegInt,
+        _d(
+            "Prompts longer than this are left out at load (counted in the run summary); 0: rollout.max_model_len - rollout.max_tokens."
+        ),
+    ] = 0
 
 
 class RolloutConfig(_Section):
@@ -314,6 +357,7 @@ class EngineConfig(_Section):
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     validation: ValidationConfig = msgspec.field(default_factory=ValidationConfig)
@@ -383,6 +427,14 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> En
         if str(folder) not in paths:
             paths.append(str(folder))
     run["import_paths"] = paths
+    files = data.get("data")
+    if isinstance(files, dict):  # dataset paths and globs from the config's folder
+        for key in ("train_files", "val_files"):
+            if isinstance(files.get(key), list):
+                files[key] = [
+                    f if not isinstance(f, str) or Path(f).expanduser().is_absolute() else str(p.resolve().parent / f)
+                    for f in files[key]
+                ]
     ro = data.get("rollout")
     if isinstance(ro, dict) and isinstance(ro.get("length_dist"), str):
         ro["length_dist"] = lengths.resolved(ro["length_dist"], p.resolve().parent)
@@ -454,13 +506,22 @@ def check(cfg: EngineConfig) -> None:
 
 
 def _check_task(cfg: EngineConfig) -> None:
-    """The task and the reward override load (the replicas load them again, in their processes)."""
+    """The task and the reward override load (the replicas load them again, in their processes),
+    and the dataset's files exist (their rows are checked when the run loads them)."""
+    from shunter.engine.datasets import DataError, expand
     from shunter.engine.tasks import load_reward, load_task
 
     try:
         load_task(cfg.task.name)
     except ValueError as e:
         raise ConfigError(f"task.name = {cfg.task.name!r}: {e}") from None
+    for key in ("train_files", "val_files"):
+        try:
+            expand(getattr(cfg.data, key), what=f"data.{key}")
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+    if cfg.data.val_files and not cfg.data.train_files:
+        raise ConfigError("data.val_files is set without data.train_files: give the training files too")
     if cfg.task.reward:
         try:
             load_reward(cfg.task.reward)

@@ -116,13 +116,13 @@ def plan(
         if avail < B:
             return batches
         while len(picks) < B:  # then the first finished of any level the batch may hold
-            gid = next(fill, None)
-            if gid is None:
+            more = next(fill, None)
+            if more is None:
                 return batches
-            lv = level_of(gid)
-            if gid not in taken and lv >= floor:
-                picks.append(gid)
-                taken.add(gid)
+            lv = level_of(more)
+            if more not in taken and lv >= floor:
+                picks.append(more)
+                taken.add(more)
                 left[lv] -= 1
         for gid in picks:
             counts[level_of(gid)] -= 1

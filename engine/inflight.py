@@ -85,6 +85,8 @@ class InFlight:
         self.prompts_taken = 0
         self.paused = False
         """Set when the run ends: nothing new starts."""
+        self.exhausted = False
+        """The prompt stream ended (a dataset's ``data.epochs`` are done): no new group will start."""
         self.groups_wanted: int | None = None
         """Groups the run trains in all (None: no end known, as when a user's loop trains)."""
 
@@ -225,8 +227,12 @@ class InFlight:
         """Continue from a checkpoint: its unfinished samples wait to resume; the prompt
         stream skips what was taken."""
         self.resumes = deque(p for p in in_flight if self.buffer.group(p.group_id) is not None)
-        for _ in range(prompts_taken):
-            next(self.prompts, None)
+        skip = getattr(self.prompts, "skip", None)  # a dataset's stream moves on in O(1)
+        if callable(skip):
+            skip(prompts_taken)
+        else:
+            for _ in range(prompts_taken):
+                next(self.prompts, None)
         self.prompts_taken = prompts_taken
 
     # -- the pump ------------------------------------------------------------------------
@@ -291,6 +297,7 @@ class InFlight:
                 return  # enough to finish the run: the replicas' time goes to the groups it needs
             prompt = next(self.prompts, None)
             if prompt is None:
+                self.exhausted = True
                 return
             self.prompts_taken += 1
             g = self.buffer.open(prompt, self.state.replicas[rid].version)

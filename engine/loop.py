@@ -327,6 +327,20 @@ class Coordinator:
         if self._opened and not self.finale.finishing and self.ended is None:
             self._stage = "pump"
             self.inflight.pump()
+            if self.inflight.exhausted and self._out_of_data():
+                self.finale.begin()  # the dataset's epochs are done: the run ends as completed
+
+    def _out_of_data(self) -> bool:
+        """No prompt left, none generating, no batch to train: an engine-driven run has nothing
+        more to do (a user's loop hears it from ``next_batch``)."""
+        b, t = self.buffer, self.state.trainer
+        return (
+            self.state.trainer_driver == "engine"
+            and not b.in_flight
+            and b.ready_batches(t.version) == 0
+            and t.state == "idle"
+            and self.batches.training is None
+        )
 
     def _decide(self, event: Event) -> None:
         self._stage = "decide"
@@ -385,6 +399,11 @@ class Coordinator:
             return f"the run ended ({e.reason}" + (f": {e.error})" if e.error else ")")
         if self.finale.finishing:
             return "the run is ending (total_steps reached or Stop): no new groups start"
+        if self.inflight.exhausted and not self.buffer.in_flight:
+            return (
+                f"the dataset is exhausted (data.epochs): {self.inflight.prompts_taken} prompts taken, "
+                f"{self.buffer.ready} ready groups do not fill a mini-batch"
+            )
         return self.batches.why_none(self.dispatcher)
 
     def view(self) -> EngineView:
@@ -476,6 +495,9 @@ class Coordinator:
         extra = {"coordinator/policy_failures": float(self.guard.failures)} if self.guard.failures else {}
         if self.inflight.moved:
             extra["rollout/moved_to_lane"] = float(self.inflight.moved)
+        data_metrics = getattr(self.inflight.prompts, "metrics", None)  # a dataset's stream
+        if callable(data_metrics):
+            extra.update(data_metrics())
         return self.tally.summary(steps=t.step, version=t.version, buffer=self.buffer.counters(), extra=extra)
 
     # -- checkpoints -------------------------------------------------------------------------

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
-import numbers
 from collections.abc import AsyncIterator, Callable
 from typing import Literal, TypeVar
 
@@ -29,7 +27,9 @@ import msgspec
 
 from shunter.engine import lengths
 from shunter.engine.backend import Backend, GenParams, Tokenizer
-from shunter.engine.errors import describe, type_name
+from shunter.engine.errors import describe
+from shunter.engine.rewards import InlineRewards, Rewards, ThreadRewards
+from shunter.engine.tasks import as_scorer
 from shunter.events import (
     CommandFailed,
     CutSamples,
@@ -42,6 +42,7 @@ from shunter.events import (
     ModeChanged,
     Order,
     PromptSpec,
+    RewardFailed,
     RunValidation,
     Sample,
     SampleAborted,
@@ -60,7 +61,9 @@ from shunter.events import (
 )
 from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, ServingMode, WeightUpdate
 
-Reward = Callable[[str, str, str], float]
+Reward = Callable[..., object]
+"""A task's ``(prompt, response, answer)`` or verl's ``(data_source, solution_str, ground_truth,
+extra_info)``, returning a float (or verl's dict with ``"score"``): see ``shunter.engine.tasks.as_scorer``."""
 E = TypeVar("E", bound=Event)
 Running = Literal["", "weights_update", "reclaimed", "rebalanced", "shutdown"]
 """A running request's state: "" while it runs, else why it is being cut."""
@@ -87,12 +90,20 @@ class RolloutCore:
         version: int = 0,
         max_model_len: int = 0,
         weight_update: WeightUpdate = "abort",
+        reward_timeout_s: float = 0.0,
+        reward_threads: int = 4,
     ) -> None:
+        """``reward_timeout_s > 0``: rewards run in ``reward_threads`` worker threads, each call
+        bounded; 0: on this loop, unbounded (in-process fakes and the simulator)."""
         self.replica_id = replica_id
         self.backend = backend
         self.tok = tokenizer
-        self.reward = reward
         self.reward_name = reward_name
+        self.rewards: Rewards = (
+            ThreadRewards(as_scorer(reward), timeout_s=reward_timeout_s, threads=reward_threads)
+            if reward_timeout_s > 0
+            else InlineRewards(as_scorer(reward))
+        )
         self.stamp = stamp
         self.mode = mode
         self.version = version  # of the weights the backend starts with (a checkpoint's, on resume)
@@ -150,23 +161,37 @@ class RolloutCore:
         hands them over sample by sample)."""
         return [e for evs in [x async for x in self.generate_stream(cmd)] for e in evs]
 
+    def prompt_ids(self, p: PromptSpec) -> list[int]:
+        """A prompt's token ids: a chat prompt through the tokenizer's chat template (with the
+        generation prompt), a plain one as its text."""
+        if not p.messages:
+            return self.tok.encode(p.text)
+        render = getattr(self.tok, "render", None)
+        if render is None:
+            raise TypeError(f"the tokenizer {type(self.tok).__name__} renders no chat prompts")
+        ids: list[int] = render(p.messages)
+        return ids
+
+    def _refuse(self, cmd: Generate, why: str) -> CommandFailed:
+        return self._stamp(
+            CommandFailed(command_kind=tag_of(cmd), target=self.replica_id, group_id=cmd.group_id, error=why)
+        )
+
     async def generate_stream(self, cmd: Generate) -> AsyncIterator[list[Event]]:
         """Generate a group's samples (or resume its partials); yield each sample's events as
         that sample ends (a failure: one ``CommandFailed`` per order, the first)."""
-        prompt_ids = self.tok.encode(cmd.prompt.text)
+        try:
+            prompt_ids = self.prompt_ids(cmd.prompt)
+        except Exception as e:  # noqa: BLE001 - a chat prompt the tokenizer cannot render: the group is dropped
+            yield [self._refuse(cmd, f"prompt {cmd.prompt.prompt_id} cannot be tokenized: {describe(e, limit=300)}")]
+            return
         need = len(prompt_ids) + cmd.sampling.max_tokens
         if self.max_model_len and need > self.max_model_len:  # refuse before vLLM sees it; the group is dropped
             yield [
-                self._stamp(
-                    CommandFailed(
-                        command_kind=tag_of(cmd),
-                        target=self.replica_id,
-                        group_id=cmd.group_id,
-                        error=(
-                            f"prompt {cmd.prompt.prompt_id} is {len(prompt_ids)} tokens; with rollout.max_tokens = "
-                            f"{cmd.sampling.max_tokens} it needs {need} > rollout.max_model_len = {self.max_model_len}"
-                        ),
-                    )
+                self._refuse(
+                    cmd,
+                    f"prompt {cmd.prompt.prompt_id} is {len(prompt_ids)} tokens; with rollout.max_tokens = "
+                    f"{cmd.sampling.max_tokens} it needs {need} > rollout.max_model_len = {self.max_model_len}",
                 )
             ]
             return
@@ -264,7 +289,7 @@ class RolloutCore:
             return ev
         if s.finish_reason == "abort":
             s = msgspec.structs.replace(s, finish_reason="length")
-        return ev + self._finish(s, prompt)
+        return ev + await self._finish(s, prompt)
 
     def _budget(self, sp: SamplingSpec, sample_id: str) -> int:
         """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist``
@@ -281,39 +306,27 @@ class RolloutCore:
             stop_token_ids=(self.tok.eos_token_id,),
         )
 
-    def _finish(self, s: Sample, prompt: PromptSpec) -> list[Event]:
+    async def _finish(self, s: Sample, prompt: PromptSpec) -> list[Event]:
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
         text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
-        try:
-            r = self.reward(prompt.text, text, prompt.answer)
-        except Exception as e:  # noqa: BLE001 - report the user's reward error, drop the group
-            return self._reward_failed(s, f"raised {describe(e)}")
-        if not isinstance(r, numbers.Real) or not math.isfinite(float(r)):
-            return self._reward_failed(s, f"returned {type_name(r)}; expected a finite float")
-        s = msgspec.structs.replace(s, reward=float(r), response_text=text)
-        return [self._stamp(SampleEnd(replica_id=self.replica_id, sample=s))]
-
-    def _reward_failed(self, s: Sample, what: str) -> list[Event]:
-        return [
-            self._stamp(
-                SampleAborted(
-                    sample_id=s.sample_id,
-                    group_id=s.group_id,
-                    replica_id=self.replica_id,
-                    reason="failed",
-                    tokens=len(s.token_ids),
+        scored = await self.rewards.score(prompt, text)  # off this loop, bounded (engine.rewards)
+        s = msgspec.structs.replace(s, reward=scored.reward, response_text=text)
+        out: list[Event] = []
+        if scored.failure:
+            out.append(
+                self._stamp(
+                    RewardFailed(
+                        replica_id=self.replica_id,
+                        sample_id=s.sample_id,
+                        group_id=s.group_id,
+                        failure=scored.failure,
+                        error=f"reward function {self.reward_name} {scored.error}",
+                        user_code=self.reward_name,
+                    )
                 )
-            ),
-            self._stamp(
-                CommandFailed(
-                    command_kind=tag_of(Generate),
-                    target=self.replica_id,
-                    group_id=s.group_id,
-                    error=f"reward function {self.reward_name} {what}",
-                    user_code=self.reward_name,
-                )
-            ),
-        ]
+            )
+        out.append(self._stamp(SampleEnd(replica_id=self.replica_id, sample=s)))
+        return out
 
     def _aborted(self, s: Sample, reason: AbortReason, *, partial: bool) -> SampleAborted:
         return self._stamp(
@@ -523,17 +536,17 @@ class RolloutCore:
 
         async def one(p: PromptSpec) -> float:
             rid = f"{self.replica_id}-val-{next(self._req)}"
-            res = await self.backend.generate(rid, self.tok.encode(p.text), params)
-            text = self.tok.decode([t for t in res.token_ids if t != self.tok.eos_token_id])
             try:
-                r = self.reward(p.text, text, p.answer)
+                ids = self.prompt_ids(p)
             except Exception as e:  # noqa: BLE001 - counted and reported below
-                errors.append(describe(e, limit=500))
+                errors.append(f"prompt {p.prompt_id} cannot be tokenized: {describe(e, limit=300)}")
                 return 0.0
-            if not isinstance(r, numbers.Real) or not math.isfinite(float(r)):
-                errors.append(f"returned {type_name(r)}")
-                return 0.0
-            return float(r)
+            res = await self.backend.generate(rid, ids, params)
+            text = self.tok.decode([t for t in res.token_ids if t != self.tok.eos_token_id])
+            scored = await self.rewards.score(p, text)
+            if scored.failure:
+                errors.append(scored.error)
+            return scored.reward
 
         async with self._stable:
             version = self.version
@@ -550,7 +563,7 @@ class RolloutCore:
                         command_kind=tag_of(RunValidation),
                         target=self.replica_id,
                         user_code=self.reward_name,
-                        error=f"reward function {self.reward_name} raised on {len(errors)} "
+                        error=f"reward function {self.reward_name} failed on {len(errors)} "
                         f"held-out prompts (scored 0), first: {errors[0]}",
                     )
                 )
@@ -560,6 +573,7 @@ class RolloutCore:
     async def shutdown(self) -> list[Event]:
         self._evicting = True
         await self._cut("shutdown")
+        self.rewards.close()
         return []
 
 

@@ -39,6 +39,8 @@ class CoordinatorSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     rewards: list[float] = []
     validations: list[ValidateEnd] = []
     failed_groups: int = 0
+    rewards_scored: int = 0
+    reward_failures: dict[str, int] = {}
 
 
 def encode(snap: CoordinatorSnapshot) -> bytes:
@@ -86,6 +88,8 @@ def take(c: Coordinator) -> CoordinatorSnapshot:
         rewards=list(tally.rewards),
         validations=list(tally.validations),
         failed_groups=tally.failed_groups,
+        rewards_scored=tally.rewards_scored,
+        reward_failures=dict(tally.reward_failures),
     )
 
 
@@ -108,3 +112,5 @@ def restore(c: Coordinator, snap: CoordinatorSnapshot) -> None:
         failed_groups=snap.failed_groups,
         wall_s=snap.wall_s,
     )
+    c.tally.rewards_scored = snap.rewards_scored
+    c.tally.reward_failures.update(snap.reward_failures)

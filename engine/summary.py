@@ -7,6 +7,7 @@ resume, so a resumed run's summary covers the whole run, not only its last attem
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from shunter.events import ValidateEnd
@@ -21,6 +22,10 @@ class Tally:
         """Mean reward of each trained batch, in order."""
         self.validations: list[ValidateEnd] = []
         self.failed_groups = 0
+        self.rewards_scored = 0
+        """Samples the reward function scored."""
+        self.reward_failures: Counter[str] = Counter()
+        """Samples scored 0.0 because the reward failed, by ``RewardFailure``."""
 
     def wall_s(self) -> float:
         return self.clock() - self.started_at
@@ -50,5 +55,7 @@ class Tally:
                 out[f"validate/{key}_first"] = val
             for key, val in self.validations[-1].metrics.items():
                 out[f"validate/{key}_last"] = val
+        for failure, n in self.reward_failures.items():
+            out[f"reward/{failure}"] = float(n)
         out.update(extra)
         return out

@@ -41,11 +41,12 @@ from transformers import (
 )
 
 from .tasks import Task, TaskPrompt, load_task
+from .tasks.sort_digits import SEPARATOR
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 SYMBOLS = [EOS, PAD, *string.ascii_lowercase, *string.digits, "+", "=", ">", ","]
 MARKER = "shunter_model.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the tokenizer has a chat template
 SFT_SEED_OFFSET = 1_000_003  # SFT prompts come from train stream seed + this, not an RL seed
 SFT_BATCH, SFT_LR = 64, 1e-3
 BUILD_THREADS = 1  # the model is tiny; 2+ OpenMP threads crawl (30x) when the CPU is shared
@@ -87,15 +88,25 @@ MODEL_FILES = {
 assert len(SYMBOLS) == 42
 
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}" + SEPARATOR + "{% endif %}"
+)
+"""The tiny vocab has no room for role markers: a chat renders as its messages' contents, then
+the task's separator as the generation prompt — ``[{"role": "user", "content": "31942"}]``
+renders as ``"31942>"``, the sort task's own prompt, so the CPU path exercises the template."""
+
+
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE without merges over the 42 symbols; encode adds nothing."""
+    """Byte-level BPE without merges over the 42 symbols; encode adds nothing; a chat template."""
     backend = Tokenizer(models.BPE({s: i for i, s in enumerate(SYMBOLS)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (EOS, PAD)])
-    return PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=EOS, pad_token=PAD, add_bos_token=False, add_eos_token=False
     )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def build_config(preset: str = "tiny") -> Qwen2Config:

@@ -14,7 +14,7 @@ from shunter.events.codec import (
     ORDER_TYPES,
     Codec,
 )
-from shunter.events.data import Batch, PromptSpec, Sample, SamplingSpec, group_of, sample_id
+from shunter.events.data import Batch, ChatMessage, PromptSpec, Sample, SamplingSpec, group_of, sample_id
 from shunter.events.intents import (
     Consolidate,
     LoadWeights,
@@ -74,6 +74,7 @@ from shunter.events.replicas import (
 from shunter.events.rollout import (
     BatchReady,
     GroupDropped,
+    RewardFailed,
     SampleAborted,
     SampleBegin,
     SampleEnd,
@@ -138,6 +139,7 @@ __all__ = [
     "Order",
     "PolicyFailed",
     "PolicySlow",
+    "ChatMessage",
     "PromptSpec",
     "Publish",
     "PublishWeights",
@@ -155,6 +157,7 @@ __all__ = [
     "RunStarted",
     "RunValidation",
     "Sample",
+    "RewardFailed",
     "SampleAborted",
     "SampleBegin",
     "SampleEnd",

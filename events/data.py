@@ -13,19 +13,35 @@ resumed on new weights carries two versions.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import msgspec
 
 from shunter.events.vocab import FinishReason
 
 
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One message of a chat prompt (a dataset row's ``prompt`` in verl's layout)."""
+
+    role: str
+    content: str
+
+
 class PromptSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One prompt of the task; the rollout replica tokenizes ``text`` with its own tokenizer."""
+    """One prompt of the task or dataset. The rollout replica tokenizes it with its own
+    tokenizer: ``messages`` through the tokenizer's chat template (with the generation
+    prompt), else ``text`` as is."""
 
     prompt_id: int
-    text: str
+    text: str = ""
     answer: str = ""
-    """What the reward function compares against (task specific)."""
+    """What the reward function compares against (a dataset row's ``reward_model.ground_truth``)."""
+    messages: list[ChatMessage] = []
+    """A chat prompt; when given, ``text`` is unused."""
+    data_source: str = ""
+    """Which reward rule applies (verl's ``data_source``; a task's prompts leave it empty)."""
+    extra_info: dict[str, Any] = {}
+    """A dataset row's ``extra_info``, handed to the reward function."""
 
 
 class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -39,6 +39,15 @@ CASES: list[e.Message] = [
     e.CommandFailed(command_kind="rollout.generate", target="standalone-0", error="died", group_id=3, **ENV),
     e.SampleBegin(sample_id="3.1", group_id=3, replica_id="standalone-0", version=1, **ENV),
     e.SampleEnd(replica_id="standalone-0", sample=SAMPLE, **ENV),
+    e.RewardFailed(
+        replica_id="standalone-0",
+        sample_id="7.0",
+        group_id=7,
+        failure="timeout",
+        error="took longer than task.reward_timeout_s = 30 s",
+        user_code="my_reward:compute_score",
+        **ENV,
+    ),
     e.SampleAborted(
         sample_id="3.1", group_id=3, replica_id="hybrid-1", reason="reclaimed", tokens=2, partial=SAMPLE, **ENV
     ),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shunter.events.base import Event
 from shunter.events.data import Sample
-from shunter.events.vocab import AbortReason, DropReason
+from shunter.events.vocab import AbortReason, DropReason, RewardFailure
 
 
 class SampleBegin(Event, frozen=True, kw_only=True, tag="rollout.sample_begin"):
@@ -34,6 +34,23 @@ class SampleEnd(Event, frozen=True, kw_only=True, tag="rollout.sample_end"):
 
     replica_id: str
     sample: Sample
+
+
+class RewardFailed(Event, frozen=True, kw_only=True, tag="rollout.reward_failed"):
+    """The reward function failed on a finished sample, which is scored 0.0 and trained on.
+
+    ``replica -> coordinator, policy``, just before the sample's ``SampleEnd``: the coordinator
+    counts it (``reward/raised``, ``reward/returned``, ``reward/timeout`` in the run summary) and
+    ends the run when the reward failed on a mini-batch's worth of samples before scoring any;
+    the run log has a line for the 1st, 10th, 100th … of each ``failure``."""
+
+    replica_id: str
+    sample_id: str
+    group_id: int
+    failure: RewardFailure
+    error: str
+    user_code: str
+    """The reward function's ``"module:name"`` (or the task's)."""
 
 
 class SampleAborted(Event, frozen=True, kw_only=True, tag="rollout.sample_aborted"):

@@ -26,7 +26,8 @@ AbortReason = Literal["weights_update", "reclaimed", "rebalanced", "replica_down
 """Why a generation was cut: new weights on the same replica (it resumes there); the replica
 went back to the trainer (``reclaimed``) or shed load (``rebalanced``) or died
 (``replica_down``) — the partial resumes elsewhere; the run is shutting down; or the sample's
-reward function raised (``failed``: its group is dropped)."""
+reward function raised (``failed``, its group dropped: in logs written before a failed reward
+scored 0.0 — see ``RewardFailure``)."""
 DropReason = Literal["stale", "failed", "run_end"]
 """Why a prompt group left the buffer untrained: past the staleness bound (``on_stale =
 "drop"``), a generation or reward failure, or still in flight when the run ended."""
@@ -38,6 +39,9 @@ swaps the weights and resumes each from prompt + prefix (re-prefilled on the new
 ``keep`` pauses them with their KV cache, swaps, and lets them go on (tokens after the swap
 come from the new weights attending to context computed by the old — PipelineRL's in-flight
 update; no re-prefill)."""
+RewardFailure = Literal["", "raised", "returned", "timeout"]
+"""Why a sample's reward is 0.0 without being scored: the reward function raised, returned
+something other than a finite number, or outlived ``task.reward_timeout_s`` ("": it was scored)."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
 RejectReason = Literal[
@@ -72,6 +76,7 @@ VOCABULARIES: dict[str, tuple[str, ...]] = {
         ("DropReason", DropReason),
         ("FinishReason", FinishReason),
         ("StatePart", StatePart),
+        ("RewardFailure", RewardFailure),
         ("WeightUpdate", WeightUpdate),
         ("RejectReason", RejectReason),
     )

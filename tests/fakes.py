@@ -84,6 +84,10 @@ class CharTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(ALPHABET[i] for i in ids if i)
 
+    def render(self, messages) -> list[int]:
+        """The tiny model's chat template: the contents, then the sort task's separator."""
+        return self.encode("".join(m.content for m in messages) + ">")
+
 
 class FakeBackend:
     """Answers the sort task correctly (sorted prompt digits, then eos), one token per
@@ -254,6 +258,7 @@ def local_run(
     checkpoints=None,
     resume=None,
     check_codec: bool = True,
+    prompts=None,
 ):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
     and a ``TrainerHost`` around ``FakeTrainerCore``, on the loop's clock (run it under
@@ -261,17 +266,19 @@ def local_run(
 
     ``checkpoints``: a folder for the run's checkpoints; ``resume``: a checkpoint folder to
     continue from (trainer, replicas' weight version and coordinator restored from it);
-    ``check_codec``: every message goes through the codec (``round_trip``)."""
+    ``check_codec``: every message goes through the codec (``round_trip``); ``prompts``:
+    (training stream, validation prompts) instead of the task's (a dataset's, say)."""
     from pathlib import Path
 
     from shunter.engine import snapshot
     from shunter.engine.checkpoint import CheckpointStore
+    from shunter.engine.datasets import run_prompts
     from shunter.engine.local import LocalExecutor
     from shunter.engine.loop import Coordinator
     from shunter.engine.rollout import RolloutCore
     from shunter.engine.tasks import load_task
     from shunter.engine.trainer_host import TrainerHost
-    from shunter.events import PromptSpec, RankAssigned, ReplicaRestart, ReplicaUp, Stamper
+    from shunter.events import RankAssigned, ReplicaRestart, ReplicaUp, Stamper
     from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
     from shunter.policies import make_policy
 
@@ -313,19 +320,13 @@ def local_run(
         max_tokens=cfg.rollout.max_tokens,
         clock=loop_clock,
     )
-    prompts = (
-        PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed))
-    )
-    val = [
-        PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
-        for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))
-    ]
+    stream, val = run_prompts(cfg) if prompts is None else prompts
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
     coord = Coordinator(
         cfg,
         policy or make_policy(cfg.run.policy, cfg.run.policy_options),
         executor,
-        prompts,
+        stream,
         run_id=run_id,
         validation_prompts=val,
         checkpoints=store,

@@ -7,21 +7,27 @@ are resolved only from names the user gives (built-in short names or "module:att
 from .base import (
     BUILTIN_TASKS,
     RewardFn,
+    Scorer,
     Task,
     TaskPrompt,
+    as_scorer,
     is_held_out,
     load_reward,
     load_task,
+    score_of,
 )
 from .sort_digits import SortDigitsTask
 
 __all__ = [
     "BUILTIN_TASKS",
     "RewardFn",
+    "Scorer",
     "SortDigitsTask",
     "Task",
     "TaskPrompt",
+    "as_scorer",
     "is_held_out",
     "load_reward",
     "load_task",
+    "score_of",
 ]

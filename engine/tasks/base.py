@@ -20,9 +20,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from shunter.events.data import PromptSpec
 from shunter.policies.registry import import_object
 
 RewardFn = Callable[[str, str, str], float]
+"""A task's reward: ``(prompt, response, answer) -> float``."""
+Scorer = Callable[[PromptSpec, str], object]
+"""What a replica calls on each finished sample: ``(prompt, response) -> float`` (or verl's dict
+with ``"score"``); :func:`as_scorer` makes one of either signature a user writes."""
+VERL_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 BUILTIN_TASKS: dict[str, str] = {
     "sort_digits": "shunter.engine.tasks.sort_digits:SortDigitsTask",
@@ -101,10 +107,45 @@ def load_task(name_or_import: str) -> Task:
     return task
 
 
-def load_reward(spec: str) -> RewardFn:
-    """Import a reward function ``(prompt, response, answer) -> float`` by ``"module:function"``."""
+def load_reward(spec: str) -> Callable[..., object]:
+    """Import a reward function by ``"module:function"``: a task's ``(prompt, response, answer)``
+    or verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``."""
     fn = import_object(spec, "reward")
     if not callable(fn) or isinstance(fn, type):
         raise ValueError(f"reward spec {spec!r}: {fn!r} is not a callable function")
-    reward: RewardFn = fn
+    as_scorer(fn)  # the signature is one of the two
+    reward: Callable[..., object] = fn
     return reward
+
+
+def as_scorer(fn: Callable[..., object]) -> Scorer:
+    """The replica's call for a reward function of either signature: verl's ``(data_source,
+    solution_str, ground_truth, extra_info)`` when it names one of those parameters or requires 4
+    positional arguments, else a task's ``(prompt, response, answer)``. One that cannot be
+    called either way is a ``ValueError`` naming both."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: take it as a task's
+        params = []
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p for p in positional if p.default is p.empty]
+    name = getattr(fn, "__qualname__", repr(fn))
+    verl = bool({p.name for p in positional} & set(VERL_PARAMS[:3])) or len(required) == 4
+    if verl and (len(required) <= 4 <= len(positional) or varargs):
+        return lambda p, response: fn(p.data_source, response, p.answer, dict(p.extra_info))
+    if not params or len(required) <= 3 <= len(positional) or varargs:
+        return lambda p, response: fn(p.text, response, p.answer)
+    raise ValueError(
+        f"reward function {name} takes {len(positional)} positional arguments; a reward takes 3, "
+        f"(prompt, response, answer), or verl's 4, ({', '.join(VERL_PARAMS)})"
+    )
+
+
+def score_of(result: object) -> object:
+    """A reward's result as the number it scores: a float, or verl's dict's ``"score"``."""
+    if isinstance(result, dict):
+        return result.get("score", result)
+    return result

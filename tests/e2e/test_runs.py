@@ -110,8 +110,12 @@ async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tm
     their KV cache (``pause_generation(mode="keep")``), swaps the weights and lets them go on —
     nothing is cut or resumed, and each token's version is vLLM's own label of the weights that
     sampled it (its weight-version spans)."""
-    cfg = config(
-        tiny_model, tmp_path, run={"total_steps": 8}, rollout={"weight_update": "keep"}, validation={"every": 0}
+    cfg = config(  # 20 tokens a sample (eos ignored): requests are running when loads come, however fast the trainer
+        tiny_model,
+        tmp_path,
+        run={"total_steps": 8},
+        rollout={"weight_update": "keep", "ignore_eos": True, "max_tokens": 20},
+        validation={"every": 0},
     )
     events, _ = await run_collect(cfg, timeout=300)
     assert events[-1].reason == "completed", events[-1]

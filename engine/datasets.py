@@ -1,0 +1,276 @@
+"""Prompt datasets from files in verl's layout (parquet or JSONL), and the stream a run draws.
+
+A row holds ``prompt`` (a list of chat messages ``{"role", "content"}``, or a plain string
+for a base model), ``data_source`` (a string: which reward rule applies), ``reward_model``
+(a struct whose ``ground_truth`` the reward compares against; ``style`` is ignored) and,
+optionally, ``extra_info`` (a struct passed to the reward function as a dict). Other columns
+are ignored. Files are read with pyarrow (``pyarrow.parquet``, ``pyarrow.json``); a file
+that cannot be read, lacks a column or holds a value of the wrong type raises
+:class:`DataError` naming the file, the row and the field.
+
+Invariants:
+
+- the training stream is a pure function of the rows and the seed: epoch ``e`` visits every
+  kept row once, in the order ``random.Random(f"{seed}:{e}")`` shuffles them to (file order
+  with ``shuffle = False``), so a run resumed after ``k`` prompts continues the same epoch
+  at the same place (:meth:`PromptStream.skip`);
+- a prompt longer than the room the context leaves (``max_prompt_tokens``) never reaches a
+  replica: it is filtered out once at load, counted per file and reported, never a crash;
+- prompt ids are the row's position in the stream (``epoch * rows + i``) for training and
+  ``-1 - i`` for validation, so the two never collide.
+
+Nothing here imports torch, Ray or vLLM; pyarrow is imported when a file is read.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import random
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shunter.events import ChatMessage, PromptSpec
+
+if TYPE_CHECKING:
+    from shunter.engine.config import EngineConfig
+
+SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
+
+
+class DataError(ValueError):
+    """A dataset file cannot be used: the message names the file, and the row and field where known."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One prompt as a file holds it (before the stream numbers it)."""
+
+    messages: tuple[ChatMessage, ...]
+    """The chat prompt; empty when the row gives a plain string (``text``)."""
+    text: str
+    data_source: str
+    ground_truth: str
+    extra_info: dict[str, Any]
+    where: str
+    """``file:row`` (1-based), for messages that name it."""
+
+    def spec(self, prompt_id: int) -> PromptSpec:
+        return PromptSpec(
+            prompt_id=prompt_id,
+            text=self.text,
+            answer=self.ground_truth,
+            messages=list(self.messages),
+            data_source=self.data_source,
+            extra_info=self.extra_info,
+        )
+
+
+def expand(paths: Sequence[str], base: Path | None = None, what: str = "data.train_files") -> list[Path]:
+    """Paths and globs (relative ones from ``base``) -> the files, in the order given, each once."""
+    out: list[Path] = []
+    for p in paths:
+        raw = Path(p).expanduser()
+        full = raw if raw.is_absolute() or base is None else base / raw
+        hits = sorted(glob.glob(str(full), recursive=True)) if glob.has_magic(str(full)) else [str(full)]
+        if not hits:
+            raise DataError(f"{what}: {p!r} matches no file")
+        for h in hits:
+            f = Path(h)
+            if not f.is_file():
+                raise DataError(f"{what}: {f} is not a file")
+            if f.suffix.lower() not in SUFFIXES:
+                raise DataError(f"{f}: unknown format {f.suffix!r}; give .parquet or .jsonl")
+            if f not in out:
+                out.append(f)
+    return out
+
+
+def _table(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    try:
+        if SUFFIXES[path.suffix.lower()] == "parquet":
+            return pq.read_table(path)
+        return pj.read_json(path)
+    except (pa.ArrowException, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = re.sub(r"in row (\d+)", lambda m: f"at line {int(m.group(1)) + 1}", first)  # pyarrow counts from 0
+        raise DataError(f"{path}: cannot be read as {SUFFIXES[path.suffix.lower()]}: {first}") from None
+
+
+def _text(value: Any, where: str, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        raise DataError(f"{where}: field {name!r} is {_kind(value)}; expected a string")
+    if isinstance(value, int | float):
+        return str(value)  # a numeric answer: the reward compares text
+    raise DataError(f"{where}: field {name!r} is {_kind(value)}; expected a string")
+
+
+def _kind(value: Any) -> str:
+    return "missing (null)" if value is None else type(value).__name__
+
+
+def _messages(value: Any, where: str) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: field 'prompt' is {_kind(value)}; expected a list of chat messages or a string")
+    out = []
+    for k, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: field 'prompt[{k}]' is {m!r:.80}; expected {{'role': str, 'content': str}}")
+        out.append(ChatMessage(role=m["role"], content=m["content"]))
+    return tuple(out)
+
+
+def read_rows(path: Path) -> list[Row]:
+    """Every row of one file, checked; ``DataError`` names the file, row and field at fault."""
+    table = _table(path)
+    if table.num_rows == 0:
+        raise DataError(f"{path}: holds no rows")
+    missing = [c for c in ("prompt", "reward_model") if c not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (it has {', '.join(table.column_names)})")
+    cols = {
+        c: table.column(c).to_pylist()
+        for c in ("prompt", "reward_model", "data_source", "extra_info")
+        if c in table.column_names
+    }
+    rows = []
+    for i in range(table.num_rows):
+        where = f"{path}:row {i + 1}"
+        prompt = cols["prompt"][i]
+        messages, text = ((), prompt) if isinstance(prompt, str) else (_messages(prompt, where), "")
+        rm = cols["reward_model"][i]
+        if not isinstance(rm, dict) or "ground_truth" not in rm:
+            raise DataError(f"{where}: field 'reward_model' is {rm!r:.80}; expected a struct with 'ground_truth'")
+        source = cols.get("data_source", [None] * table.num_rows)[i]
+        extra = cols.get("extra_info", [None] * table.num_rows)[i]
+        if extra is not None and not isinstance(extra, dict):
+            raise DataError(f"{where}: field 'extra_info' is {_kind(extra)}; expected a struct (a dict)")
+        rows.append(
+            Row(
+                messages=messages,
+                text=text,
+                data_source=path.stem if source is None else _text(source, where, "data_source"),
+                ground_truth=_text(rm["ground_truth"], where, "reward_model.ground_truth"),
+                extra_info=_plain(extra or {}),
+                where=where,
+            )
+        )
+    return rows
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """``extra_info`` as plain JSON values (pyarrow gives dates, decimals, bytes for some types)."""
+    out: dict[str, Any] = json.loads(json.dumps(d, default=str))
+    return out
+
+
+@dataclass
+class Dataset:
+    """The rows kept from some files, and what was left out."""
+
+    rows: list[Row]
+    files: list[Path]
+    too_long: dict[str, int] = field(default_factory=dict)
+    """file -> prompts filtered out as longer than ``max_prompt_tokens``."""
+
+    @classmethod
+    def load(
+        cls,
+        files: Sequence[Path],
+        *,
+        count_tokens: Callable[[Row], int] | None = None,
+        max_prompt_tokens: int = 0,
+    ) -> Dataset:
+        rows: list[Row] = []
+        too_long: dict[str, int] = {}
+        for f in files:
+            for r in read_rows(f):
+                if max_prompt_tokens and count_tokens is not None and count_tokens(r) > max_prompt_tokens:
+                    too_long[str(f)] = too_long.get(str(f), 0) + 1
+                else:
+                    rows.append(r)
+        if not rows:
+            raise DataError(
+                f"no prompt left in {', '.join(map(str, files))}: all {sum(too_long.values())} are longer than "
+                f"{max_prompt_tokens} tokens (rollout.max_model_len - rollout.max_tokens)"
+            )
+        return cls(rows=rows, files=list(files), too_long=too_long)
+
+
+class PromptStream(Iterator[PromptSpec]):
+    """Epoch after epoch over a dataset's rows (``epochs = 0``: without end); see the module's invariants."""
+
+    def __init__(self, data: Dataset, seed: int, *, shuffle: bool = True, epochs: int = 0) -> None:
+        self.data, self.seed, self.shuffle, self.epochs = data, seed, shuffle, epochs
+        self.taken = 0
+        self._order: list[int] = []
+        self._epoch = -1
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next prompt comes from."""
+        return self.taken // len(self.data.rows)
+
+    def _order_of(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            order = list(range(len(self.data.rows)))
+            if self.shuffle:
+                random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._order, self._epoch = order, epoch
+        return self._order
+
+    def metrics(self) -> dict[str, float]:
+        """For the run summary: rows kept, prompts left out as too long, epochs begun."""
+        return {
+            "data/rows": float(len(self.data.rows)),
+            "data/filtered_too_long": float(sum(self.data.too_long.values())),
+            "data/epoch": float(self.taken / len(self.data.rows)),
+        }
+
+    def skip(self, n: int) -> None:
+        """Move on ``n`` prompts without drawing them (a resumed run's position)."""
+        self.taken += n
+
+    def __next__(self) -> PromptSpec:
+        n = len(self.data.rows)
+        epoch, i = divmod(self.taken, n)
+        if self.epochs and epoch >= self.epochs:
+            raise StopIteration
+        row = self.data.rows[self._order_of(epoch)[i]]
+        self.taken += 1
+        return row.spec(self.taken - 1)
+
+
+def validation_specs(data: Dataset, n: int) -> list[PromptSpec]:
+    """The first ``n`` rows (file order) as validation prompts (ids ``-1, -2, ...``)."""
+    return [r.spec(-1 - i) for i, r in enumerate(data.rows[:n])]
+
+
+def run_prompts(
+    cfg: EngineConfig, data: tuple[Dataset, list[PromptSpec]] | None = None
+) -> tuple[Iterator[PromptSpec], list[PromptSpec]]:
+    """A run's training stream and validation prompts: a dataset's (``data``: its rows and
+    validation prompts, when ``data.train_files`` is set), else the task's own."""
+    if data is not None:
+        train, val = data
+        return PromptStream(train, cfg.run.seed, shuffle=cfg.data.shuffle, epochs=cfg.data.epochs), val
+    from shunter.engine.tasks import load_task
+
+    task = load_task(cfg.task.name)
+    prompts = (
+        PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed))
+    )
+    val = [
+        PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
+        for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))
+    ]
+    return prompts, val

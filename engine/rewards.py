@@ -1,0 +1,122 @@
+"""Scoring finished samples with the user's reward function, off the loop that generates.
+
+Invariants:
+
+- every call ends within ``timeout_s`` with a :class:`Scored`: a reward that raises, returns
+  something other than a finite number (or verl's dict with one under ``"score"``), or outlives
+  its timeout scores ``0.0`` and says why (``failure``, ``error``). The sample is trained on with
+  that score and the failure is reported (``RewardFailed``), never a crash, a dropped group or a
+  stall;
+- :class:`ThreadRewards` runs the calls in worker threads, so a slow reward never blocks the
+  replica's event loop (vLLM's outputs, weight loads and aborts go on); at most ``threads``
+  calls run at once, the others wait their turn — their wait counts against their timeout;
+- a call that timed out keeps its thread until the function returns (Python cannot stop a
+  thread). When every thread of the pool is held so, the next calls go to a fresh pool: a
+  reward that hangs now and then costs a thread each time, never the replica's scoring — up
+  to ``MAX_STUCK_THREADS`` held at once, after which calls wait for them and time out (a
+  reward that always hangs; the coordinator, seeing nothing but failures, ends the run).
+
+:class:`InlineRewards` calls the function on the loop itself, without a timeout: for the
+in-process fakes and the simulator, whose virtual clock must not race real threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import numbers
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import msgspec
+
+from shunter.engine.errors import describe, type_name
+from shunter.engine.tasks import Scorer, score_of
+from shunter.events import PromptSpec
+from shunter.events.vocab import RewardFailure
+
+
+class Scored(msgspec.Struct, frozen=True):
+    """One sample's score, and why it is 0.0 when the reward failed."""
+
+    reward: float
+    failure: RewardFailure = ""
+    error: str = ""
+
+
+def score_one(scorer: Scorer, prompt: PromptSpec, response: str) -> Scored:
+    """Call the reward once; its failures become a zero score with the cause."""
+    try:
+        r = score_of(scorer(prompt, response))
+    except Exception as e:  # noqa: BLE001 - the user's reward: reported, scored 0
+        return Scored(0.0, "raised", f"raised {describe(e, limit=500)}")
+    if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(float(r)):
+        return Scored(0.0, "returned", f"returned {type_name(r)}; expected a finite float (or a dict with 'score')")
+    return Scored(float(r))
+
+
+class Rewards(Protocol):
+    """What a replica scores its finished samples with."""
+
+    async def score(self, prompt: PromptSpec, response: str) -> Scored: ...
+    def close(self) -> None: ...
+
+
+class InlineRewards:
+    """On the caller's loop, no timeout (fakes and the simulator: a virtual clock)."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+
+    async def score(self, prompt: PromptSpec, response: str) -> Scored:
+        return score_one(self.scorer, prompt, response)
+
+    def close(self) -> None:
+        pass
+
+
+MAX_STUCK_THREADS = 64
+"""Threads held by calls that timed out, at most, before no fresh pool is started."""
+
+
+class ThreadRewards:
+    """In up to ``threads`` worker threads, each call bounded by ``timeout_s``."""
+
+    def __init__(self, scorer: Scorer, *, timeout_s: float, threads: int = 4) -> None:
+        self.scorer = scorer
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self._pool = self._new_pool()
+        self._stuck: dict[ThreadPoolExecutor, int] = {}  # pool -> its calls that timed out, still running
+        self.pools_started = 1
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="shunter-reward")
+
+    @property
+    def stuck(self) -> int:
+        """Threads held by calls that timed out and have not returned."""
+        return sum(self._stuck.values())
+
+    async def score(self, prompt: PromptSpec, response: str) -> Scored:
+        loop, pool = asyncio.get_running_loop(), self._pool
+        cf = pool.submit(score_one, self.scorer, prompt, response)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(cf)), self.timeout_s)
+        except TimeoutError:
+            if not cf.cancel():  # running (not just waiting its turn): its thread finishes it, unheard
+                self._stuck[pool] = self._stuck.get(pool, 0) + 1
+                cf.add_done_callback(lambda _: loop.call_soon_threadsafe(self._unstuck, pool))
+                if pool is self._pool and self._stuck[pool] >= self.threads and self.stuck < MAX_STUCK_THREADS:
+                    self._pool = self._new_pool()  # the held pool finishes its calls and goes
+                    self.pools_started += 1
+                    pool.shutdown(wait=False, cancel_futures=True)
+            return Scored(0.0, "timeout", f"took longer than task.reward_timeout_s = {self.timeout_s:g} s")
+
+    def _unstuck(self, pool: ThreadPoolExecutor) -> None:
+        self._stuck[pool] -= 1
+        if not self._stuck[pool]:
+            del self._stuck[pool]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,119 @@
+"""Reward calls as users write them go wrong: each ends within its timeout with a score of 0 and
+the cause, off the loop that generates. Real threads, no virtual clock; the slow rewards here
+block on an event the test holds (never a sleep), so what is timed is only the timeout itself."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import pytest
+
+from shunter.engine.rewards import InlineRewards, Scored, ThreadRewards, score_one
+from shunter.engine.tasks import as_scorer
+from shunter.events import PromptSpec
+
+P = PromptSpec(prompt_id=0, text="21>", answer="12", data_source="sort_digits")
+
+
+@pytest.mark.parametrize(
+    "fn, failure, error",
+    [
+        (lambda p, r, a: 1.0 / 0, "raised", "raised ZeroDivisionError"),
+        (lambda p, r, a: "1.0", "returned", "returned str '1.0'; expected a finite float"),
+        (lambda p, r, a: math.nan, "returned", "returned float"),
+        (lambda p, r, a: True, "returned", "returned bool"),
+        (lambda p, r, a: None, "returned", "returned None;"),
+        (lambda p, r, a: {"acc": 1.0}, "returned", "returned dict"),
+    ],
+)
+def test_a_reward_that_raises_or_returns_junk_scores_0_with_the_cause(fn, failure, error):
+    scored = score_one(as_scorer(fn), P, "12")
+    assert scored.reward == 0.0 and scored.failure == failure and error in scored.error
+
+
+def test_a_float_or_verls_dict_is_the_score():
+    assert score_one(as_scorer(lambda p, r, a: 1), P, "12") == Scored(1.0)
+    verl = as_scorer(lambda data_source, solution_str, ground_truth, extra_info: {"score": 0.5, "acc": 0})
+    assert score_one(verl, P, "12") == Scored(0.5)
+
+
+async def test_a_reward_that_hangs_times_out_and_the_loop_goes_on():
+    release = threading.Event()
+    entered = threading.Event()
+
+    def hangs(prompt, response, answer):
+        entered.set()
+        release.wait()
+        return 1.0
+
+    rewards = ThreadRewards(as_scorer(hangs), timeout_s=0.2, threads=2)
+    try:
+        ticks = 0
+
+        async def tick():  # the loop stays free while the reward hangs in its thread
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        async with asyncio.timeout(30):
+            scored = await rewards.score(P, "12")
+        ticker.cancel()
+        assert entered.is_set()
+        assert scored.failure == "timeout" and scored.reward == 0.0 and "task.reward_timeout_s = 0.2 s" in scored.error
+        assert ticks > 10
+    finally:
+        release.set()
+        rewards.close()
+
+
+async def test_calls_waiting_behind_hung_ones_time_out_too_and_a_working_reward_recovers():
+    release = threading.Event()
+    calls = []
+
+    def sometimes_hangs(prompt, response, answer):
+        calls.append(response)
+        if response == "hang":
+            release.wait()
+        return 1.0
+
+    rewards = ThreadRewards(as_scorer(sometimes_hangs), timeout_s=0.2, threads=1)
+    try:
+        async with asyncio.timeout(30):
+            first, queued = await asyncio.gather(rewards.score(P, "hang"), rewards.score(P, "12"))
+        assert first.failure == queued.failure == "timeout"
+        assert calls == ["hang"]  # the queued call timed out waiting, and never ran
+        release.set()
+        async with asyncio.timeout(30):
+            assert await rewards.score(P, "12") == Scored(1.0)
+    finally:
+        release.set()
+        rewards.close()
+
+
+async def test_inline_rewards_score_on_the_loop():
+    assert await InlineRewards(as_scorer(lambda p, r, a: 0.25)).score(P, "12") == Scored(0.25)
+
+
+async def test_a_reward_that_hangs_now_and_then_costs_a_thread_each_time_not_the_scoring():
+    release = threading.Event()
+
+    def hangs_on_h(prompt, response, answer):
+        if response == "h":
+            release.wait()
+        return 1.0
+
+    rewards = ThreadRewards(as_scorer(hangs_on_h), timeout_s=0.2, threads=2)
+    try:
+        async with asyncio.timeout(60):
+            for _ in range(3):  # each round: both threads hang, then a fresh pool scores
+                hung = await asyncio.gather(rewards.score(P, "h"), rewards.score(P, "h"))
+                assert [s.failure for s in hung] == ["timeout", "timeout"]
+                assert await rewards.score(P, "12") == Scored(1.0)
+        assert rewards.stuck == 6 and rewards.pools_started == 4
+    finally:
+        release.set()
+        rewards.close()

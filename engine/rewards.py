@@ -110,7 +110,7 @@ class ThreadRewards:
                 if pool is self._pool and self._stuck[pool] >= self.threads and self.stuck < MAX_STUCK_THREADS:
                     self._pool = self._new_pool()  # the held pool finishes its calls and goes
                     self.pools_started += 1
-                    pool.shutdown(wait=False, cancel_futures=True)
+                    pool.shutdown(wait=False, cancel_futures=False)  # its queued calls time out as theirs
             return Scored(0.0, "timeout", f"took longer than task.reward_timeout_s = {self.timeout_s:g} s")
 
     def _unstuck(self, pool: ThreadPoolExecutor) -> None:

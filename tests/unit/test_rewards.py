@@ -120,10 +120,11 @@ async def test_a_reward_that_hangs_now_and_then_costs_a_thread_each_time_not_the
 
 
 async def test_a_call_queued_behind_a_hung_one_scores_a_timeout_when_the_pool_is_replaced():
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     def hangs_on_h(prompt, response, answer):
         if response == "h":
+            entered.set()
             release.wait()
         return 1.0
 
@@ -131,7 +132,7 @@ async def test_a_call_queued_behind_a_hung_one_scores_a_timeout_when_the_pool_is
     try:
         async with asyncio.timeout(30):
             hung = asyncio.ensure_future(rewards.score(P, "h"))
-            await asyncio.sleep(0.1)  # the hung call holds the thread before the next is queued
+            await asyncio.to_thread(entered.wait, 10)  # the hung call holds the thread before the next is queued
             queued = asyncio.ensure_future(rewards.score(P, "12"))
             assert (await hung).failure == "timeout"
             assert (await queued).failure == "timeout"  # not CancelledError when the pool is replaced

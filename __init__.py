@@ -19,6 +19,7 @@ __all__ = [
     "IntentRefused",
     "LossInput",
     "NoBatchError",
+    "StepResult",
     "RunEndedError",
     "UserCodeError",
     "load_config",
@@ -44,4 +45,8 @@ def __getattr__(name: str) -> object:
         from shunter.engine.loss import LossInput
 
         return LossInput
+    if name == "StepResult":
+        from shunter.engine.environments import StepResult
+
+        return StepResult
     raise AttributeError(f"module 'shunter' has no attribute {name!r}")

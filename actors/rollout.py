@@ -45,6 +45,9 @@ class RolloutWorker:
         import_paths: list[str] | None = None,
         reward_timeout_s: float = 30.0,
         reward_threads: int = 4,
+        environment: str = "",
+        max_turns: int = 4,
+        env_timeout_s: float = 30.0,
     ) -> None:
         from shunter.policies.registry import use_import_paths
 
@@ -61,6 +64,7 @@ class RolloutWorker:
         self.weight_transfer = weight_transfer
         self.weight_update = weight_update
         self.reward_timeout_s, self.reward_threads = reward_timeout_s, reward_threads
+        self.environment, self.max_turns, self.env_timeout_s = environment, max_turns, env_timeout_s
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -73,6 +77,7 @@ class RolloutWorker:
         from transformers import AutoTokenizer
 
         from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+        from shunter.engine.environments import load_environment
         from shunter.engine.rollout import RolloutCore
         from shunter.engine.tasks import load_reward, load_task
 
@@ -106,6 +111,10 @@ class RolloutWorker:
             weight_update=self.weight_update,  # type: ignore[arg-type]
             reward_timeout_s=self.reward_timeout_s,
             reward_threads=self.reward_threads,
+            environment=load_environment(self.environment) if self.environment else None,
+            env_name=self.environment,
+            max_turns=self.max_turns,
+            env_timeout_s=self.env_timeout_s,
         )
         return time.perf_counter() - t0
 

@@ -287,6 +287,8 @@ class VLLMBackend:
             detokenize=False,  # we deal in token ids only
             output_kind=RequestOutputKind.DELTA,
         )
+        if p.stop:  # vLLM matches stop strings on the detokenized text
+            kw.update(stop=list(p.stop), include_stop_str_in_output=True, detokenize=True)
         try:
             return SamplingParams(**kw)
         except ValueError:

@@ -27,6 +27,7 @@ from shunter.engine.supervisor import Supervisor
 from shunter.events import (
     CommandFailed,
     ComponentFailed,
+    EnvFailed,
     Event,
     GroupDropped,
     ModeChanged,
@@ -118,6 +119,8 @@ class Applier:
                 self._sample_end(ev)
             case RewardFailed():
                 self._reward_failed(ev)
+            case EnvFailed():
+                self._env_failed(ev)
             case SampleAborted():
                 if ev.reason == "failed" or ev.partial is not None:
                     self.inflight.finished(ev.sample_id, ev.group_id, ev.replica_id)
@@ -218,8 +221,21 @@ class Applier:
                 failed_component=ev.user_code,
             )
 
+    def _env_failed(self, ev: EnvFailed) -> None:
+        t = self.tally
+        t.env_failures[ev.failure] += 1
+        enough = max(MIN_REWARD_FAILURES_BEFORE_ENDING, self.cfg.trainer.ppo_mini_batch_size)
+        if t.env_steps == 0 and t.env_failures.total() >= enough:
+            self.end(
+                "error",
+                error=f"{ev.error} — the environment failed on each of the run's first {t.env_failures.total()} "
+                f"trajectories ({', '.join(f'{n} {k}' for k, n in t.env_failures.items())}) and never answered",
+                failed_component=ev.user_code,
+            )
+
     def _sample_end(self, ev: SampleEnd) -> None:
         s = ev.sample
+        self.tally.env_steps += len(s.turns)
         if s.sample_id in self._unscored:
             self._unscored.discard(s.sample_id)
         else:

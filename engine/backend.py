@@ -29,6 +29,9 @@ class GenParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    """Strings that end the request (an environment's tool-call ends), kept in the output:
+    ``finish_reason`` is then ``"stop"`` and the tokens end with the string."""
 
 
 @dataclass

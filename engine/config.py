@@ -145,6 +145,24 @@ class TaskConfig(_Section):
     reward_threads: Annotated[
         PosInt, _d("Worker threads per replica that run reward calls (off the replica's event loop).")
     ] = 4
+    environment: Annotated[
+        str,
+        _d(
+            "Multi-turn rollouts: an environment, built-in (calculator) or 'module:Class' (one object per trajectory, with stop strings, async reset(prompt, transcript) and step(action) -> StepResult). Generation stops at a tool call, the environment answers, its observation is appended masked out of the loss. Empty: single turn."
+        ),
+    ] = ""
+    max_turns: Annotated[
+        PosInt,
+        _d(
+            "Environment steps per trajectory at most; after the last, the model generates once more without tool calls."
+        ),
+    ] = 4
+    env_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "Each environment call's limit; a call that raises, returns junk or runs longer ends its trajectory (env/raised, env/returned, env/timeout)."
+        ),
+    ] = 30.0
 
 
 class DataConfig(_Section):
@@ -507,7 +525,8 @@ def check(cfg: EngineConfig) -> None:
 
 def _check_task(cfg: EngineConfig) -> None:
     """The task and the reward override load (the replicas load them again, in their processes),
-    and the dataset's files exist (their rows are checked when the run loads them)."""
+    the dataset's files exist (their rows are checked when the run loads them) and its prompt
+    limit leaves the response its room in the context."""
     from shunter.engine.datasets import DataError, expand
     from shunter.engine.tasks import load_reward, load_task
 
@@ -522,11 +541,25 @@ def _check_task(cfg: EngineConfig) -> None:
             raise ConfigError(str(e)) from None
     if cfg.data.val_files and not cfg.data.train_files:
         raise ConfigError("data.val_files is set without data.train_files: give the training files too")
+    room = cfg.rollout.max_model_len - cfg.rollout.max_tokens
+    if cfg.data.max_prompt_tokens > room:
+        raise ConfigError(
+            f"data.max_prompt_tokens ({cfg.data.max_prompt_tokens}) is above rollout.max_model_len "
+            f"({cfg.rollout.max_model_len}) - rollout.max_tokens ({cfg.rollout.max_tokens}) = {room}: "
+            "a prompt that long leaves the response no room in the context; lower it (0 takes the room)"
+        )
     if cfg.task.reward:
         try:
             load_reward(cfg.task.reward)
         except ValueError as e:
             raise ConfigError(f"task.reward = {cfg.task.reward!r}: {e}") from None
+    if cfg.task.environment:
+        from shunter.engine.environments import load_environment
+
+        try:
+            load_environment(cfg.task.environment)
+        except ValueError as e:
+            raise ConfigError(f"task.environment = {cfg.task.environment!r}: {e}") from None
 
 
 def schema() -> dict[str, Any]:

@@ -34,7 +34,7 @@ from shunter.events import (
 )
 from shunter.events.codec import frame_header
 from shunter.events.logfile import Repair, repair
-from shunter.events.rollout import RewardFailed, SampleAborted, SampleBegin, SampleEnd, SampleResumed
+from shunter.events.rollout import EnvFailed, RewardFailed, SampleAborted, SampleBegin, SampleEnd, SampleResumed
 
 QUIET = (SampleBegin, SampleEnd, SampleResumed)
 """Per-sample messages: never a log line of their own (the event log and metrics have them)."""
@@ -153,6 +153,8 @@ def _routine_key(msg: Message) -> tuple[object, ...] | None:
         return (GroupDropped, msg.reason)
     if msg.__class__ is RewardFailed:
         return (RewardFailed, msg.failure)
+    if msg.__class__ is EnvFailed:
+        return (EnvFailed, msg.failure)
     return None
 
 

@@ -11,6 +11,13 @@ Invariants:
   are swapped and the requests go on: the tokens after that count get the new version;
 - a sample that must leave the replica (``SwitchToTrainer``, shutdown) is returned whole
   as ``SampleAborted.partial``; nothing generated is dropped;
+- a multi-turn sample (an ``environment`` is set) generates until a tool call (one of the
+  environment's ``stop`` strings) or its end, the environment answers, its observation is
+  appended masked out of the loss (``engine.turns``) and generation goes on, within the
+  sample's one token budget and ``max_turns`` steps; a cut inside any turn resumes like a
+  single-turn one (its turns travel in the sample; on another replica a fresh environment is
+  reset with the transcript so far); the environment's calls never block the replica's loop
+  and never raise (``engine.environments``);
 - each call returns the events it produced, in order, stamped by this replica; a group's
   generation (:meth:`generate_stream`) hands each sample's events over as that sample ends,
   so the coordinator frees its slot then, not when the group's slowest sample ends.
@@ -25,8 +32,9 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from shunter.engine import lengths
+from shunter.engine import lengths, turns
 from shunter.engine.backend import Backend, GenParams, Tokenizer
+from shunter.engine.environments import EnvCalls
 from shunter.engine.errors import describe
 from shunter.engine.rewards import InlineRewards, Rewards, ThreadRewards
 from shunter.engine.tasks import as_scorer
@@ -35,6 +43,7 @@ from shunter.events import (
     CutSamples,
     EnterRollout,
     EnterTrainer,
+    EnvFailed,
     Event,
     Generate,
     InstallWeights,
@@ -59,7 +68,7 @@ from shunter.events import (
     sample_id,
     tag_of,
 )
-from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, ServingMode, WeightUpdate
+from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, EnvFailure, ServingMode, WeightUpdate
 
 Reward = Callable[..., object]
 """A task's ``(prompt, response, answer)`` or verl's ``(data_source, solution_str, ground_truth,
@@ -92,9 +101,17 @@ class RolloutCore:
         weight_update: WeightUpdate = "abort",
         reward_timeout_s: float = 0.0,
         reward_threads: int = 4,
+        environment: Callable[[], object] | None = None,
+        env_name: str = "",
+        env_timeout_s: float = 30.0,
+        max_turns: int = 4,
     ) -> None:
         """``reward_timeout_s > 0``: rewards run in ``reward_threads`` worker threads, each call
-        bounded; 0: on this loop, unbounded (in-process fakes and the simulator)."""
+        bounded; 0: on this loop, unbounded (in-process fakes and the simulator).
+        ``environment``: the class made per trajectory for multi-turn samples (at most
+        ``max_turns`` environment steps each, each bounded by ``env_timeout_s``)."""
+        self.environment, self.env_name = environment, env_name
+        self.env_timeout_s, self.max_turns = env_timeout_s, max_turns
         self.replica_id = replica_id
         self.backend = backend
         self.tok = tokenizer
@@ -227,7 +244,8 @@ class RolloutCore:
 
     async def _run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec) -> list[Event]:
         ev: list[Event] = []
-        resumed = bool(s.token_ids)
+        announce: Literal["begin", "resumed", ""] = "resumed" if s.token_ids else "begin"
+        env = await self._env_for(s, prompt, ev) if self.environment is not None else None
         while True:
             await self._open.wait()
             if self._evicting or self.mode != ROLLOUT:
@@ -238,31 +256,13 @@ class RolloutCore:
             self._group_of[rid] = s.group_id
             self._request_of[s.sample_id] = rid
             self._drained.clear()
-            (
-                ev.append(
-                    self._stamp(
-                        SampleResumed(
-                            sample_id=s.sample_id,
-                            group_id=s.group_id,
-                            replica_id=self.replica_id,
-                            prefix_len=len(s.token_ids),
-                            remaining_tokens=s.remaining_tokens,
-                            version=self.version,
-                        )
-                    )
-                )
-                if resumed
-                else ev.append(
-                    self._stamp(
-                        SampleBegin(
-                            sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id, version=self.version
-                        )
-                    )
-                )
-            )
+            if announce:
+                ev.append(self._announce(s, announce))
+            announce = ""
             version = self.version
+            stop = env.stop if env is not None and len(s.turns) < self.max_turns else ()
             try:
-                res = await self.backend.generate(rid, s.prompt_token_ids + s.token_ids, self._params(sp, s))
+                res = await self.backend.generate(rid, s.prompt_token_ids + s.token_ids, self._params(sp, s, stop))
             finally:
                 reason = self._running.pop(rid, "")
                 self._group_of.pop(rid, None)
@@ -272,32 +272,98 @@ class RolloutCore:
                     self._drained.set()
             if res.marks is not None:
                 marks = res.marks
-            s = msgspec.structs.replace(
+            s = turns.add_generated(
                 s,
-                token_ids=s.token_ids + res.token_ids,
-                logprobs=s.logprobs + res.logprobs,
-                versions=s.versions + _versions(version, marks, len(res.token_ids)),
-                finish_reason=res.finish_reason,
+                res.token_ids,
+                res.logprobs,
+                _versions(version, marks, len(res.token_ids)),
+                res.finish_reason,
+                masked=env is not None or bool(s.loss_mask),
             )
-            if res.finish_reason != "abort" or s.remaining_tokens == 0:
+            if res.finish_reason == "abort" and s.remaining_tokens > 0:
+                if reason == "weights_update":
+                    ev.append(self._aborted(s, reason, partial=False))
+                    announce = "resumed"
+                    continue
+                ev.append(self._aborted(s, reason or "reclaimed", partial=True))
+                return ev
+            if env is None or not stop or s.remaining_tokens == 0 or not turns.ends_with_call(s, self.tok.decode, stop):
                 break
-            if reason == "weights_update":
-                ev.append(self._aborted(s, reason, partial=False))
-                resumed = True
-                continue
-            ev.append(self._aborted(s, reason or "reclaimed", partial=True))
-            return ev
+            s, more = await self._step(env, s, ev)
+            if not more:
+                break
         if s.finish_reason == "abort":
             s = msgspec.structs.replace(s, finish_reason="length")
         return ev + await self._finish(s, prompt)
+
+    def _announce(self, s: Sample, how: Literal["begin", "resumed"]) -> Event:
+        if how == "begin":
+            return self._stamp(
+                SampleBegin(
+                    sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id, version=self.version
+                )
+            )
+        return self._stamp(
+            SampleResumed(
+                sample_id=s.sample_id,
+                group_id=s.group_id,
+                replica_id=self.replica_id,
+                prefix_len=len(s.token_ids),
+                remaining_tokens=s.remaining_tokens,
+                version=self.version,
+                turn=len(s.turns),
+            )
+        )
+
+    # -- environments (multi-turn) ---------------------------------------------------------
+    async def _env_for(self, s: Sample, prompt: PromptSpec, ev: list[Event]) -> EnvCalls | None:
+        """The trajectory's environment on this replica, reset with its transcript so far;
+        None (the trajectory goes on as a single turn) when it cannot be made or reset."""
+        assert self.environment is not None
+        env = EnvCalls(self.environment, self.env_name, self.env_timeout_s)
+        failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
+        if failure is None:
+            return env
+        ev.append(self._env_failed(s, failure, error))
+        return None
+
+    async def _step(self, env: EnvCalls, s: Sample, ev: list[Event]) -> tuple[Sample, bool]:
+        """Call the environment on the current turn's action and append its observation;
+        returns the sample and whether generation goes on."""
+        t0 = _now()
+        out, failure, error = await env.step(turns.action(s, self.tok.decode))
+        if out is None:
+            ev.append(self._env_failed(s, failure or "raised", error))
+            return msgspec.structs.replace(s, finish_reason="stop"), False
+        ids = self.tok.encode(out.observation) if out.observation else []
+        s = turns.add_observation(
+            s, ids, env_s=_now() - t0, reward=float(out.reward), metrics=out.metrics, version=self.version
+        )
+        if out.done or s.remaining_tokens == 0:
+            return msgspec.structs.replace(s, finish_reason="stop" if out.done else "length"), False
+        return s, True
+
+    def _env_failed(self, s: Sample, failure: EnvFailure, error: str) -> EnvFailed:
+        return self._stamp(
+            EnvFailed(
+                replica_id=self.replica_id,
+                sample_id=s.sample_id,
+                group_id=s.group_id,
+                failure=failure,
+                turn=len(s.turns),
+                error=error,
+                user_code=self.env_name,
+            )
+        )
 
     def _budget(self, sp: SamplingSpec, sample_id: str) -> int:
         """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist``
         (``engine.lengths``: seeded by this replica's seed and the sample id)."""
         return lengths.budget(sp.length_dist, self.seed, sample_id, sp.max_tokens)
 
-    def _params(self, sp: SamplingSpec, s: Sample) -> GenParams:
+    def _params(self, sp: SamplingSpec, s: Sample, stop: tuple[str, ...] = ()) -> GenParams:
         return GenParams(
+            stop=stop,
             max_tokens=s.remaining_tokens,
             temperature=sp.temperature,
             top_p=sp.top_p,
@@ -310,7 +376,7 @@ class RolloutCore:
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
         text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
         scored = await self.rewards.score(prompt, text)  # off this loop, bounded (engine.rewards)
-        s = msgspec.structs.replace(s, reward=scored.reward, response_text=text)
+        s = msgspec.structs.replace(s, reward=scored.reward + turns.env_reward(s), response_text=text)
         out: list[Event] = []
         if scored.failure:
             out.append(
@@ -535,6 +601,8 @@ class RolloutCore:
         errors: list[str] = []
 
         async def one(p: PromptSpec) -> float:
+            if self.environment is not None:
+                return await self._validate_turns(p, max_tokens, errors)
             rid = f"{self.replica_id}-val-{next(self._req)}"
             try:
                 ids = self.prompt_ids(p)
@@ -569,6 +637,24 @@ class RolloutCore:
                 )
             )
         return out
+
+    async def _validate_turns(self, p: PromptSpec, max_tokens: int, errors: list[str]) -> float:
+        """A held-out prompt's greedy multi-turn trajectory, through the sample loop itself."""
+        try:
+            ids = self.prompt_ids(p)
+        except Exception as e:  # noqa: BLE001 - counted and reported by validate
+            errors.append(f"prompt {p.prompt_id} cannot be tokenized: {describe(e, limit=300)}")
+            return 0.0
+        s = Sample(
+            sample_id=f"val-{next(self._req)}",
+            group_id=-1,
+            prompt_id=p.prompt_id,
+            prompt_token_ids=ids,
+            max_tokens=max_tokens,
+        )
+        events = await self._run(s, p, SamplingSpec(max_tokens=max_tokens, temperature=0.0))
+        errors += [e.error for e in events if isinstance(e, RewardFailed | EnvFailed)]
+        return next((e.sample.reward for e in events if isinstance(e, SampleEnd)), 0.0)
 
     async def shutdown(self) -> list[Event]:
         self._evicting = True

@@ -41,6 +41,8 @@ class CoordinatorSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     failed_groups: int = 0
     rewards_scored: int = 0
     reward_failures: dict[str, int] = {}
+    env_steps: int = 0
+    env_failures: dict[str, int] = {}
 
 
 def encode(snap: CoordinatorSnapshot) -> bytes:
@@ -90,6 +92,8 @@ def take(c: Coordinator) -> CoordinatorSnapshot:
         failed_groups=tally.failed_groups,
         rewards_scored=tally.rewards_scored,
         reward_failures=dict(tally.reward_failures),
+        env_steps=tally.env_steps,
+        env_failures=dict(tally.env_failures),
     )
 
 
@@ -114,3 +118,5 @@ def restore(c: Coordinator, snap: CoordinatorSnapshot) -> None:
     )
     c.tally.rewards_scored = snap.rewards_scored
     c.tally.reward_failures.update(snap.reward_failures)
+    c.tally.env_steps = snap.env_steps
+    c.tally.env_failures.update(snap.env_failures)

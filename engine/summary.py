@@ -26,6 +26,10 @@ class Tally:
         """Samples the reward function scored."""
         self.reward_failures: Counter[str] = Counter()
         """Samples scored 0.0 because the reward failed, by ``RewardFailure``."""
+        self.env_steps = 0
+        """Environment steps that answered (multi-turn trajectories)."""
+        self.env_failures: Counter[str] = Counter()
+        """Trajectories ended by a failed environment call, by ``EnvFailure``."""
 
     def wall_s(self) -> float:
         return self.clock() - self.started_at
@@ -57,5 +61,9 @@ class Tally:
                 out[f"validate/{key}_last"] = val
         for failure, n in self.reward_failures.items():
             out[f"reward/{failure}"] = float(n)
+        if self.env_steps or self.env_failures:
+            out["env/steps"] = float(self.env_steps)
+        for failure, n in self.env_failures.items():
+            out[f"env/{failure}"] = float(n)
         out.update(extra)
         return out

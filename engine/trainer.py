@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from shunter.engine import rl, weight_transport
+from shunter.engine import rl, turns, weight_transport
 from shunter.engine.config import TrainerConfig
 from shunter.engine.loss import LossFn, LossInput, call_loss, load_loss
 from shunter.events import Sample
@@ -202,7 +202,8 @@ class Trainer:
             ids[i, : len(row)] = torch.tensor(row)
             attn[i, : len(row)] = 1
             p, n = len(s.prompt_token_ids), len(s.token_ids)
-            mask[i, p - 1 : p - 1 + n] = 1  # logits at t predict token t+1
+            # logits at t predict token t+1; an environment's observation tokens are context only
+            mask[i, p - 1 : p - 1 + n] = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask else 1
             old[i, p - 1 : p - 1 + n] = torch.tensor(s.logprobs, dtype=torch.float32)
             versions[i, p - 1 : p - 1 + n] = torch.tensor(s.versions, dtype=torch.long)
         dev = self.device
@@ -313,12 +314,12 @@ class Trainer:
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
         size = self.cfg.micro_batch_size or len(samples)
-        total = max(1, sum(len(s.token_ids) for s in samples))
+        total = max(1, sum(s.trained_tokens for s in samples))
         chunks = [
             (
                 self.collate(samples[i : i + size]),
                 adv[i : i + size],
-                max(1, sum(len(s.token_ids) for s in samples[i : i + size])) / total,
+                max(1, sum(s.trained_tokens for s in samples[i : i + size])) / total,
             )
             for i in range(0, len(samples), size)
         ]
@@ -364,6 +365,7 @@ class Trainer:
                 "batch/multi_version_samples": float(sum(len(set(s.versions)) > 1 for s in samples)),
             }
         )
+        out.update(turns.batch_metrics(samples))
         for k in range(int(max(stale)) + 1):  # staleness histogram: samples per staleness
             out[f"batch/staleness_{k}"] = float(sum(x == k for x in stale))
         return out

@@ -14,7 +14,7 @@ from shunter.events.codec import (
     ORDER_TYPES,
     Codec,
 )
-from shunter.events.data import Batch, ChatMessage, PromptSpec, Sample, SamplingSpec, group_of, sample_id
+from shunter.events.data import Batch, ChatMessage, PromptSpec, Sample, SamplingSpec, Turn, group_of, sample_id
 from shunter.events.intents import (
     Consolidate,
     LoadWeights,
@@ -73,6 +73,7 @@ from shunter.events.replicas import (
 )
 from shunter.events.rollout import (
     BatchReady,
+    EnvFailed,
     GroupDropped,
     RewardFailed,
     SampleAborted,
@@ -140,6 +141,7 @@ __all__ = [
     "PolicyFailed",
     "PolicySlow",
     "ChatMessage",
+    "Turn",
     "PromptSpec",
     "Publish",
     "PublishWeights",
@@ -158,6 +160,7 @@ __all__ = [
     "RunValidation",
     "Sample",
     "RewardFailed",
+    "EnvFailed",
     "SampleAborted",
     "SampleBegin",
     "SampleEnd",

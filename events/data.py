@@ -7,7 +7,10 @@ are the facts an RL step needs, so they travel inline; model weights travel by h
 
 For every sample: ``len(token_ids) == len(logprobs) == len(versions)``; ``versions[i]``
 is the weight version that produced token ``i``, so a sample cut by a weight update and
-resumed on new weights carries two versions.
+resumed on new weights carries two versions. A multi-turn sample (an environment answered
+between turns) also has ``len(loss_mask) == len(token_ids)``: 0 marks an observation token
+(the environment's, kept for context, never trained on; its log-prob is 0.0 and its version is
+that of the generated token before it, so ``min_version`` is the oldest *generated* token's).
 """
 
 from __future__ import annotations
@@ -82,6 +85,19 @@ def group_of(sample_id: str) -> int:
     return int(sample_id.split(".", 1)[0])
 
 
+class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One environment step of a multi-turn sample: the model generated ``generated`` tokens
+    ending in a tool call, the environment answered with ``observed`` tokens after ``env_s``
+    seconds; ``version`` is the weight version of the call's last token."""
+
+    generated: int
+    observed: int
+    env_s: float = 0.0
+    version: int = 0
+    reward: float = 0.0
+    """The environment's own reward for this step (added to the sample's reward)."""
+
+
 class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A finished (or partial) completion with everything the trainer needs."""
 
@@ -97,10 +113,21 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The sample's whole token budget; a resumed sample may only use what is left."""
     reward: float = 0.0
     response_text: str = ""
+    loss_mask: list[int] = []
+    """Per token, 1: generated (trained on), 0: an environment's observation; empty: all 1."""
+    turns: list[Turn] = []
+    """The environment steps so far, in order (empty: a single-turn sample)."""
+    metrics: dict[str, float] = {}
+    """What the environment reported about this trajectory (``env/<name>`` in step metrics)."""
 
     @property
     def min_version(self) -> int:
         return min(self.versions) if self.versions else -1
+
+    @property
+    def trained_tokens(self) -> int:
+        """How many of the tokens the loss sees (all but observation tokens)."""
+        return sum(self.loss_mask) if self.loss_mask else len(self.token_ids)
 
     @property
     def remaining_tokens(self) -> int:
@@ -114,6 +141,8 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
                 f"sample {self.sample_id}: {n} tokens but {len(self.logprobs)} logprobs "
                 f"and {len(self.versions)} versions"
             )
+        if self.loss_mask and len(self.loss_mask) != n:
+            raise ValueError(f"sample {self.sample_id}: {n} tokens but {len(self.loss_mask)} loss-mask entries")
         if self.max_tokens and n > self.max_tokens:
             raise ValueError(f"sample {self.sample_id}: {n} tokens overrun its budget {self.max_tokens}")
 

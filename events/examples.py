@@ -48,6 +48,16 @@ CASES: list[e.Message] = [
         user_code="my_reward:compute_score",
         **ENV,
     ),
+    e.EnvFailed(
+        replica_id="standalone-0",
+        sample_id="7.1",
+        group_id=7,
+        failure="raised",
+        turn=1,
+        error="ValueError: bad expression",
+        user_code="calculator",
+        **ENV,
+    ),
     e.SampleAborted(
         sample_id="3.1", group_id=3, replica_id="hybrid-1", reason="reclaimed", tokens=2, partial=SAMPLE, **ENV
     ),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shunter.events.base import Event
 from shunter.events.data import Sample
-from shunter.events.vocab import AbortReason, DropReason, RewardFailure
+from shunter.events.vocab import AbortReason, DropReason, EnvFailure, RewardFailure
 
 
 class SampleBegin(Event, frozen=True, kw_only=True, tag="rollout.sample_begin"):
@@ -53,6 +53,26 @@ class RewardFailed(Event, frozen=True, kw_only=True, tag="rollout.reward_failed"
     """The reward function's ``"module:name"`` (or the task's)."""
 
 
+class EnvFailed(Event, frozen=True, kw_only=True, tag="rollout.env_failed"):
+    """An environment step (or reset) failed; the trajectory ends where it is and is scored
+    as it stands (its reward function sees the response so far).
+
+    ``replica -> coordinator, policy``, just before the sample's ``SampleEnd``: the coordinator
+    counts it (``env/raised``, ``env/returned``, ``env/timeout`` in the run summary) and ends the
+    run when the environment failed on a mini-batch's worth of samples before one step
+    succeeded; the run log has a line for the 1st, 10th, 100th … of each ``failure``."""
+
+    replica_id: str
+    sample_id: str
+    group_id: int
+    failure: EnvFailure
+    turn: int
+    """How many steps had succeeded before this one."""
+    error: str
+    user_code: str
+    """The environment's ``"module:Class"`` (or built-in name)."""
+
+
 class SampleAborted(Event, frozen=True, kw_only=True, tag="rollout.sample_aborted"):
     """A generation was cut. ``partial`` is set when the sample leaves its replica (it
     resumes elsewhere from that prefix); empty when the replica resumes it itself
@@ -80,6 +100,8 @@ class SampleResumed(Event, frozen=True, kw_only=True, tag="rollout.sample_resume
     prefix_len: int
     remaining_tokens: int
     version: int
+    turn: int = 0
+    """The turn it resumes in (0: the first; a multi-turn sample's environment steps so far)."""
 
 
 class GroupDropped(Event, frozen=True, kw_only=True, tag="buffer.group_dropped"):

@@ -42,6 +42,10 @@ update; no re-prefill)."""
 RewardFailure = Literal["", "raised", "returned", "timeout"]
 """Why a sample's reward is 0.0 without being scored: the reward function raised, returned
 something other than a finite number, or outlived ``task.reward_timeout_s`` ("": it was scored)."""
+EnvFailure = Literal["raised", "returned", "timeout"]
+"""Why an environment step failed (the trajectory then ends where it is and is scored as it
+stands): ``step``/``reset`` raised, returned something other than a ``StepResult``, or outlived
+``task.env_timeout_s``."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
 RejectReason = Literal[
@@ -77,6 +81,7 @@ VOCABULARIES: dict[str, tuple[str, ...]] = {
         ("FinishReason", FinishReason),
         ("StatePart", StatePart),
         ("RewardFailure", RewardFailure),
+        ("EnvFailure", EnvFailure),
         ("WeightUpdate", WeightUpdate),
         ("RejectReason", RejectReason),
     )

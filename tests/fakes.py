@@ -95,9 +95,14 @@ class FakeBackend:
     engine is gone, as vLLM's after a ``kill -9`` of its EngineCore (every call, those in
     flight included, raises ``EngineDead``)."""
 
-    def __init__(self, token_s: float = 0.001, answer_len: int | None = None) -> None:
+    def __init__(
+        self, token_s: float = 0.001, answer_len: int | None = None, respond: Callable[[str], str] | None = None
+    ) -> None:
         self.token_s = token_s
         self.answer_len = answer_len
+        self.respond = respond
+        """``respond(context text) -> continuation`` instead of the sort answer (then eos);
+        ``params.stop`` strings end it where they occur, kept in the output."""
         self.weights = b"v0"
         self.loads = 0
         self.sleeping = False
@@ -123,9 +128,12 @@ class FakeBackend:
         self.requests += 1
         tok = CharTokenizer()
         text = tok.decode(prompt_token_ids)
-        prompt, _, done = text.partition(">")
-        target = "".join(sorted(prompt)) if self.answer_len is None else "1" * self.answer_len
-        rest = [tok.encode(c)[0] for c in target[len(done) :]] + [0]
+        if self.respond is not None:
+            rest = [tok.encode(c)[0] for c in self.respond(text)] + [0]
+        else:
+            prompt, _, done = text.partition(">")
+            target = "".join(sorted(prompt)) if self.answer_len is None else "1" * self.answer_len
+            rest = [tok.encode(c)[0] for c in target[len(done) :]] + [0]
         out: list[int] = []
         for t in rest[: params.max_tokens]:
             if request_id in self._aborted:
@@ -133,6 +141,8 @@ class FakeBackend:
             await asyncio.sleep(self.token_s)
             self._alive()
             out.append(t)
+            if params.stop and any(tok.decode(out).endswith(x) for x in params.stop):
+                return GenResult(out, [math.log(0.5)] * len(out), "stop")
         finish = "stop" if out and out[-1] == 0 else "length"
         return GenResult(out, [math.log(0.5)] * len(out), finish)
 
@@ -259,6 +269,7 @@ def local_run(
     resume=None,
     check_codec: bool = True,
     prompts=None,
+    respond=None,
 ):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
     and a ``TrainerHost`` around ``FakeTrainerCore``, on the loop's clock (run it under
@@ -267,12 +278,15 @@ def local_run(
     ``checkpoints``: a folder for the run's checkpoints; ``resume``: a checkpoint folder to
     continue from (trainer, replicas' weight version and coordinator restored from it);
     ``check_codec``: every message goes through the codec (``round_trip``); ``prompts``:
-    (training stream, validation prompts) instead of the task's (a dataset's, say)."""
+    (training stream, validation prompts) instead of the task's (a dataset's, say); ``respond``:
+    what the fake engines answer (``FakeBackend``); ``cfg.task.environment`` makes the runs
+    multi-turn."""
     from pathlib import Path
 
     from shunter.engine import snapshot
     from shunter.engine.checkpoint import CheckpointStore
     from shunter.engine.datasets import run_prompts
+    from shunter.engine.environments import load_environment
     from shunter.engine.local import LocalExecutor
     from shunter.engine.loop import Coordinator
     from shunter.engine.rollout import RolloutCore
@@ -291,7 +305,7 @@ def local_run(
 
     def make(rid: str, kind: str, rank: int) -> ReplicaUp:
         mode = ROLLOUT if kind == STANDALONE else TRAINER
-        backends[rid] = FakeBackend(token_s=token_s, answer_len=answer_len)
+        backends[rid] = FakeBackend(token_s=token_s, answer_len=answer_len, respond=respond)
         if mode == TRAINER:
             backends[rid].sleeping = True
         cores[rid] = RolloutCore(
@@ -303,6 +317,10 @@ def local_run(
             mode=mode,
             reward_name=getattr(reward, "__name__", "task.reward"),
             version=version,
+            environment=load_environment(cfg.task.environment) if cfg.task.environment else None,
+            env_name=cfg.task.environment,
+            max_turns=cfg.task.max_turns,
+            env_timeout_s=cfg.task.env_timeout_s,
         )
         return ReplicaUp(
             replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version, wall_time=loop_clock()

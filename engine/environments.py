@@ -1,0 +1,214 @@
+"""Environments for multi-turn rollouts: the protocol, loading by import string, contained
+calls, and the built-in calculator tool.
+
+A multi-turn sample alternates: the model generates until one of the environment's ``stop``
+strings (a tool call's end) or its own end; on a ``stop`` the environment's ``step(action)``
+answers with an observation, whose tokens are appended to the sample (kept for context, masked
+out of the loss) and generation goes on. See ``shunter.engine.rollout`` for the loop.
+
+Invariants:
+
+- one environment object per trajectory on a replica: ``reset(prompt, transcript)`` is called
+  once before its first step there; ``transcript`` is the response so far ("" for a new
+  trajectory; the text before the cut when a partial trajectory moved here from another
+  replica), so an environment whose state follows from its transcript survives the move;
+- a call never raises out of :class:`EnvCalls`: one that raises, returns something other than
+  a :class:`StepResult` or outlives ``timeout_s`` is an ``EnvFailure`` with its cause;
+- a synchronous ``reset``/``step`` runs in a worker thread, an async one on the replica's loop
+  under the timeout: either way the replica's other requests go on while the environment thinks.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import operator
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from shunter.engine.errors import describe, type_name
+from shunter.events import PromptSpec
+from shunter.events.vocab import EnvFailure
+
+
+class StepResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What one environment step answers."""
+
+    observation: str = ""
+    """Text appended to the trajectory (tokenized by the replica, never trained on)."""
+    reward: float = 0.0
+    """Added to the sample's reward (on top of the task's reward of the final response)."""
+    done: bool = False
+    """True: the trajectory ends after this observation."""
+    metrics: dict[str, float] = {}
+    """Reported per trajectory as ``env/<name>`` in the step metrics (the largest value any of
+    its steps reported: report running counts, not increments)."""
+
+
+class Environment(Protocol):
+    """A user's environment: a class made once per trajectory, with no arguments."""
+
+    stop: Sequence[str]
+    """The strings that end a tool call: generation stops there and ``step`` is called."""
+
+    async def reset(self, prompt: PromptSpec, transcript: str) -> None: ...
+    async def step(self, action: str) -> StepResult: ...
+
+
+BUILTIN_ENVIRONMENTS = {"calculator": "shunter.engine.environments:Calculator"}
+
+
+def load_environment(spec: str) -> Callable[[], Any]:
+    """A built-in name (``"calculator"``) or ``"module:Class"`` -> the class; ValueError naming
+    the spec and what is wrong (not importable, not a class, no ``step``/``reset``/``stop``)."""
+    from shunter.policies.registry import import_object
+
+    target = BUILTIN_ENVIRONMENTS.get(spec, spec)
+    if ":" not in target:
+        known = ", ".join(sorted(BUILTIN_ENVIRONMENTS))
+        raise ValueError(f"unknown environment {spec!r}: not a built-in ({known}) nor 'module:Class'")
+    cls = import_object(target, "environment")
+    if not isinstance(cls, type):
+        raise ValueError(f"environment spec {spec!r}: {cls!r} is not a class (one object is made per trajectory)")
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"environment spec {spec!r}: {cls.__name__} lacks {', '.join(missing)}")
+    stop = getattr(cls, "stop", None)
+    if (
+        isinstance(stop, str)
+        or not isinstance(stop, list | tuple)
+        or not stop
+        or not all(isinstance(x, str) and x for x in stop)
+    ):
+        raise ValueError(
+            f"environment spec {spec!r}: {cls.__name__}.stop must be a non-empty list of non-empty "
+            f"strings (the text that ends a tool call), got {stop!r}"
+        )
+    return cls
+
+
+class EnvCalls:
+    """One trajectory's environment on one replica, every call contained and bounded."""
+
+    def __init__(self, factory: Callable[[], Any], name: str, timeout_s: float) -> None:
+        self.factory, self.name, self.timeout_s = factory, name, timeout_s
+        self.env: Any = None
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return tuple(getattr(self.env, "stop", ()) or ())
+
+    async def reset(self, prompt: PromptSpec, transcript: str) -> tuple[EnvFailure | None, str]:
+        """Make the environment and reset it; ``(failure, error)`` when either failed."""
+        try:
+            self.env = self.factory()
+        except Exception as e:  # noqa: BLE001 - the user's class: reported
+            return "raised", f"environment {self.name}() raised {describe(e, limit=500)}"
+        failure, error, _ = await self._call("reset", prompt, transcript)
+        return failure, error
+
+    async def step(self, action: str) -> tuple[StepResult | None, EnvFailure | None, str]:
+        failure, error, out = await self._call("step", action)
+        if failure is not None:
+            return None, failure, error
+        if not isinstance(out, StepResult):
+            return (
+                None,
+                "returned",
+                f"environment {self.name}.step returned {type_name(out)}; expected shunter.StepResult",
+            )
+        bad = [k for k, v in out.metrics.items() if isinstance(v, bool) or not isinstance(v, int | float)]
+        if not isinstance(out.observation, str) or bad:
+            return (
+                None,
+                "returned",
+                f"environment {self.name}.step returned a StepResult with bad fields {bad or 'observation'}",
+            )
+        return out, None, ""
+
+    async def _call(self, method: str, *args: Any) -> tuple[EnvFailure | None, str, Any]:
+        try:
+            fn = getattr(self.env, method)
+            async with asyncio.timeout(self.timeout_s):
+                if inspect.iscoroutinefunction(fn):
+                    out = await fn(*args)
+                else:
+                    out = await asyncio.to_thread(fn, *args)
+                    if inspect.isawaitable(out):
+                        out = await out
+        except TimeoutError:
+            return (
+                "timeout",
+                f"environment {self.name}.{method} took longer than task.env_timeout_s = {self.timeout_s:g} s",
+                None,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's environment: reported
+            return "raised", f"environment {self.name}.{method} raised {describe(e, limit=500)}", None
+        return None, "", out
+
+
+# -- the built-in calculator tool ---------------------------------------------------------------
+_CALL = re.compile(r"([0-9+\-* ]+)=$")
+_OPS: dict[type, Callable[[int, int], int]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+MAX_OPERAND = 10**12
+
+
+def evaluate(expr: str) -> int:
+    """An integer expression of ``+ - *`` on non-negative integers (precedence as in Python);
+    ValueError for anything else or operands beyond ``MAX_OPERAND``."""
+
+    def walk(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= MAX_OPERAND:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = walk(node.left), walk(node.right)
+            if max(abs(left), abs(right)) > MAX_OPERAND:
+                raise ValueError("operand too large")
+            return _OPS[type(node.op)](left, right)
+        raise ValueError(f"not an arithmetic expression: {expr!r}")
+
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError:
+        raise ValueError(f"not an arithmetic expression: {expr!r}") from None
+    return walk(tree.body)
+
+
+class Calculator:
+    """A calculator tool: the model writes an expression ending in ``=`` (``23+45=``), the
+    tool answers its value (``68``); a malformed call is answered ``err``. Metrics per
+    trajectory: ``tool_calls`` (calls made), ``tool_ok`` (1 when a call's value was the
+    prompt's answer)."""
+
+    stop = ("=",)
+    max_calls = 4
+
+    def __init__(self) -> None:
+        self.answer = ""
+        self.calls = 0
+        self.ok = 0.0
+
+    async def reset(self, prompt: PromptSpec, transcript: str) -> None:
+        self.answer = prompt.answer.strip()
+        self.calls = transcript.count("=")
+
+    async def step(self, action: str) -> StepResult:
+        self.calls += 1
+        m = _CALL.search(action)
+        try:
+            value = str(evaluate(m.group(1))) if m else "err"
+        except ValueError:
+            value = "err"
+        if value == self.answer:
+            self.ok = 1.0
+        return StepResult(
+            observation=value,
+            done=self.calls >= self.max_calls,
+            metrics={"tool_calls": float(self.calls), "tool_ok": self.ok},
+        )

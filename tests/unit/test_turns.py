@@ -1,0 +1,388 @@
+"""Multi-turn rollouts: the rollout core's turn loop over the fake engine, an environment's
+failures contained, partial rollout across turns (a weight load mid-trajectory, a move to
+another replica), the loss mask in the trainer's batch, and a whole run with the calculator.
+Virtual time (``looptime``) throughout: no test waits on the wall clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fakes import CharTokenizer, FakeBackend, local_run, run_to_end, virtual_time
+
+from shunter.engine.config import ConfigError, from_dict
+from shunter.engine.environments import Calculator, EnvCalls, StepResult, evaluate, load_environment
+from shunter.engine.rollout import RolloutCore
+from shunter.engine.turns import batch_metrics
+from shunter.events import (
+    EnvFailed,
+    Generate,
+    PromptSpec,
+    SampleAborted,
+    SampleEnd,
+    SampleResumed,
+    SamplingSpec,
+    Stamper,
+)
+
+PROMPT = PromptSpec(prompt_id=1, text="12+34>", answer="46")
+
+
+def tool_user(after_call: str = ""):
+    """The fake model: calls the calculator on the prompt's expression, then writes
+    ``after_call`` (then eos) once the tool has answered."""
+
+    def respond(context: str) -> str:
+        prompt, _, response = context.partition(">")
+        return prompt + "=" if "=" not in response else after_call
+
+    return respond
+
+
+def final_answer(prompt: str, response: str, answer: str) -> float:
+    return 1.0 if response.rsplit("=", 1)[-1].endswith(answer) else 0.0
+
+
+def core(backend=None, environment=Calculator, **kw) -> RolloutCore:
+    return RolloutCore(
+        "standalone-0",
+        backend or FakeBackend(token_s=0.01, respond=tool_user()),
+        CharTokenizer(),
+        final_answer,
+        Stamper("t", "standalone-0"),
+        environment=environment,
+        env_name=getattr(environment, "__name__", "env"),
+        **kw,
+    )
+
+
+def gen(n: int = 1, max_tokens: int = 20, group_id: int = 0) -> Generate:
+    return Generate(group_id=group_id, prompt=PROMPT, n=n, sampling=SamplingSpec(max_tokens=max_tokens))
+
+
+def ends(events) -> list:
+    return [e.sample for e in events if isinstance(e, SampleEnd)]
+
+
+@virtual_time
+async def test_a_tool_call_is_answered_and_the_observation_is_context_not_loss():
+    events = await core().generate(gen())
+    [s] = ends(events)
+    tok = CharTokenizer()
+    assert tok.decode(s.token_ids) == "12+34=46"
+    assert s.loss_mask == [1] * 6 + [0, 0] + [1]  # the call, the tool's "46", the model's eos
+    assert s.logprobs[6:8] == [0.0, 0.0]
+    assert len(s.turns) == 1 and (s.turns[0].generated, s.turns[0].observed) == (6, 2)
+    assert s.metrics == {"tool_calls": 1.0, "tool_ok": 1.0}
+    assert s.reward == 1.0 and s.trained_tokens == 7
+    s.check()
+
+
+@virtual_time
+async def test_the_budget_covers_observations_and_max_turns_ends_the_tool_calls():
+    again = FakeBackend(token_s=0.01, respond=lambda ctx: ctx.partition(">")[0] + "=")  # calls forever
+    [s] = ends(await core(again, max_turns=2).generate(gen(max_tokens=60)))
+    assert len(s.turns) == 2  # then one last turn without tool calls
+    assert len(s.token_ids) <= 60 and s.loss_mask.count(0) == 4
+    [short] = ends(
+        await core(FakeBackend(token_s=0.01, respond=tool_user("9999")), max_turns=4).generate(gen(max_tokens=7))
+    )
+    assert len(short.token_ids) == 7 and short.finish_reason == "length"  # the call (6) and 1 of "46"
+    assert short.loss_mask == [1] * 6 + [0]
+
+
+@virtual_time
+async def test_environment_latency_does_not_hold_up_the_other_samples():
+    class Slow(Calculator):
+        async def step(self, action: str) -> StepResult:
+            await asyncio.sleep(10.0)
+            return await super().step(action)
+
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    samples = ends(await core(environment=Slow).generate(gen(n=8)))
+    assert len(samples) == 8 and all(len(s.turns) == 1 for s in samples)
+    assert loop.time() - t0 < 12.0  # the eight waits overlap: one 10 s step, not 80 s
+    assert all(s.turns[0].env_s == pytest.approx(10.0, abs=0.1) for s in samples)
+
+
+@virtual_time
+async def test_a_weight_load_mid_trajectory_resumes_the_turn_with_its_history():
+    in_second_turn = asyncio.Event()
+
+    def respond(context: str) -> str:
+        prompt, _, response = context.partition(">")
+        if "=" not in response:
+            return prompt + "="
+        in_second_turn.set()
+        made = response.split("=", 1)[1][2:]  # after the tool's "46": what this turn has made
+        return ("46" * 5)[len(made) :]
+
+    c = core(FakeBackend(token_s=0.01, respond=respond))
+    task = asyncio.ensure_future(c.generate(gen(max_tokens=40)))
+    await in_second_turn.wait()
+    await asyncio.sleep(0.035)  # virtual: a few tokens into the second turn
+    loaded = await c.load_weights(1, b"v1")
+    events = await task
+    assert loaded[0].interrupted == 1
+    [resumed] = [e for e in events if isinstance(e, SampleResumed)]
+    assert resumed.turn == 1 and resumed.version == 1
+    [s] = ends(events)
+    assert CharTokenizer().decode(s.token_ids) == "12+34=46" + "46" * 5
+    assert s.loss_mask[6:8] == [0, 0] and sum(s.loss_mask) == len(s.token_ids) - 2
+    assert s.versions[:8] == [0] * 8 and s.versions[-1] == 1  # the observation keeps the call's version
+    assert len(s.turns) == 1 and s.turns[0].version == 0
+
+
+@virtual_time
+async def test_a_trajectory_moved_to_another_replica_keeps_its_turns_and_resets_with_its_transcript():
+    seen: list[str] = []
+
+    class Recording(Calculator):
+        async def reset(self, prompt, transcript):
+            seen.append(transcript)
+            await super().reset(prompt, transcript)
+
+    in_second_turn = asyncio.Event()
+
+    def respond(context: str) -> str:
+        prompt, _, response = context.partition(">")
+        if "=" not in response:
+            return prompt + "="
+        if response.count("=") > 1:
+            return ""
+        in_second_turn.set()
+        made = response.split("=", 1)[1][2:]
+        return "1+1="[len(made) :]  # a second call
+
+    first = core(FakeBackend(token_s=0.01, respond=respond), environment=Recording)
+    task = asyncio.ensure_future(first.generate(gen(max_tokens=40)))
+    await in_second_turn.wait()
+    await asyncio.sleep(0.015)
+    await first.switch_to_trainer(1)
+    [cut] = [e for e in await task if isinstance(e, SampleAborted)]
+    assert cut.partial is not None and len(cut.partial.turns) == 1
+    second = core(FakeBackend(token_s=0.01, respond=respond), environment=Recording)
+    resume = Generate(group_id=0, prompt=PROMPT, n=1, sampling=SamplingSpec(max_tokens=40), resume=[cut.partial])
+    [s] = ends(await second.generate(resume))
+    assert seen[0] == "" and seen[1].startswith("12+34=46")  # reset on the new replica with the transcript
+    assert CharTokenizer().decode(s.token_ids).startswith("12+34=46") and len(s.turns) == 2
+    assert s.metrics["tool_calls"] == 2.0  # the calculator counted the call made before the move
+    s.check()
+
+
+class Raises(Calculator):
+    async def step(self, action):
+        raise ZeroDivisionError("the user's bug")
+
+
+class WrongType(Calculator):
+    async def step(self, action):
+        return "46"
+
+
+class Hangs(Calculator):
+    async def step(self, action):
+        await asyncio.Event().wait()
+
+
+class BadInit(Calculator):
+    def __init__(self):
+        raise RuntimeError("no licence")
+
+
+class SyncStep(Calculator):
+    def step(self, action):  # a plain function: run in a worker thread
+        return StepResult(observation="46")
+
+
+@pytest.mark.parametrize(
+    ("env", "failure", "cause"),
+    [
+        (Raises, "raised", "ZeroDivisionError: the user's bug"),
+        (WrongType, "returned", "WrongType.step returned str"),
+        (Hangs, "timeout", "took longer than task.env_timeout_s = 5 s"),
+        (BadInit, "raised", "BadInit() raised RuntimeError: no licence"),
+    ],
+)
+@virtual_time
+async def test_a_broken_environment_ends_its_trajectory_scored_as_it_stands(env, failure, cause):
+    events = await core(environment=env, env_timeout_s=5.0).generate(gen(n=2))
+    failed = [e for e in events if isinstance(e, EnvFailed)]
+    assert len(failed) == 2 and all(e.failure == failure and cause in e.error for e in failed)
+    assert failed[0].user_code == env.__name__
+    assert len(ends(events)) == 2  # nothing is lost, nothing raised
+
+
+def test_a_synchronous_step_runs_off_the_loop():
+    async def main():
+        return ends(await core(environment=SyncStep).generate(gen()))
+
+    [s] = asyncio.run(main())
+    assert CharTokenizer().decode(s.token_ids) == "12+34=46"
+
+
+def test_the_calculator_evaluates_arithmetic_and_nothing_else():
+    assert evaluate("2+3*4") == 14 and evaluate(" 10-7 ") == 3
+    for bad in ("__import__('os')", "2**99999", "1/0", "", "9" * 20 + "*2"):
+        with pytest.raises(ValueError):
+            evaluate(bad)
+
+    async def call(action: str) -> StepResult:
+        c = Calculator()
+        await c.reset(PROMPT, "")
+        return await c.step(action)
+
+    assert asyncio.run(call("12+34=")).observation == "46"
+    assert asyncio.run(call("what=")).observation == "err"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("calculater", "unknown environment 'calculater': not a built-in (calculator)"),
+        ("no_such_module:Env", "cannot import module 'no_such_module'"),
+        ("shunter.engine.environments:evaluate", "is not a class"),
+        ("shunter.engine.environments:StepResult", "lacks reset, step"),
+        ("test_turns:NoStop", "stop must be a non-empty list"),
+        ("test_turns:StringStop", "stop must be a non-empty list"),
+    ],
+)
+def test_environment_specs_a_user_gets_wrong_are_named_with_the_cause(spec, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_environment(spec)
+    with pytest.raises(ConfigError, match="task.environment"):
+        from_dict({"task": {"environment": spec}})
+
+
+class NoStop:
+    async def reset(self, prompt, transcript): ...
+    async def step(self, action): ...
+
+
+class StringStop(NoStop):
+    stop = "="
+
+
+def test_env_calls_never_raise_even_on_an_object_without_the_methods():
+    calls = EnvCalls(lambda: object(), "junk", 1.0)
+
+    async def main():
+        return await calls.reset(PROMPT, "")
+
+    failure, error = asyncio.run(main())
+    assert failure == "raised" and "AttributeError" in error
+
+
+def test_batch_metrics_average_the_environment_figures_over_the_batch():
+    from shunter.events import Sample, Turn
+
+    a = Sample(
+        sample_id="0.0",
+        group_id=0,
+        prompt_id=0,
+        prompt_token_ids=[1],
+        token_ids=[1, 2, 3],
+        logprobs=[0.0] * 3,
+        versions=[0] * 3,
+        loss_mask=[1, 0, 1],
+        turns=[Turn(generated=1, observed=1)],
+        metrics={"tool_ok": 1.0},
+    )
+    b = Sample(
+        sample_id="0.1", group_id=0, prompt_id=0, prompt_token_ids=[1], token_ids=[1], logprobs=[0.0], versions=[0]
+    )
+    assert batch_metrics([a, b]) == {"batch/turns_mean": 0.5, "batch/observation_tokens": 1.0, "env/tool_ok": 0.5}
+    assert batch_metrics([b]) == {}
+
+
+def run_cfg(**task):
+    return from_dict(
+        {
+            "run": {"total_steps": 4, "policy": "separate"},
+            "task": {"environment": "calculator", **task},
+            "rollout": {"standalone_replicas": 2, "n_samples_per_prompt": 4, "max_tokens": 24, "max_staleness": 1},
+            "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 1, "train_batch_size": 8},
+            "validation": {"every": 2, "prompts": 4},
+        }
+    )
+
+
+def sort_caller(context: str) -> str:
+    """Calls the calculator on the first two digits of a sort prompt, then answers."""
+    prompt, _, response = context.partition(">")
+    return f"{prompt[0]}+{prompt[1]}=" if "=" not in response else "1"
+
+
+@virtual_time
+async def test_a_multi_turn_run_trains_on_turns_and_reports_the_environment():
+    coord, _, trainer = local_run(run_cfg(), respond=sort_caller)
+    ended, seen = await run_to_end(coord, 3600)
+    assert ended.reason == "completed", ended
+    trained = [s for batch in trainer.seen for s in batch]
+    assert trained and all(len(s.turns) == 1 and s.loss_mask.count(0) >= 1 for s in trained)
+    assert ended.summary["env/steps"] >= len(trained)
+
+
+@virtual_time
+async def test_an_environment_that_always_fails_ends_the_run_naming_it():
+    coord, _, _ = local_run(run_cfg(environment="test_turns:Raises"), respond=sort_caller)
+    ended, _ = await run_to_end(coord, 3600)
+    assert ended.reason == "error" and ended.failed_component == "test_turns:Raises"
+    assert "the environment failed on each of the run's first 8 trajectories (8 raised)" in ended.error
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from shunter.engine.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", sft_steps=0))
+
+
+def test_the_trainer_masks_observation_tokens_out_of_the_loss(model_dir):
+    """The loss mask reaches the trainer's batch: an observation token's position is 0 (so
+    it is in no loss term, no denominator and no statistic), and a step trains on the rest."""
+    import torch
+
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import Trainer
+    from shunter.events import Sample
+
+    tr = Trainer(TrainerConfig(device="cpu", ppo_mini_batch_size=2, train_batch_size=2), model_dir)
+    tr.setup()
+    s = Sample(
+        sample_id="0.0",
+        group_id=0,
+        prompt_id=0,
+        prompt_token_ids=[5, 6, 7],
+        token_ids=[8, 9, 10, 11, 0],
+        logprobs=[-1.0, -1.0, 0.0, 0.0, -1.0],
+        versions=[0] * 5,
+        loss_mask=[1, 1, 0, 0, 1],
+        reward=1.0,
+    )
+    b = tr.collate(
+        [
+            s,
+            Sample(
+                sample_id="0.1",
+                group_id=0,
+                prompt_id=0,
+                prompt_token_ids=[5, 6, 7],
+                token_ids=[8, 0],
+                logprobs=[-1.0, -1.0],
+                versions=[0, 0],
+            ),
+        ]
+    )
+    assert b["mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 1]  # logits at t predict token t+1
+    assert b["mask"][1].tolist() == [0, 0, 1, 1, 0, 0, 0]
+    assert b["old"][0, 4:6].tolist() == [0.0, 0.0]
+    metrics = tr.train_step([s, msgspec_replace(s, sample_id="0.1", reward=0.0)])
+    assert metrics["trainer/tokens"] == 10.0 and torch.isfinite(torch.tensor(metrics["trainer/loss"]))
+
+
+def msgspec_replace(s, **kw):
+    import msgspec
+
+    return msgspec.structs.replace(s, **kw)

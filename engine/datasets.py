@@ -4,9 +4,21 @@ A row holds ``prompt`` (a list of chat messages ``{"role", "content"}``, or a pl
 for a base model), ``data_source`` (a string: which reward rule applies), ``reward_model``
 (a struct whose ``ground_truth`` the reward compares against; ``style`` is ignored) and,
 optionally, ``extra_info`` (a struct passed to the reward function as a dict). Other columns
-are ignored. Files are read with pyarrow (``pyarrow.parquet``, ``pyarrow.json``); a file
-that cannot be read, lacks a column or holds a value of the wrong type raises
-:class:`DataError` naming the file, the row and the field.
+are ignored. A file that cannot be read (damaged, not UTF-8, not JSON), lacks a column or
+holds a value of the wrong type raises :class:`DataError` naming the file, and the row
+(parquet: ``row N``) or line (JSONL: ``line N``, blank lines counted) and the field.
+
+How a file's values become a row's:
+
+- parquet is read with ``pyarrow.parquet``: a numeric ``ground_truth`` is the column's type
+  written by Python's ``str`` (an int exactly, a float by its shortest repr: ``3.0`` stays
+  ``"3.0"``); ``extra_info`` is a struct column, so a key some other row has and this row
+  lacks is ``None`` in its dict (as verl's own datasets give it);
+- JSONL (``.jsonl``, ``.json``) is read line by line with Python's ``json``, one object a
+  line: a number keeps its literal (``3`` -> ``"3"``, ``12345678901234567890`` stays exact,
+  ``1.50`` -> ``"1.50"``) and ``extra_info`` is the row's own object, no key added. (pyarrow's
+  JSON reader infers one type per column, so ``3`` beside a big int reads as ``"3.0"`` and an
+  explicit string type refuses numbers; it also numbers failing rows per block.)
 
 Invariants:
 
@@ -16,10 +28,11 @@ Invariants:
   at the same place (:meth:`PromptStream.skip`);
 - a prompt longer than the room the context leaves (``max_prompt_tokens``) never reaches a
   replica: it is filtered out once at load, counted per file and reported, never a crash;
+- a file is read once however often it is named (paths compare resolved);
 - prompt ids are the row's position in the stream (``epoch * rows + i``) for training and
   ``-1 - i`` for validation, so the two never collide.
 
-Nothing here imports torch, Ray or vLLM; pyarrow is imported when a file is read.
+Nothing here imports torch, Ray or vLLM; pyarrow is imported when a parquet file is read.
 """
 
 from __future__ import annotations
@@ -27,7 +40,6 @@ from __future__ import annotations
 import glob
 import json
 import random
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +68,7 @@ class Row:
     ground_truth: str
     extra_info: dict[str, Any]
     where: str
-    """``file:row`` (1-based), for messages that name it."""
+    """``file:row N`` (parquet) or ``file:line N`` (JSONL), 1-based, for messages that name it."""
 
     def spec(self, prompt_id: int) -> PromptSpec:
         return PromptSpec(
@@ -70,7 +82,8 @@ class Row:
 
 
 def expand(paths: Sequence[str], base: Path | None = None, what: str = "data.train_files") -> list[Path]:
-    """Paths and globs (relative ones from ``base``) -> the files, in the order given, each once."""
+    """Paths and globs (relative ones from ``base``) -> the files, in the order given, each once
+    (two spellings of one file, ``./a.parquet`` and ``a.parquet``, are one)."""
     out: list[Path] = []
     for p in paths:
         raw = Path(p).expanduser()
@@ -80,42 +93,117 @@ def expand(paths: Sequence[str], base: Path | None = None, what: str = "data.tra
             raise DataError(f"{what}: {p!r} matches no file")
         for h in hits:
             f = Path(h)
+            if not f.exists():
+                raise DataError(f"{what}: {p!r} matches no file ({f} does not exist)")
             if not f.is_file():
-                raise DataError(f"{what}: {f} is not a file")
+                raise DataError(f"{what}: {f} is not a file" + (" (a directory)" if f.is_dir() else ""))
             if f.suffix.lower() not in SUFFIXES:
                 raise DataError(f"{f}: unknown format {f.suffix!r}; give .parquet or .jsonl")
-            if f not in out:
-                out.append(f)
+            out.append(f)
+    return _once(out)
+
+
+def _once(files: Sequence[Path]) -> list[Path]:
+    """``files`` in order, each once: two spellings of one file (``./a.parquet``, ``a.parquet``) are one."""
+    seen: set[Path] = set()
+    out = []
+    for f in files:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            out.append(f)
     return out
 
 
-def _table(path: Path) -> Any:
+Record = tuple[str, dict[str, Any]]
+"""One row as the file holds it: where it is (``file:row N`` / ``file:line N``) and its fields."""
+
+
+def _parquet(path: Path) -> tuple[list[str], list[Record]]:
+    """The file's columns and its rows (only the columns a row uses are converted)."""
     import pyarrow as pa
-    import pyarrow.json as pj
     import pyarrow.parquet as pq
 
     try:
-        if SUFFIXES[path.suffix.lower()] == "parquet":
-            return pq.read_table(path)
-        return pj.read_json(path)
-    except (pa.ArrowException, OSError) as e:
+        table = pq.read_table(path)
+        used = [c for c in ("prompt", "reward_model", "data_source", "extra_info") if c in table.column_names]
+        values = table.select(used).to_pylist()
+    except (pa.ArrowException, OSError, ValueError, ArithmeticError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        first = re.sub(r"in row (\d+)", lambda m: f"at line {int(m.group(1)) + 1}", first)  # pyarrow counts from 0
-        raise DataError(f"{path}: cannot be read as {SUFFIXES[path.suffix.lower()]}: {first}") from None
+        raise DataError(f"{path}: cannot be read as parquet: {first}") from None
+    return list(table.column_names), [(f"{path}:row {i + 1}", v) for i, v in enumerate(values)]
+
+
+class _JsonFloat(float):
+    """A JSON number with a fraction or exponent, and the literal it was written as."""
+
+    __slots__ = ("literal",)
+    literal: str
+
+
+def _json_float(literal: str) -> float:
+    f = _JsonFloat(literal)
+    f.literal = literal
+    return f
+
+
+def _jsonl(path: Path) -> tuple[list[str], list[Record]]:
+    """The keys the file's objects have (first seen first) and its rows, one JSON object a line."""
+    columns: dict[str, None] = {}
+    out: list[Record] = []
+    try:
+        with path.open("rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                where = f"{path}:line {n}"
+                line = _decoded(raw, where, first=n == 1).rstrip("\r\n")
+                if line.strip():
+                    value = _object(line, where, first=not out)
+                    columns.update(dict.fromkeys(value))
+                    out.append((where, value))
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
+    return list(columns), out
+
+
+def _decoded(raw: bytes, where: str, *, first: bool) -> str:
+    """A line as text (the first may start with a byte-order mark)."""
+    try:
+        return raw.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at byte {e.start + 1} of the line)") from None
+
+
+def _object(line: str, where: str, *, first: bool) -> dict[str, Any]:
+    """One line's JSON object; a JSON array (a ``.json`` file of a list) is said to be one."""
+    try:
+        value = json.loads(line, parse_float=_json_float)
+    except json.JSONDecodeError as e:
+        value, cause = None, f"not valid JSON ({e.msg} at column {e.colno})"
+    except ValueError as e:  # an int longer than Python parses
+        value, cause = None, f"not valid JSON ({e})"
+    else:
+        cause = "" if isinstance(value, dict) else f"a {_kind(value)}, not an object"
+    if cause:
+        if first and line.lstrip().startswith("["):
+            cause = "the file holds a JSON array"
+        raise DataError(f"{where}: {cause}; expected JSONL (one JSON object per line)")
+    out: dict[str, Any] = value
+    return out
 
 
 def _text(value: Any, where: str, name: str) -> str:
     if isinstance(value, str):
         return value
-    if isinstance(value, bool) or value is None:
-        raise DataError(f"{where}: field {name!r} is {_kind(value)}; expected a string")
-    if isinstance(value, int | float):
+    if isinstance(value, _JsonFloat):
+        return value.literal  # a JSON number as its file wrote it
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)  # a numeric answer: the reward compares text
     raise DataError(f"{where}: field {name!r} is {_kind(value)}; expected a string")
 
 
 def _kind(value: Any) -> str:
-    return "missing (null)" if value is None else type(value).__name__
+    if value is None:
+        return "missing (null)"
+    return "float" if isinstance(value, float) else type(value).__name__
 
 
 def _messages(value: Any, where: str) -> tuple[ChatMessage, ...]:
@@ -131,46 +219,46 @@ def _messages(value: Any, where: str) -> tuple[ChatMessage, ...]:
 
 def read_rows(path: Path) -> list[Row]:
     """Every row of one file, checked; ``DataError`` names the file, row and field at fault."""
-    table = _table(path)
-    if table.num_rows == 0:
+    columns, records = _parquet(path) if SUFFIXES[path.suffix.lower()] == "parquet" else _jsonl(path)
+    if not records:
         raise DataError(f"{path}: holds no rows")
-    missing = [c for c in ("prompt", "reward_model") if c not in table.column_names]
+    missing = [c for c in ("prompt", "reward_model") if c not in columns]
     if missing:
-        raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (it has {', '.join(table.column_names)})")
-    cols = {
-        c: table.column(c).to_pylist()
-        for c in ("prompt", "reward_model", "data_source", "extra_info")
-        if c in table.column_names
-    }
-    rows = []
-    for i in range(table.num_rows):
-        where = f"{path}:row {i + 1}"
-        prompt = cols["prompt"][i]
-        messages, text = ((), prompt) if isinstance(prompt, str) else (_messages(prompt, where), "")
-        rm = cols["reward_model"][i]
-        if not isinstance(rm, dict) or "ground_truth" not in rm:
-            raise DataError(f"{where}: field 'reward_model' is {rm!r:.80}; expected a struct with 'ground_truth'")
-        source = cols.get("data_source", [None] * table.num_rows)[i]
-        extra = cols.get("extra_info", [None] * table.num_rows)[i]
-        if extra is not None and not isinstance(extra, dict):
-            raise DataError(f"{where}: field 'extra_info' is {_kind(extra)}; expected a struct (a dict)")
-        rows.append(
-            Row(
-                messages=messages,
-                text=text,
-                data_source=path.stem if source is None else _text(source, where, "data_source"),
-                ground_truth=_text(rm["ground_truth"], where, "reward_model.ground_truth"),
-                extra_info=_plain(extra or {}),
-                where=where,
-            )
-        )
-    return rows
+        raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (it has {', '.join(columns)})")
+    return [_row(path, where, value) for where, value in records]
+
+
+def _row(path: Path, where: str, value: dict[str, Any]) -> Row:
+    prompt = value.get("prompt")
+    messages, text = ((), prompt) if isinstance(prompt, str) else (_messages(prompt, where), "")
+    rm = value.get("reward_model")
+    if not isinstance(rm, dict) or "ground_truth" not in rm:
+        raise DataError(f"{where}: field 'reward_model' is {rm!r:.80}; expected a struct with 'ground_truth'")
+    source, extra = value.get("data_source"), value.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+        raise DataError(f"{where}: field 'extra_info' is {_kind(extra)}; expected a struct (a dict)")
+    return Row(
+        messages=messages,
+        text=text,
+        data_source=path.stem if source is None else _text(source, where, "data_source"),
+        ground_truth=_text(rm["ground_truth"], where, "reward_model.ground_truth"),
+        extra_info=_plain(extra or {}),
+        where=where,
+    )
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
     """``extra_info`` as plain JSON values (pyarrow gives dates, decimals, bytes for some types)."""
     out: dict[str, Any] = json.loads(json.dumps(d, default=str))
     return out
+
+
+def prompt_room(cfg: EngineConfig) -> tuple[int, str]:
+    """The prompt length in force, and the setting that sets it: ``data.max_prompt_tokens``,
+    or (when 0) the context the response leaves, ``rollout.max_model_len - rollout.max_tokens``."""
+    if cfg.data.max_prompt_tokens:
+        return cfg.data.max_prompt_tokens, "data.max_prompt_tokens"
+    return cfg.rollout.max_model_len - cfg.rollout.max_tokens, "rollout.max_model_len - rollout.max_tokens"
 
 
 @dataclass
@@ -189,21 +277,28 @@ class Dataset:
         *,
         count_tokens: Callable[[Row], int] | None = None,
         max_prompt_tokens: int = 0,
+        limit: str = "",
     ) -> Dataset:
+        """The rows of ``files`` (each read once), those longer than ``max_prompt_tokens`` left
+        out; ``limit`` names the setting that limit comes from (:func:`prompt_room`)."""
+        if not files:
+            raise DataError("no data file given: name at least one parquet or JSONL file")
+        unique = _once(files)
         rows: list[Row] = []
         too_long: dict[str, int] = {}
-        for f in files:
+        for f in unique:
             for r in read_rows(f):
                 if max_prompt_tokens and count_tokens is not None and count_tokens(r) > max_prompt_tokens:
                     too_long[str(f)] = too_long.get(str(f), 0) + 1
                 else:
                     rows.append(r)
         if not rows:
+            limit = limit or "data.max_prompt_tokens, or when 0 rollout.max_model_len - rollout.max_tokens"
             raise DataError(
-                f"no prompt left in {', '.join(map(str, files))}: all {sum(too_long.values())} are longer than "
-                f"{max_prompt_tokens} tokens (rollout.max_model_len - rollout.max_tokens)"
+                f"no prompt left in {', '.join(map(str, unique))}: all {sum(too_long.values())} are longer than "
+                f"{max_prompt_tokens} tokens ({limit})"
             )
-        return cls(rows=rows, files=list(files), too_long=too_long)
+        return cls(rows=rows, files=unique, too_long=too_long)
 
 
 class PromptStream(Iterator[PromptSpec]):
@@ -238,6 +333,8 @@ class PromptStream(Iterator[PromptSpec]):
 
     def skip(self, n: int) -> None:
         """Move on ``n`` prompts without drawing them (a resumed run's position)."""
+        if n < 0:
+            raise ValueError(f"PromptStream.skip({n}): the stream only moves forward")
         self.taken += n
 
     def __next__(self) -> PromptSpec:

@@ -2,11 +2,12 @@
 
 Invariants:
 
-- every call ends within ``timeout_s`` with a :class:`Scored`: a reward that raises, returns
-  something other than a finite number (or verl's dict with one under ``"score"``), or outlives
-  its timeout scores ``0.0`` and says why (``failure``, ``error``). The sample is trained on with
-  that score and the failure is reported (``RewardFailed``), never a crash, a dropped group or a
-  stall;
+- every call ends within ``timeout_s`` with a :class:`Scored`: a reward that raises (any
+  ``BaseException`` but ``KeyboardInterrupt`` and ``SystemExit``), returns something other than
+  a finite number (or verl's dict with one under ``"score"``; a coroutine too: rewards are
+  synchronous), or outlives its timeout scores ``0.0`` and says why (``failure``, ``error``).
+  The sample is trained on with that score and the failure is reported (``RewardFailed``),
+  never a crash, a dropped group or a stall;
 - :class:`ThreadRewards` runs the calls in worker threads, so a slow reward never blocks the
   replica's event loop (vLLM's outputs, weight loads and aborts go on); at most ``threads``
   calls run at once, the others wait their turn — their wait counts against their timeout;
@@ -23,10 +24,12 @@ in-process fakes and the simulator, whose virtual clock must not race real threa
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import numbers
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -45,14 +48,45 @@ class Scored(msgspec.Struct, frozen=True):
 
 
 def score_one(scorer: Scorer, prompt: PromptSpec, response: str) -> Scored:
-    """Call the reward once; its failures become a zero score with the cause."""
+    """Call the reward once; its failures become a zero score with the cause. Whatever it raises
+    is ``"raised"`` (``BaseException`` subclasses too, but ``KeyboardInterrupt`` and ``SystemExit``,
+    which go on), so nothing escapes a worker thread."""
     try:
-        r = score_of(scorer(prompt, response))
-    except Exception as e:  # noqa: BLE001 - the user's reward: reported, scored 0
-        return Scored(0.0, "raised", f"raised {describe(e, limit=500)}")
-    if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(float(r)):
-        return Scored(0.0, "returned", f"returned {type_name(r)}; expected a finite float (or a dict with 'score')")
-    return Scored(float(r))
+        result = scorer(prompt, response)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's reward: reported, scored 0
+        return Scored(0.0, "raised", f"raised {_said(e, lambda e: describe(e, limit=500))}")
+    return _checked(result)
+
+
+def _checked(result: object) -> Scored:
+    """A reward's result as its score: a finite real number, or verl's dict with one under
+    ``"score"``; anything else (an awaitable, a number too large for a float ...) is ``"returned"``."""
+    if inspect.isawaitable(result):
+        what = "a coroutine" if inspect.iscoroutine(result) else f"an awaitable ({type(result).__name__})"
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: closed here, without the interpreter's warning
+        return Scored(0.0, "returned", f"returned {what}; reward functions must be synchronous")
+    r = score_of(result)
+    try:
+        value = float(r) if isinstance(r, numbers.Real) and not isinstance(r, bool) else math.nan
+    except Exception:  # noqa: BLE001 - 10**400 (OverflowError), or a user's Real whose __float__ fails
+        value = math.nan
+    if not math.isfinite(value):
+        return Scored(
+            0.0, "returned", f"returned {_said(r, type_name)}; expected a finite float (or a dict with 'score')"
+        )
+    return Scored(value)
+
+
+def _said(value: Any, text: Callable[[Any], str]) -> str:
+    """``text(value)``, or the value's type where its own ``str``/``repr`` fails (an int of more
+    digits than Python prints, a user's class)."""
+    try:
+        return text(value)
+    except Exception:  # noqa: BLE001 - the user's object: its type is enough to name it
+        return type(value).__name__
 
 
 class Rewards(Protocol):

@@ -14,6 +14,7 @@ gives (or a built-in short name); nothing is evaluated or unpickled.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -119,29 +120,67 @@ def load_reward(spec: str) -> Callable[..., object]:
 
 
 def as_scorer(fn: Callable[..., object]) -> Scorer:
-    """The replica's call for a reward function of either signature: verl's ``(data_source,
-    solution_str, ground_truth, extra_info)`` when it names one of those parameters or requires 4
-    positional arguments, else a task's ``(prompt, response, answer)``. One that cannot be
-    called either way is a ``ValueError`` naming both."""
-    import inspect
+    """The replica's call for a reward function of either signature, or a ``ValueError`` naming
+    the function and the forms a reward takes:
 
+    - verl's, when it has a parameter named ``data_source``, ``solution_str`` or ``ground_truth``:
+      called by keyword with those of ``data_source, solution_str, ground_truth, extra_info`` it
+      accepts (all of them with ``**kwargs``), so their order and defaults are its own; any other
+      parameter it requires is refused;
+    - verl's, by position in that order, when it requires 4 positional arguments of other names;
+    - else a task's ``(prompt, response, answer)``, by position.
+
+    An ``async`` function is refused: rewards run synchronously in worker threads."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f) for f in (fn, type(fn).__call__)):
+        raise ValueError(f"reward function {name} is async; reward functions must be synchronous (plain def)")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: take it as a task's
         params = []
+    names = _verl_names(name, params)
+    if names:
+        return lambda p, response: fn(**{k: v for k, v in _verl_args(p, response).items() if k in names})
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
     required = [p for p in positional if p.default is p.empty]
-    name = getattr(fn, "__qualname__", repr(fn))
-    verl = bool({p.name for p in positional} & set(VERL_PARAMS[:3])) or len(required) == 4
-    if verl and (len(required) <= 4 <= len(positional) or varargs):
-        return lambda p, response: fn(p.data_source, response, p.answer, dict(p.extra_info))
+    if len(required) == 4:
+        return lambda p, response: fn(*_verl_args(p, response).values())
     if not params or len(required) <= 3 <= len(positional) or varargs:
         return lambda p, response: fn(p.text, response, p.answer)
     raise ValueError(
         f"reward function {name} takes {len(positional)} positional arguments; a reward takes 3, "
         f"(prompt, response, answer), or verl's 4, ({', '.join(VERL_PARAMS)})"
     )
+
+
+def _verl_names(name: str, params: list[inspect.Parameter]) -> tuple[str, ...]:
+    """The verl parameters a function takes by keyword, when it names one of verl's first three;
+    ``()`` when it names none. One that also requires a parameter of another name is refused."""
+    by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not set(by_name) & set(VERL_PARAMS[:3]):
+        return ()
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    names = tuple(n for n in VERL_PARAMS if any_keyword or n in by_name)
+    required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    other = [p.name for p in required if p.kind is p.POSITIONAL_ONLY or p.name not in names]
+    if other:
+        raise ValueError(
+            f"reward function {name} takes verl's {', '.join(n for n in names if n in by_name)} but also requires "
+            f"{', '.join(other)}; a reward takes (prompt, response, answer) by position, or verl's "
+            f"({', '.join(VERL_PARAMS)}) by name"
+        )
+    return names
+
+
+def _verl_args(p: PromptSpec, response: str) -> dict[str, object]:
+    """verl's four arguments for one sample, in verl's order."""
+    return {
+        "data_source": p.data_source,
+        "solution_str": response,
+        "ground_truth": p.answer,
+        "extra_info": dict(p.extra_info),
+    }
 
 
 def score_of(result: object) -> object:

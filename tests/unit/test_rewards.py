@@ -33,6 +33,64 @@ def test_a_reward_that_raises_or_returns_junk_scores_0_with_the_cause(fn, failur
     assert scored.reward == 0.0 and scored.failure == failure and error in scored.error
 
 
+class Escapes(BaseException):
+    """A user's exception outside ``Exception``."""
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def _raise(e: BaseException) -> float:
+    raise e
+
+
+@pytest.mark.parametrize(
+    "fn, failure, error",
+    [
+        (lambda p, r, a: 10**400, "returned", "returned int 1000"),  # float() overflows
+        (lambda p, r, a: {"score": -(10**400)}, "returned", "returned int -1000"),
+        (lambda p, r, a: 10**5000, "returned", "returned int;"),  # too many digits to print
+        (lambda p, r, a: _raise(Escapes("out")), "raised", "raised Escapes: out"),
+        (lambda p, r, a: _raise(GeneratorExit()), "raised", "raised GeneratorExit"),
+        (lambda p, r, a: _raise(Unprintable()), "raised", "raised Unprintable"),
+    ],
+)
+def test_a_reward_that_overflows_or_raises_outside_exception_scores_0_with_the_cause(fn, failure, error):
+    scored = score_one(as_scorer(fn), P, "12")
+    assert scored.reward == 0.0 and scored.failure == failure and error in scored.error
+
+
+def test_a_keyboard_interrupt_or_exit_in_a_reward_goes_on():
+    for e in (KeyboardInterrupt(), SystemExit(3)):
+        with pytest.raises(type(e)):
+            score_one(as_scorer(lambda p, r, a, e=e: _raise(e)), P, "12")
+
+
+def test_a_reward_that_returns_a_coroutine_is_scored_a_failure_and_the_coroutine_closed():
+    async def later() -> float:
+        return 1.0
+
+    coro = later()
+    scored = score_one(as_scorer(lambda p, r, a: coro), P, "12")
+    assert scored == Scored(0.0, "returned", "returned a coroutine; reward functions must be synchronous")
+    assert coro.cr_frame is None  # closed: no "never awaited" warning later
+    scored = score_one(lambda prompt, response: asyncio.sleep(0), P, "12")  # a scorer made without as_scorer
+    assert scored.failure == "returned" and "coroutine" in scored.error
+
+
+async def test_a_reward_raising_a_base_exception_in_a_thread_is_scored_not_raised():
+    rewards = ThreadRewards(as_scorer(lambda p, r, a: _raise(Escapes("out"))), timeout_s=30, threads=1)
+    try:
+        async with asyncio.timeout(30):
+            scored = await rewards.score(P, "12")
+            assert scored.failure == "raised" and "Escapes: out" in scored.error
+            assert await rewards.score(P, "12") == scored  # the worker thread goes on
+    finally:
+        rewards.close()
+
+
 def test_a_float_or_verls_dict_is_the_score():
     assert score_one(as_scorer(lambda p, r, a: 1), P, "12") == Scored(1.0)
     verl = as_scorer(lambda data_source, solution_str, ground_truth, extra_info: {"score": 0.5, "acc": 0})

@@ -30,7 +30,7 @@ import asyncio
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +78,40 @@ __all__ = [
 
 class Engine:
     def __init__(
-        self, config: EngineConfig | str | Path, *, run_id: str | None = None, resume: str | Path | None = None
+        self,
+        config: EngineConfig | str | Path,
+        *,
+        run_id: str | None = None,
+        resume: str | Path | None = None,
+        train_data: Sequence[Mapping[str, Any]] | None = None,
+        val_data: Sequence[Mapping[str, Any]] | None = None,
+        environment: type | None = None,
     ) -> None:
         """``resume``: a checkpoint folder, or a run folder (its newest valid checkpoint);
         the run continues under its own id and folder. Raises ``CheckpointError`` naming
-        what is wrong with it."""
+        what is wrong with it.
+
+        ``train_data`` / ``val_data``: the prompts as objects — dicts in verl's layout (``prompt``,
+        ``data_source``, ``reward_model.ground_truth``, ``extra_info``), checked and filtered as
+        ``data.train_files`` / ``data.val_files`` rows are (a bad row: ``EngineSetupError`` at
+        ``start()`` naming ``train_data[i]`` and the field). ``environment``: an environment class
+        (multi-turn rollouts) instead of ``task.environment``; the replicas get it pickled, so a
+        class defined in the user's script works. A class that is not one: ``EngineSetupError``."""
         self.cfg = config if isinstance(config, EngineConfig) else load_config(config)
+        if train_data is not None and self.cfg.data.train_files:
+            raise EngineSetupError("train_data and data.train_files are both given: use one")
+        if val_data is not None and train_data is None and not self.cfg.data.train_files:
+            raise EngineSetupError("val_data is given without training data: give train_data too")
+        if environment is not None:
+            from shunter.engine.environments import load_environment
+
+            if self.cfg.task.environment:
+                raise EngineSetupError("environment and task.environment are both given: use one")
+            try:
+                load_environment(environment)
+            except ValueError as e:
+                raise EngineSetupError(str(e)) from None
+        self._objects = {"train_data": train_data, "val_data": val_data, "environment": environment}
         self._resume: Found | None = resolve(resume) if resume else None
         if self._resume is not None:
             self.run_id = self._resume[1].run_id
@@ -174,7 +202,7 @@ class Engine:
         from shunter.actors.launch import Launcher
 
         self._check_run_folder()
-        self._launch = Launcher(self.cfg, self.run_id, self.out_dir)
+        self._launch = Launcher(self.cfg, self.run_id, self.out_dir, **self._objects)
         await self._launch.open()
         await self._start_attempt(self._resume, "")
 

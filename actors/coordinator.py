@@ -11,7 +11,7 @@ never polls a dead run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from shunter.actors.wire import codec
 from shunter.engine import config as config_mod
 from shunter.engine import snapshot
 from shunter.engine.checkpoint import CheckpointStore
-from shunter.engine.datasets import DataError, Dataset, Row, expand, run_prompts, validation_specs
+from shunter.engine.datasets import DataError, Dataset, Row, expand, prompt_room, run_prompts, validation_specs
 from shunter.engine.errors import bounded, describe
 from shunter.engine.loop import Coordinator
 from shunter.engine.records import RunSinks
@@ -74,19 +74,25 @@ class Waiters:
         return fut
 
 
-def load_run_data(cfg: config_mod.EngineConfig, model_dir: str) -> tuple[Dataset, list[PromptSpec]]:
+def load_run_data(
+    cfg: config_mod.EngineConfig,
+    model_dir: str,
+    train_data: Sequence[Mapping[str, Any]] | None = None,
+    val_data: Sequence[Mapping[str, Any]] | None = None,
+) -> tuple[Dataset, list[PromptSpec]]:
     """A run's dataset (see ``shunter.engine.datasets.run_prompts``), loaded once by the launcher
-    before any component starts: the training
-    rows, their prompts too long for the context left out (counted with the model's own
-    tokenizer and chat template, as the replicas will tokenize them), and the validation
-    prompts. ``DataError`` names the file, row and field of a row that cannot be used."""
+    before any component starts: the training rows (``data.train_files``, or ``train_data``
+    given as objects), their prompts too long for the context left out (counted with the model's
+    own tokenizer and chat template, as the replicas will tokenize them), and the validation
+    prompts. ``DataError`` names the file (or ``train_data[i]``), row and field of a row that
+    cannot be used."""
     from transformers import AutoTokenizer
 
     from shunter.actors.rollout import HFTokenizer
 
-    d, r = cfg.data, cfg.rollout
+    d = cfg.data
     tok = HFTokenizer(AutoTokenizer.from_pretrained(model_dir))
-    room = d.max_prompt_tokens or r.max_model_len - r.max_tokens
+    room, limit = prompt_room(cfg)
 
     def count(row: Row) -> int:
         try:
@@ -94,10 +100,15 @@ def load_run_data(cfg: config_mod.EngineConfig, model_dir: str) -> tuple[Dataset
         except Exception as e:  # noqa: BLE001 - a chat prompt without a template: said at load, with the row
             raise DataError(f"{row.where}: {describe(e, limit=300)}") from None
 
-    train = Dataset.load(expand(d.train_files, what="data.train_files"), count_tokens=count, max_prompt_tokens=room)
+    def load(records: Sequence[Mapping[str, Any]] | None, files: list[str], what: str) -> Dataset:
+        if records is not None:
+            return Dataset.from_records(records, what, count_tokens=count, max_prompt_tokens=room, limit=limit)
+        return Dataset.load(expand(files, what=f"data.{what}"), count_tokens=count, max_prompt_tokens=room, limit=limit)
+
+    train = load(train_data, d.train_files, "train_data" if train_data is not None else "train_files")
     val: list[PromptSpec] = []
-    if d.val_files:
-        held = Dataset.load(expand(d.val_files, what="data.val_files"), count_tokens=count, max_prompt_tokens=room)
+    if val_data is not None or d.val_files:
+        held = load(val_data, d.val_files, "val_data" if val_data is not None else "val_files")
         val = validation_specs(held, cfg.validation.prompts)
     return train, val
 

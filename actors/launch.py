@@ -32,8 +32,20 @@ RAY_SESSION = "ray_session"
 
 
 class Launcher:
-    def __init__(self, cfg: EngineConfig, run_id: str, out_dir: Path) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        run_id: str,
+        out_dir: Path,
+        *,
+        train_data: Any = None,
+        val_data: Any = None,
+        environment: Any = None,
+    ) -> None:
+        """``train_data`` / ``val_data``: rows given as objects instead of ``data.*_files``;
+        ``environment``: a class instead of ``task.environment`` (``Engine``'s arguments)."""
         self.cfg, self.run_id, self.out_dir = cfg, run_id, out_dir
+        self.train_data, self.val_data, self.environment = train_data, val_data, environment
         self.codec = Codec()
         self.attempt = 0
         self.owns_ray = False
@@ -82,20 +94,22 @@ class Launcher:
 
     def _load_data(self) -> Any:
         """The dataset (``data.train_files``), read and checked before anything starts."""
-        if not self.cfg.data.train_files:
+        if not self.cfg.data.train_files and self.train_data is None:
             return None
         from shunter.actors.coordinator import load_run_data
         from shunter.engine.datasets import DataError
 
         try:
-            return load_run_data(self.cfg, self.model_dir)
+            return load_run_data(self.cfg, self.model_dir, self.train_data, self.val_data)
         except DataError as e:
             raise EngineSetupError(f"the dataset cannot be used: {e}") from None
 
     def _ensure_model(self) -> str:
         m = self.cfg.model
         path = Path(m.path)
-        if m.build_tiny and not (path / "config.json").is_file():
+        # a tiny model this engine built (its marker file) is rebuilt when its build settings
+        # changed (another model.sft_steps, say); a folder without one (a user's model) is never touched
+        if m.build_tiny and (not (path / "config.json").is_file() or (path / "shunter_model.json").is_file()):
             from shunter.engine.tiny_model import build_tiny_model
 
             build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps, preset=m.preset)
@@ -344,7 +358,7 @@ class Launcher:
                 task=cfg.task.name,
                 reward_timeout_s=cfg.task.reward_timeout_s,
                 reward_threads=cfg.task.reward_threads,
-                environment=cfg.task.environment,
+                environment=self.environment or cfg.task.environment,
                 max_turns=cfg.task.max_turns,
                 env_timeout_s=cfg.task.env_timeout_s,
                 version=version,

@@ -45,7 +45,7 @@ class RolloutWorker:
         import_paths: list[str] | None = None,
         reward_timeout_s: float = 30.0,
         reward_threads: int = 4,
-        environment: str = "",
+        environment: str | type = "",
         max_turns: int = 4,
         env_timeout_s: float = 30.0,
     ) -> None:
@@ -77,7 +77,7 @@ class RolloutWorker:
         from transformers import AutoTokenizer
 
         from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
-        from shunter.engine.environments import load_environment
+        from shunter.engine.environments import environment_name, load_environment
         from shunter.engine.rollout import RolloutCore
         from shunter.engine.tasks import load_reward, load_task
 
@@ -112,7 +112,7 @@ class RolloutWorker:
             reward_timeout_s=self.reward_timeout_s,
             reward_threads=self.reward_threads,
             environment=load_environment(self.environment) if self.environment else None,
-            env_name=self.environment,
+            env_name=environment_name(self.environment),
             max_turns=self.max_turns,
             env_timeout_s=self.env_timeout_s,
         )

@@ -40,7 +40,7 @@ from __future__ import annotations
 import glob
 import json
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -284,21 +284,55 @@ class Dataset:
         if not files:
             raise DataError("no data file given: name at least one parquet or JSONL file")
         unique = _once(files)
+        return cls._kept([(str(f), read_rows(f)) for f in unique], unique, count_tokens, max_prompt_tokens, limit)
+
+    @classmethod
+    def from_records(
+        cls,
+        records: Sequence[Mapping[str, Any]],
+        name: str,
+        *,
+        count_tokens: Callable[[Row], int] | None = None,
+        max_prompt_tokens: int = 0,
+        limit: str = "",
+    ) -> Dataset:
+        """Rows given as objects (``Engine(train_data=...)``): dicts in verl's layout, checked as a
+        file's rows are (``DataError`` names ``name[i]`` and the field)."""
+        if isinstance(records, str | bytes) or not isinstance(records, Sequence):
+            raise DataError(f"{name}: expected a list of rows (dicts in verl's layout), got {_kind(records)}")
+        if not records:
+            raise DataError(f"{name}: holds no rows")
+        rows = []
+        for i, r in enumerate(records):
+            if not isinstance(r, Mapping):
+                raise DataError(f"{name}[{i}]: is {_kind(r)}; expected a dict with 'prompt' and 'reward_model'")
+            rows.append(_row(Path(name), f"{name}[{i}]", dict(r)))
+        return cls._kept([(name, rows)], [], count_tokens, max_prompt_tokens, limit)
+
+    @classmethod
+    def _kept(
+        cls,
+        sources: list[tuple[str, list[Row]]],
+        files: list[Path],
+        count_tokens: Callable[[Row], int] | None,
+        max_prompt_tokens: int,
+        limit: str,
+    ) -> Dataset:
         rows: list[Row] = []
         too_long: dict[str, int] = {}
-        for f in unique:
-            for r in read_rows(f):
+        for source, source_rows in sources:
+            for r in source_rows:
                 if max_prompt_tokens and count_tokens is not None and count_tokens(r) > max_prompt_tokens:
-                    too_long[str(f)] = too_long.get(str(f), 0) + 1
+                    too_long[source] = too_long.get(source, 0) + 1
                 else:
                     rows.append(r)
         if not rows:
             limit = limit or "data.max_prompt_tokens, or when 0 rollout.max_model_len - rollout.max_tokens"
             raise DataError(
-                f"no prompt left in {', '.join(map(str, unique))}: all {sum(too_long.values())} are longer than "
-                f"{max_prompt_tokens} tokens ({limit})"
+                f"no prompt left in {', '.join(s for s, _ in sources)}: all {sum(too_long.values())} are longer "
+                f"than {max_prompt_tokens} tokens ({limit})"
             )
-        return cls(rows=rows, files=unique, too_long=too_long)
+        return cls(rows=rows, files=files, too_long=too_long)
 
 
 class PromptStream(Iterator[PromptSpec]):

@@ -62,21 +62,26 @@ class Environment(Protocol):
 BUILTIN_ENVIRONMENTS = {"calculator": "shunter.engine.environments:Calculator"}
 
 
-def load_environment(spec: str) -> Callable[[], Any]:
-    """A built-in name (``"calculator"``) or ``"module:Class"`` -> the class; ValueError naming
-    the spec and what is wrong (not importable, not a class, no ``step``/``reset``/``stop``)."""
+def load_environment(spec: str | type) -> Callable[[], Any]:
+    """A built-in name (``"calculator"``), ``"module:Class"`` or the class itself -> the class;
+    ValueError naming it and what is wrong (not importable, not a class, no
+    ``step``/``reset``/``stop``)."""
     from shunter.policies.registry import import_object
 
-    target = BUILTIN_ENVIRONMENTS.get(spec, spec)
-    if ":" not in target:
-        known = ", ".join(sorted(BUILTIN_ENVIRONMENTS))
-        raise ValueError(f"unknown environment {spec!r}: not a built-in ({known}) nor 'module:Class'")
-    cls = import_object(target, "environment")
+    if isinstance(spec, str):
+        target = BUILTIN_ENVIRONMENTS.get(spec, spec)
+        if ":" not in target:
+            known = ", ".join(sorted(BUILTIN_ENVIRONMENTS))
+            raise ValueError(f"unknown environment {spec!r}: not a built-in ({known}) nor 'module:Class'")
+        cls = import_object(target, "environment")
+    else:
+        cls = spec
+    name = environment_name(spec)
     if not isinstance(cls, type):
-        raise ValueError(f"environment spec {spec!r}: {cls!r} is not a class (one object is made per trajectory)")
+        raise ValueError(f"environment {name}: {cls!r:.80} is not a class (one object is made per trajectory)")
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing:
-        raise ValueError(f"environment spec {spec!r}: {cls.__name__} lacks {', '.join(missing)}")
+        raise ValueError(f"environment {name}: {cls.__name__} lacks {', '.join(missing)}")
     stop = getattr(cls, "stop", None)
     if (
         isinstance(stop, str)
@@ -85,10 +90,17 @@ def load_environment(spec: str) -> Callable[[], Any]:
         or not all(isinstance(x, str) and x for x in stop)
     ):
         raise ValueError(
-            f"environment spec {spec!r}: {cls.__name__}.stop must be a non-empty list of non-empty "
+            f"environment {name}: {cls.__name__}.stop must be a non-empty list of non-empty "
             f"strings (the text that ends a tool call), got {stop!r}"
         )
     return cls
+
+
+def environment_name(spec: str | type | object) -> str:
+    """How events and messages name an environment: its spec, or a class's ``module:qualname``."""
+    if isinstance(spec, str):
+        return spec
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
 
 
 class EnvCalls:

@@ -135,7 +135,10 @@ def sft(model: Qwen2ForCausalLM, tokenizer: Any, prompts: Iterator[TaskPrompt], 
     losses: list[float] = []
     model.train()
     for _ in range(steps):
-        rows = [(_encode(tokenizer, p.text), _encode(tokenizer, p.answer) + [0]) for p in islice(prompts, SFT_BATCH)]
+        rows = [
+            (_encode(tokenizer, p.text), _encode(tokenizer, p.demo or p.answer) + [0])
+            for p in islice(prompts, SFT_BATCH)
+        ]
         width = max(len(a) + len(b) for a, b in rows)
         ids = torch.full((len(rows), width), 1, dtype=torch.long)
         target_mask = torch.zeros((len(rows), width), dtype=torch.bool)

@@ -33,6 +33,8 @@ VERL_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 BUILTIN_TASKS: dict[str, str] = {
     "sort_digits": "shunter.engine.tasks.sort_digits:SortDigitsTask",
+    "word_problems": "shunter.engine.tasks.word_problems:WordProblemsTask",
+    "word_problems_tool": "shunter.engine.tasks.word_problems:WordProblemsToolTask",
 }
 
 
@@ -42,6 +44,8 @@ class TaskPrompt:
 
     text: str
     answer: str
+    demo: str = ""
+    """The warm start's target response when it is not the bare answer (a tool call, say)."""
 
 
 def is_held_out(text: str, holdout_mod: int = 10) -> bool:
@@ -54,6 +58,8 @@ class Task(ABC):
     """A task samples prompts from an rng; the base class does the train/validation split."""
 
     name: ClassVar[str] = "task"
+    stream: ClassVar[str] = ""
+    """Whose prompt streams this task shares (a variant of another task poses its problems); empty: its own."""
     holdout_mod: ClassVar[int] = 10
 
     @abstractmethod
@@ -69,7 +75,7 @@ class Task(ABC):
 
     def train_prompts(self, seed: int) -> Iterator[TaskPrompt]:
         """Infinite, deterministic for ``seed``; never yields a held-out prompt."""
-        rng = random.Random(f"{self.name}:train:{int(seed)}")
+        rng = random.Random(f"{self.stream or self.name}:train:{int(seed)}")
         while True:
             prompt = self.sample(rng)
             if not self.is_validation(prompt):
@@ -77,7 +83,7 @@ class Task(ABC):
 
     def validation_prompts(self, n: int, seed: int = 0) -> list[TaskPrompt]:
         """``n`` distinct held-out prompts, deterministic for ``seed``."""
-        rng = random.Random(f"{self.name}:validation:{int(seed)}")
+        rng = random.Random(f"{self.stream or self.name}:validation:{int(seed)}")
         out: list[TaskPrompt] = []
         seen: set[str] = set()
         budget = max(1000, 1000 * n * self.holdout_mod)

@@ -74,3 +74,46 @@ async def test_a_resume_with_a_damaged_registry_state_is_refused_before_anything
     ):
         await engine.start()
     assert engine._launch is None
+
+
+def test_data_and_environments_given_as_objects_are_checked_before_anything_starts(tmp_path):
+    from shunter.engine.environments import Calculator
+
+    rows = [{"prompt": [{"role": "user", "content": "12"}], "reward_model": {"ground_truth": "12"}}]
+    Engine(from_dict({}), train_data=rows, val_data=rows, environment=Calculator)  # fine: nothing starts
+    with pytest.raises(EngineSetupError, match="train_data and data.train_files are both given"):
+        (tmp_path / "t.jsonl").write_text("{}")
+        Engine(from_dict({"data": {"train_files": [str(tmp_path / "t.jsonl")]}}), train_data=rows)
+    with pytest.raises(EngineSetupError, match="val_data is given without training data"):
+        Engine(from_dict({}), val_data=rows)
+    with pytest.raises(EngineSetupError, match="environment and task.environment are both given"):
+        Engine(from_dict({"task": {"environment": "calculator"}}), environment=Calculator)
+
+    class NoStop:
+        async def reset(self, prompt, transcript): ...
+        async def step(self, action): ...
+
+    with pytest.raises(EngineSetupError, match=r"NoStop.stop must be a non-empty list"):
+        Engine(from_dict({}), environment=NoStop)
+    with pytest.raises(EngineSetupError, match="is not a class"):
+        Engine(from_dict({}), environment=Calculator())
+
+
+def test_rows_given_as_objects_are_checked_like_a_files_rows():
+    from shunter.engine.datasets import DataError, Dataset
+
+    ok = {"prompt": "12>", "data_source": "d", "reward_model": {"ground_truth": 3}}
+    d = Dataset.from_records([ok, ok], "train_data")
+    assert len(d.rows) == 2 and d.rows[0].ground_truth == "3" and d.rows[0].where == "train_data[0]"
+    with pytest.raises(DataError, match=r"train_data\[1\]: field 'reward_model'"):
+        Dataset.from_records([ok, {"prompt": "x"}], "train_data")
+    with pytest.raises(DataError, match=r"train_data\[0\]: is str"):
+        Dataset.from_records(["12>"], "train_data")
+    with pytest.raises(DataError, match="expected a list of rows"):
+        Dataset.from_records("rows.parquet", "train_data")
+    with pytest.raises(DataError, match="holds no rows"):
+        Dataset.from_records([], "train_data")
+    short = Dataset.from_records(
+        [ok, {**ok, "prompt": "1" * 50}], "train_data", count_tokens=lambda r: len(r.text), max_prompt_tokens=10
+    )
+    assert len(short.rows) == 1 and short.too_long == {"train_data": 1}

@@ -1,0 +1,88 @@
+"""Built-in verifiable task: arithmetic word problems, with or without a calculator tool.
+
+``"ann,has,12,pens,and,buys,7,more,how,many,pens>"`` -> ``"19"``. The tiny model's 42-symbol
+vocabulary has no space, so words are joined by commas; the numbers add (two or three
+addends, 1-20 each). The prompts are a pure function of the seed, so the offline generator
+(``examples/make_word_problems.py``) writes the same problems as a verl parquet dataset.
+
+Invariants:
+
+- the reward is a pure function of (response, answer) in [0, 1], equal to 1.0 exactly when
+  the response's **last number** is the answer: a plain answer (``19``) and a calculator
+  trajectory (``12+7=19``, the ``19`` being the tool's) score alike; otherwise partial credit,
+  ``0.5 * (digits in place) / max(len)``, and 0.0 with no number at all;
+- ``word_problems_tool`` differs only in its warm start: one prompt in three is demonstrated
+  as a calculator call (``12+7=19``) instead of the bare answer, so the tiny model starts out
+  calling the tool now and then, and RL can raise that share (``env/tool_ok``).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, ClassVar
+
+from .base import Task, TaskPrompt
+
+NAMES = ("ann", "bob", "cat", "dan", "eve", "fay", "gus", "ivy", "jon", "kim", "lee", "max", "ned", "oli")
+ITEMS = ("pens", "apples", "cards", "coins", "books", "shells", "stamps", "marbles")
+LOW, HIGH = 1, 20
+_NUMBER = re.compile(r"\d+")
+
+
+def problem(rng: random.Random) -> tuple[str, list[int]]:
+    """One problem's words (comma-joined, without the separator) and its addends."""
+    item = rng.choice(ITEMS)
+    a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+    if rng.random() < 0.5:
+        name = rng.choice(NAMES)
+        return f"{name},has,{a},{item},and,buys,{b},more,how,many,{item}", [a, b]
+    x, y, z = rng.sample(NAMES, 3)
+    c = rng.randint(LOW, HIGH)
+    return f"{x},has,{a},{item},{y},has,{b},and,{z},has,{c},how,many,in,all", [a, b, c]
+
+
+def score(response: str, answer: str) -> float:
+    """The module docstring's reward: the response's last number against the answer."""
+    numbers: list[str] = _NUMBER.findall(response)
+    if not numbers:
+        return 0.0
+    out, target = numbers[-1], answer.strip()
+    if out == target:
+        return 1.0
+    hits = sum(a == b for a, b in zip(out, target, strict=False))
+    return 0.5 * hits / max(len(out), len(target), 1)
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """The reward in verl's signature (``task.reward = "shunter.engine.tasks.word_problems:compute_score"``)."""
+    del data_source, extra_info
+    return score(solution_str, ground_truth)
+
+
+class WordProblemsTask(Task):
+    """Two or three addends of 1-20; the answer is their sum."""
+
+    name: ClassVar[str] = "word_problems"
+    tool_share: ClassVar[float] = 0.0
+    """Share of warm-start demonstrations written as a calculator call."""
+
+    def sample(self, rng: random.Random) -> TaskPrompt:
+        words, terms = problem(rng)
+        answer = str(sum(terms))
+        call = rng.random() < self.tool_share
+        return TaskPrompt(
+            text=words + ">", answer=answer, demo="+".join(map(str, terms)) + "=" + answer if call else ""
+        )
+
+    def reward(self, prompt: str, response: str, answer: str) -> float:
+        del prompt
+        return score(response, answer)
+
+
+class WordProblemsToolTask(WordProblemsTask):
+    """The same problems; one warm-start demonstration in three calls the calculator."""
+
+    name: ClassVar[str] = "word_problems_tool"
+    stream: ClassVar[str] = "word_problems"
+    tool_share: ClassVar[float] = 1 / 3

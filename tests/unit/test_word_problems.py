@@ -1,0 +1,67 @@
+"""The arithmetic word-problem task: its reward, its two warm starts, its verl reward, and the
+offline generator's parquet (verl's layout, read back by the engine's own loader)."""
+
+from __future__ import annotations
+
+import random
+from itertools import islice
+
+import pytest
+
+from shunter.engine.tasks import as_scorer, load_task
+from shunter.engine.tasks.word_problems import compute_score, problem, score
+from shunter.events import PromptSpec
+
+
+@pytest.mark.parametrize(
+    ("response", "reward"),
+    [("19", 1.0), ("12+7=19", 1.0), ("12+7=18", 0.25), ("91", 0.0), ("", 0.0), ("abc", 0.0), ("190", 0.5 * 2 / 3)],
+)
+def test_the_reward_is_the_last_numbers_match(response, reward):
+    assert score(response, "19") == pytest.approx(reward)
+
+
+def test_the_verl_reward_is_called_by_the_engine_with_the_row():
+    scorer = as_scorer(compute_score)
+    assert scorer(PromptSpec(prompt_id=0, answer="19", data_source="word_problems"), "12+7=19") == 1.0
+
+
+def test_both_tasks_pose_the_same_problems_and_only_the_tool_task_demonstrates_calls():
+    plain, tool = load_task("word_problems"), load_task("word_problems_tool")
+    a, b = list(islice(plain.train_prompts(0), 300)), list(islice(tool.train_prompts(0), 300))
+    assert [p.text for p in a] == [p.text for p in b] and [p.answer for p in a] == [p.answer for p in b]
+    assert not any(p.demo for p in a)
+    calls = [p for p in b if p.demo]
+    assert 0.25 < len(calls) / len(b) < 0.42
+    for p in calls:  # the demonstration is the calculator call and its value
+        expr, _, value = p.demo.partition("=")
+        assert value == p.answer and sum(map(int, expr.split("+"))) == int(p.answer)
+        assert all(n in p.text.split(",") or n + ">" in p.text for n in expr.split("+"))
+
+
+def test_problems_use_only_the_tiny_vocabulary_and_fit_the_example_context():
+    from shunter.engine.tiny_model import SYMBOLS
+
+    rng = random.Random(0)
+    for _ in range(500):
+        words, terms = problem(rng)
+        assert set(words) <= set(SYMBOLS) and 2 <= len(terms) <= 3
+        assert len(words) + 1 + 16 <= 96  # examples/word_problems*.toml: max_model_len 96, max_tokens 16
+
+
+def test_the_generator_writes_a_verl_parquet_the_engine_loads(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from shunter.engine.datasets import read_rows
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "make_word_problems.py"
+    spec = importlib.util.spec_from_file_location("make_word_problems", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(str(tmp_path), train=50, val=10)
+    rows = read_rows(tmp_path / "word_train.parquet")
+    assert len(rows) == 50 and rows[0].data_source == "word_problems"
+    assert rows[0].messages and rows[0].messages[0].role == "user" and rows[0].ground_truth.isdigit()
+    held = {r.messages[0].content for r in read_rows(tmp_path / "word_val.parquet")}
+    assert not held & {r.messages[0].content for r in rows}

@@ -47,12 +47,12 @@ def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
-    for run in runs:
+    for i, run in enumerate(runs):
         rows = read_metrics(run)
         for ax, (key, _) in zip(axes, PANELS, strict=True):
             x, y = series(rows, key, window)
-            if x:
-                ax.plot(x, y, label=run.name)
+            if x:  # one colour per run in every panel
+                ax.plot(x, y, label=run.name, color=f"C{i}")
     for ax, (key, title) in zip(axes, PANELS, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("weight version" if key.startswith("validate/") else "optimizer step")

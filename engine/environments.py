@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import math
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -133,13 +134,15 @@ class EnvCalls:
                 "returned",
                 f"environment {self.name}.step returned {type_name(out)}; expected shunter.StepResult",
             )
-        bad = [k for k, v in out.metrics.items() if isinstance(v, bool) or not isinstance(v, int | float)]
-        if not isinstance(out.observation, str) or bad:
-            return (
-                None,
-                "returned",
-                f"environment {self.name}.step returned a StepResult with bad fields {bad or 'observation'}",
-            )
+        bad = (
+            [f"metrics[{k!r}]" for k, v in out.metrics.items() if not _finite(v)]
+            if isinstance(out.metrics, dict)
+            else ["metrics"]
+        )
+        bad += [] if isinstance(out.observation, str) else ["observation (not a str)"]
+        bad += [] if _finite(out.reward) else ["reward (not a finite number)"]
+        if bad:
+            return None, "returned", f"environment {self.name}.step returned a StepResult with bad {', '.join(bad)}"
         return out, None, ""
 
     async def _call(self, method: str, *args: Any) -> tuple[EnvFailure | None, str, Any]:
@@ -163,6 +166,10 @@ class EnvCalls:
         except Exception as e:  # noqa: BLE001 - the user's environment: reported
             return "raised", f"environment {self.name}.{method} raised {describe(e, limit=500)}", None
         return None, "", out
+
+
+def _finite(v: object) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
 
 
 # -- the built-in calculator tool ---------------------------------------------------------------

@@ -287,7 +287,14 @@ class RolloutCore:
                     continue
                 ev.append(self._aborted(s, reason or "reclaimed", partial=True))
                 return ev
-            if env is None or not stop or s.remaining_tokens == 0 or not turns.ends_with_call(s, self.tok.decode, stop):
+            ended = s.token_ids[-1:] == [self.tok.eos_token_id]  # the model's own end: no tool call
+            if (
+                env is None
+                or not stop
+                or ended
+                or not s.remaining_tokens
+                or not turns.ends_with_call(s, self.tok.decode, stop)
+            ):
                 break
             s, more = await self._step(env, s, ev)
             if not more:

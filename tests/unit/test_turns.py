@@ -386,3 +386,16 @@ def msgspec_replace(s, **kw):
     import msgspec
 
     return msgspec.structs.replace(s, **kw)
+
+
+class BadFields(Calculator):
+    async def step(self, action):
+        return StepResult(observation=46, reward=float("nan"), metrics={"ok": True})  # msgspec does not check
+
+
+@virtual_time
+async def test_a_step_result_with_bad_fields_is_the_environments_error():
+    events = await core(environment=BadFields).generate(gen())
+    [failed] = [e for e in events if isinstance(e, EnvFailed)]
+    assert failed.failure == "returned"
+    assert "metrics['ok'], observation (not a str), reward (not a finite number)" in failed.error

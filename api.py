@@ -94,12 +94,16 @@ class Engine:
         ``train_data`` / ``val_data``: the prompts as objects — dicts in verl's layout (``prompt``,
         ``data_source``, ``reward_model.ground_truth``, ``extra_info``), checked and filtered as
         ``data.train_files`` / ``data.val_files`` rows are (a bad row: ``EngineSetupError`` at
-        ``start()`` naming ``train_data[i]`` and the field). ``environment``: an environment class
-        (multi-turn rollouts) instead of ``task.environment``; the replicas get it pickled, so a
-        class defined in the user's script works. A class that is not one: ``EngineSetupError``."""
+        ``start()`` naming ``train_data[i]`` and the field; held-out rows come from ``val_data``, not
+        ``data.val_files``, when the training rows are objects). ``environment``: an environment
+        class (multi-turn rollouts; or its spec string) instead of ``task.environment``; the
+        replicas get it pickled, so a class defined in the user's script works. A class that is
+        not one: ``EngineSetupError``."""
         self.cfg = config if isinstance(config, EngineConfig) else load_config(config)
         if train_data is not None and self.cfg.data.train_files:
             raise EngineSetupError("train_data and data.train_files are both given: use one")
+        if val_data is not None and self.cfg.data.val_files:
+            raise EngineSetupError("val_data and data.val_files are both given: use one")
         if val_data is not None and train_data is None and not self.cfg.data.train_files:
             raise EngineSetupError("val_data is given without training data: give train_data too")
         if environment is not None:

@@ -115,6 +115,7 @@ class RolloutWorker:
             env_name=environment_name(self.environment),
             max_turns=self.max_turns,
             env_timeout_s=self.env_timeout_s,
+            env_thread=True,  # an async environment call that blocks holds its own loop, not vLLM's
         )
         return time.perf_counter() - t0
 

@@ -83,6 +83,7 @@ def load_environment(spec: str | type) -> Callable[[], Any]:
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing:
         raise ValueError(f"environment {name}: {cls.__name__} lacks {', '.join(missing)}")
+    _check_arity(cls, name)
     stop = getattr(cls, "stop", None)
     if (
         isinstance(stop, str)
@@ -97,6 +98,24 @@ def load_environment(spec: str | type) -> Callable[[], Any]:
     return cls
 
 
+def _check_arity(cls: type, name: str) -> None:
+    """The class is made with no arguments, ``reset`` takes (prompt, transcript), ``step`` (action)."""
+    for what, fn, args in (
+        (f"{cls.__name__}()", cls, 0),
+        (f"{cls.__name__}.reset", getattr(cls, "reset"), 3),  # noqa: B009 - checked callable above
+        (f"{cls.__name__}.step", getattr(cls, "step"), 2),  # noqa: B009
+    ):
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without a signature: taken on trust
+            continue
+        try:
+            sig.bind(*([None] * args))
+        except TypeError as e:
+            want = {0: "no arguments", 3: "(self, prompt, transcript)", 2: "(self, action)"}[args]
+            raise ValueError(f"environment {name}: {what} cannot be called with {want}: {e}") from None
+
+
 def environment_name(spec: str | type | object) -> str:
     """How events and messages name an environment: its spec, or a class's ``module:qualname``."""
     if isinstance(spec, str):
@@ -104,11 +123,60 @@ def environment_name(spec: str | type | object) -> str:
     return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
 
 
-class EnvCalls:
-    """One trajectory's environment on one replica, every call contained and bounded."""
+MAX_STUCK_LOOPS = 16
+"""Environment loops a replica gives up on (each held by an ``async`` call that blocks and
+never returns) before new calls wait on the last one, and time out."""
 
-    def __init__(self, factory: Callable[[], Any], name: str, timeout_s: float) -> None:
-        self.factory, self.name, self.timeout_s = factory, name, timeout_s
+
+class EnvLoop:
+    """A replica's own event loop for its environments' ``async`` calls, in a daemon thread: an
+    ``async def step`` that blocks (``time.sleep``, a synchronous HTTP call) holds this loop,
+    never the replica's — so vLLM's outputs and the other samples go on and the call's timeout
+    fires. A loop still held by a call that timed out is left to it and calls go to a fresh one
+    (up to ``MAX_STUCK_LOOPS``)."""
+
+    def __init__(self) -> None:
+        self._loop = self._start()
+        self.stuck = 0
+
+    @staticmethod
+    def _start() -> asyncio.AbstractEventLoop:
+        import threading
+
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="shunter-env-loop", daemon=True).start()
+        return loop
+
+    async def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
+        """``await fn(*args)`` on the environment loop, bounded by ``timeout_s`` on the caller's."""
+        import concurrent.futures
+
+        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(_awaited(fn, args), self._loop)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+        except TimeoutError:
+            if not fut.done() and self.stuck < MAX_STUCK_LOOPS:  # the loop may be blocked: use a fresh one
+                self.stuck += 1
+                self._loop = self._start()
+            raise
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+async def _awaited(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return await fn(*args)
+
+
+class EnvCalls:
+    """One trajectory's environment on one replica, every call contained and bounded.
+
+    ``loop``: where ``async`` calls run (an :class:`EnvLoop` on real replicas); None: on the
+    caller's loop (the in-process fakes and the simulator, whose virtual clock must not race a
+    real thread)."""
+
+    def __init__(self, factory: Callable[[], Any], name: str, timeout_s: float, loop: EnvLoop | None = None) -> None:
+        self.factory, self.name, self.timeout_s, self.loop = factory, name, timeout_s, loop
         self.env: Any = None
 
     @property
@@ -149,7 +217,9 @@ class EnvCalls:
         try:
             fn = getattr(self.env, method)
             async with asyncio.timeout(self.timeout_s):
-                if inspect.iscoroutinefunction(fn):
+                if inspect.iscoroutinefunction(fn) and self.loop is not None:
+                    out = await self.loop.run(fn, args, self.timeout_s + 1.0)  # the outer timeout fires first
+                elif inspect.iscoroutinefunction(fn):
                     out = await fn(*args)
                 else:
                     out = await asyncio.to_thread(fn, *args)
@@ -176,6 +246,7 @@ def _finite(v: object) -> bool:
 _CALL = re.compile(r"([0-9+\-* ]+)=$")
 _OPS: dict[type, Callable[[int, int], int]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 MAX_OPERAND = 10**12
+MAX_EXPRESSION = 200
 
 
 def evaluate(expr: str) -> int:
@@ -192,16 +263,19 @@ def evaluate(expr: str) -> int:
             return _OPS[type(node.op)](left, right)
         raise ValueError(f"not an arithmetic expression: {expr!r}")
 
+    if len(expr) > MAX_EXPRESSION:
+        raise ValueError(f"expression longer than {MAX_EXPRESSION} characters")
     try:
         tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError:
-        raise ValueError(f"not an arithmetic expression: {expr!r}") from None
-    return walk(tree.body)
+        return walk(tree.body)
+    except (SyntaxError, RecursionError, MemoryError):
+        raise ValueError(f"not an arithmetic expression: {expr[:40]!r}") from None
 
 
 class Calculator:
     """A calculator tool: the model writes an expression ending in ``=`` (``23+45=``), the
-    tool answers its value (``68``); a malformed call is answered ``err``. Metrics per
+    tool answers its value (``68``); a malformed call is answered ``err``. The expression is
+    the run of digits, ``+ - *`` and spaces just before the ``=`` (``7/2=`` evaluates ``2``). Metrics per
     trajectory: ``tool_calls`` (calls made), ``tool_ok`` (1 when a call's value was the
     prompt's answer)."""
 

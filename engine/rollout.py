@@ -34,7 +34,7 @@ import msgspec
 
 from shunter.engine import lengths, turns
 from shunter.engine.backend import Backend, GenParams, Tokenizer
-from shunter.engine.environments import EnvCalls
+from shunter.engine.environments import EnvCalls, EnvLoop
 from shunter.engine.errors import describe
 from shunter.engine.rewards import InlineRewards, Rewards, ThreadRewards
 from shunter.engine.tasks import as_scorer
@@ -105,12 +105,16 @@ class RolloutCore:
         env_name: str = "",
         env_timeout_s: float = 30.0,
         max_turns: int = 4,
+        env_thread: bool = False,
     ) -> None:
         """``reward_timeout_s > 0``: rewards run in ``reward_threads`` worker threads, each call
         bounded; 0: on this loop, unbounded (in-process fakes and the simulator).
         ``environment``: the class made per trajectory for multi-turn samples (at most
-        ``max_turns`` environment steps each, each bounded by ``env_timeout_s``)."""
+        ``max_turns`` environment steps each, each bounded by ``env_timeout_s``); ``env_thread``:
+        its ``async`` calls run on a loop of their own (``environments.EnvLoop``), so one that
+        blocks never holds this replica's loop (real replicas; not under a virtual clock)."""
         self.environment, self.env_name = environment, env_name
+        self._env_loop = EnvLoop() if env_thread and environment is not None else None
         self.env_timeout_s, self.max_turns = env_timeout_s, max_turns
         self.replica_id = replica_id
         self.backend = backend
@@ -327,7 +331,7 @@ class RolloutCore:
         """The trajectory's environment on this replica, reset with its transcript so far;
         None (the trajectory goes on as a single turn) when it cannot be made or reset."""
         assert self.environment is not None
-        env = EnvCalls(self.environment, self.env_name, self.env_timeout_s)
+        env = EnvCalls(self.environment, self.env_name, self.env_timeout_s, self._env_loop)
         failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
         if failure is None:
             return env
@@ -606,10 +610,11 @@ class RolloutCore:
         params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
 
         errors: list[str] = []
+        env_errors: list[str] = []
 
         async def one(p: PromptSpec) -> float:
             if self.environment is not None:
-                return await self._validate_turns(p, max_tokens, errors)
+                return await self._validate_turns(p, max_tokens, errors, env_errors)
             rid = f"{self.replica_id}-val-{next(self._req)}"
             try:
                 ids = self.prompt_ids(p)
@@ -630,22 +635,27 @@ class RolloutCore:
         metrics = {"reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
         if errors:
             metrics["reward_errors"] = float(len(errors))
+        if env_errors:
+            metrics["env_errors"] = float(len(env_errors))
         out = [begin, self._stamp(ValidateEnd(version=version, duration_s=_now() - t0, metrics=metrics))]
-        if errors:
-            out.append(
-                self._stamp(
-                    CommandFailed(
-                        command_kind=tag_of(RunValidation),
-                        target=self.replica_id,
-                        user_code=self.reward_name,
-                        error=f"reward function {self.reward_name} failed on {len(errors)} "
-                        f"held-out prompts (scored 0), first: {errors[0]}",
+        for user_code, failed, what, scored in (
+            (self.reward_name, errors, f"reward function {self.reward_name}", "scored 0"),
+            (self.env_name, env_errors, f"environment {self.env_name}", "scored as they stood"),
+        ):
+            if failed:
+                out.append(
+                    self._stamp(
+                        CommandFailed(
+                            command_kind=tag_of(RunValidation),
+                            target=self.replica_id,
+                            user_code=user_code,
+                            error=f"{what} failed on {len(failed)} held-out prompts ({scored}), first: {failed[0]}",
+                        )
                     )
                 )
-            )
         return out
 
-    async def _validate_turns(self, p: PromptSpec, max_tokens: int, errors: list[str]) -> float:
+    async def _validate_turns(self, p: PromptSpec, max_tokens: int, errors: list[str], env_errors: list[str]) -> float:
         """A held-out prompt's greedy multi-turn trajectory, through the sample loop itself."""
         try:
             ids = self.prompt_ids(p)
@@ -660,13 +670,16 @@ class RolloutCore:
             max_tokens=max_tokens,
         )
         events = await self._run(s, p, SamplingSpec(max_tokens=max_tokens, temperature=0.0))
-        errors += [e.error for e in events if isinstance(e, RewardFailed | EnvFailed)]
+        errors += [e.error for e in events if isinstance(e, RewardFailed)]
+        env_errors += [e.error for e in events if isinstance(e, EnvFailed)]
         return next((e.sample.reward for e in events if isinstance(e, SampleEnd)), 0.0)
 
     async def shutdown(self) -> list[Event]:
         self._evicting = True
         await self._cut("shutdown")
         self.rewards.close()
+        if self._env_loop is not None:
+            self._env_loop.close()
         return []
 
 

@@ -78,11 +78,11 @@ def env_reward(s: Sample) -> float:
 
 
 def batch_metrics(samples: list[Sample]) -> dict[str, float]:
-    """A batch's multi-turn figures (none for single-turn samples): ``batch/turns_mean``
+    """A batch's multi-turn figures (every step of a run with an environment, none without): ``batch/turns_mean``
     (environment steps per sample), ``batch/observation_tokens``, and per environment metric
     ``env/<name>``, its mean over the batch's samples (a sample that reported none counts 0)."""
-    if not samples or not any(s.turns or s.metrics for s in samples):
-        return {}
+    if not samples or not any(s.loss_mask or s.turns or s.metrics for s in samples):
+        return {}  # single-turn samples (with an environment in play every sample has a loss mask)
     out = {
         "batch/turns_mean": sum(len(s.turns) for s in samples) / len(samples),
         "batch/observation_tokens": float(sum(len(s.token_ids) - s.trained_tokens for s in samples)),

@@ -1,6 +1,6 @@
 """Write the arithmetic word problems as a dataset in verl's parquet layout (no download):
 ``prompt`` as chat messages, ``data_source``, ``reward_model.ground_truth`` and ``extra_info``
-with the expression, for ``examples/word_problems.toml`` and its calculator-tool variant
+(the split and the row's index), for ``examples/word_problems.toml`` and its calculator-tool variant
 ``examples/word_problems_tool.toml``.
 
     .venv/bin/python examples/make_word_problems.py examples/data

@@ -84,6 +84,11 @@ def test_data_and_environments_given_as_objects_are_checked_before_anything_star
     with pytest.raises(EngineSetupError, match="train_data and data.train_files are both given"):
         (tmp_path / "t.jsonl").write_text("{}")
         Engine(from_dict({"data": {"train_files": [str(tmp_path / "t.jsonl")]}}), train_data=rows)
+    with pytest.raises(EngineSetupError, match="val_data and data.val_files are both given"):
+        Engine(
+            from_dict({"data": {"train_files": [str(tmp_path / "t.jsonl")], "val_files": [str(tmp_path / "t.jsonl")]}}),
+            val_data=rows,
+        )
     with pytest.raises(EngineSetupError, match="val_data is given without training data"):
         Engine(from_dict({}), val_data=rows)
     with pytest.raises(EngineSetupError, match="environment and task.environment are both given"):

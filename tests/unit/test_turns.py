@@ -399,3 +399,70 @@ async def test_a_step_result_with_bad_fields_is_the_environments_error():
     [failed] = [e for e in events if isinstance(e, EnvFailed)]
     assert failed.failure == "returned"
     assert "metrics['ok'], observation (not a str), reward (not a finite number)" in failed.error
+
+
+class BlocksTheLoop(Calculator):
+    async def step(self, action):
+        import time
+
+        time.sleep(1.0)  # the user's mistake: blocking code in an async step
+        return StepResult(observation="46")
+
+
+def test_an_async_step_that_blocks_holds_its_own_loop_and_times_out():
+    """On a real replica (``env_thread``) the blocking call holds the environment loop, never the
+    replica's: the replica's loop keeps turning and the call's timeout fires (real time, short)."""
+
+    async def main():
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.ensure_future(ticker())
+        c = core(
+            FakeBackend(token_s=0.0, respond=tool_user()), environment=BlocksTheLoop, env_timeout_s=0.2, env_thread=True
+        )
+        events = await c.generate(gen(n=2))
+        stop.set()
+        await t
+        await c.shutdown()
+        return events, ticks
+
+    events, ticks = asyncio.run(main())
+    failed = [e for e in events if isinstance(e, EnvFailed)]
+    assert len(failed) == 2 and all(e.failure == "timeout" for e in failed)
+    assert ticks >= 5  # the replica's loop went on while the environment blocked
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("def __init__(self, url): ...", r"InitArgs\(\) cannot be called with no arguments"),
+        ("async def reset(self): ...", r"InitArgs.reset cannot be called with \(self, prompt, transcript\)"),
+        ("async def step(self, action, extra): ...", r"InitArgs.step cannot be called with \(self, action\)"),
+    ],
+)
+def test_an_environment_that_cannot_be_called_as_the_engine_calls_it_is_refused_at_load(body, message):
+    ns: dict = {}
+    exec(
+        f"class InitArgs:\n    stop = ['=']\n    async def reset(self, prompt, transcript): ...\n"
+        f"    async def step(self, action): ...\n    {body}\n",
+        ns,
+    )
+    with pytest.raises(ValueError, match=message):
+        load_environment(ns["InitArgs"])
+
+
+def test_the_calculator_answers_err_to_expressions_that_would_crash_a_parser():
+    async def call(action: str) -> str:
+        c = Calculator()
+        await c.reset(PROMPT, "")
+        return (await c.step(action)).observation
+
+    assert asyncio.run(call("1" + "+1" * 1000 + "=")) == "err"
+    assert asyncio.run(call("-" * 10000 + "1=")) == "err"

@@ -9,6 +9,7 @@ run); what to *do* next is the policy's call, made after this.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from shunter.engine.batches import Batches
@@ -209,27 +210,30 @@ class Applier:
 
     # -- samples and steps --------------------------------------------------------------------
     def _reward_failed(self, ev: RewardFailed) -> None:
-        t = self.tally
-        t.reward_failures[ev.failure] += 1
+        self.tally.reward_failures[ev.failure] += 1
         self._unscored.add(ev.sample_id)
-        enough = max(MIN_REWARD_FAILURES_BEFORE_ENDING, self.cfg.trainer.ppo_mini_batch_size)
-        if t.rewards_scored == 0 and t.reward_failures.total() >= enough:
-            self.end(
-                "error",
-                error=f"{ev.error} — it failed on each of the run's first {t.reward_failures.total()} samples "
-                f"({', '.join(f'{n} {k}' for k, n in t.reward_failures.items())}) and scored none",
-                failed_component=ev.user_code,
-            )
+        self._end_if_never_worked(
+            ev, self.tally.reward_failures, self.tally.rewards_scored, ("it", "samples", "and scored none")
+        )
 
     def _env_failed(self, ev: EnvFailed) -> None:
-        t = self.tally
-        t.env_failures[ev.failure] += 1
+        self.tally.env_failures[ev.failure] += 1
+        self._end_if_never_worked(
+            ev, self.tally.env_failures, self.tally.env_steps, ("the environment", "trajectories", "and never answered")
+        )
+
+    def _end_if_never_worked(
+        self, ev: RewardFailed | EnvFailed, failures: Counter[str], worked: int, words: tuple[str, str, str]
+    ) -> None:
+        """User code on the hot path (a reward, an environment) that failed on a mini-batch's worth
+        of samples before working once ends the run, naming it; a failure after that is counted."""
         enough = max(MIN_REWARD_FAILURES_BEFORE_ENDING, self.cfg.trainer.ppo_mini_batch_size)
-        if t.env_steps == 0 and t.env_failures.total() >= enough:
+        if worked == 0 and failures.total() >= enough:
+            who, unit, outcome = words
             self.end(
                 "error",
-                error=f"{ev.error} — the environment failed on each of the run's first {t.env_failures.total()} "
-                f"trajectories ({', '.join(f'{n} {k}' for k, n in t.env_failures.items())}) and never answered",
+                error=f"{ev.error} — {who} failed on each of the run's first {failures.total()} {unit} "
+                f"({', '.join(f'{n} {k}' for k, n in failures.items())}) {outcome}",
                 failed_component=ev.user_code,
             )
 

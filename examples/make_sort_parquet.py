@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 from shunter.engine.tasks import SortDigitsTask
 
 
-def rows(prompts, split: str) -> list[dict]:
+def rows(prompts, split: str, data_source: str = "sort_digits", ability: str = "sort") -> list[dict]:
     return [
         {
-            "data_source": "sort_digits",
+            "data_source": data_source,
             "prompt": [{"role": "user", "content": p.text.removesuffix(">")}],  # the chat template adds ">"
-            "ability": "sort",
+            "ability": ability,
             "reward_model": {"style": "rule", "ground_truth": p.answer},
             "extra_info": {"split": split, "index": i},
         }
@@ -31,15 +31,20 @@ def rows(prompts, split: str) -> list[dict]:
     ]
 
 
-def main(out: str = "examples/data", train: int = 20_000, val: int = 128) -> None:
+def write(task, out: str, name: str, train: int, val: int, **row_fields) -> None:
+    """A task's training prompts and held-out prompts as ``<name>_train.parquet`` / ``<name>_val.parquet``."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    task = SortDigitsTask()
+    train_rows = rows(islice(task.train_prompts(seed=0), train), "train", **row_fields)
+    pq.write_table(pa.Table.from_pylist(train_rows), folder / f"{name}_train.parquet")
     pq.write_table(
-        pa.Table.from_pylist(rows(islice(task.train_prompts(seed=0), train), "train")), folder / "sort_train.parquet"
+        pa.Table.from_pylist(rows(task.validation_prompts(val), "test", **row_fields)), folder / f"{name}_val.parquet"
     )
-    pq.write_table(pa.Table.from_pylist(rows(task.validation_prompts(val), "test")), folder / "sort_val.parquet")
     print(f"wrote {train} training and {val} validation rows to {folder}/")
+
+
+def main(out: str = "examples/data", train: int = 20_000, val: int = 128) -> None:
+    write(SortDigitsTask(), out, "sort", train, val)
 
 
 if __name__ == "__main__":

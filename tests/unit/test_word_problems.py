@@ -49,17 +49,15 @@ def test_problems_use_only_the_tiny_vocabulary_and_fit_the_example_context():
         assert len(words) + 1 + 16 <= 96  # examples/word_problems*.toml: max_model_len 96, max_tokens 16
 
 
-def test_the_generator_writes_a_verl_parquet_the_engine_loads(tmp_path):
-    import importlib.util
+def test_the_generator_writes_a_verl_parquet_the_engine_loads(tmp_path, monkeypatch):
+    import sys
     from pathlib import Path
 
     from shunter.engine.datasets import read_rows
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "make_word_problems.py"
-    spec = importlib.util.spec_from_file_location("make_word_problems", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(str(tmp_path), train=50, val=10)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))  # as when run as a script
+    __import__("make_word_problems").main(str(tmp_path), train=50, val=10)
+    sys.modules.pop("make_word_problems", None)
     rows = read_rows(tmp_path / "word_train.parquet")
     assert len(rows) == 50 and rows[0].data_source == "word_problems"
     assert rows[0].messages and rows[0].messages[0].role == "user" and rows[0].ground_truth.isdigit()

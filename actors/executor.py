@@ -14,6 +14,11 @@ group with the trainer (``JoinWeightGroup`` to each side); then every ``InstallW
 which broadcasts while the replica receives. Both halves are bounded; a failed half drops
 the group, and the next load joins a new one. A replica that joins late or restarts gets
 the current weights this way before it takes requests (the coordinator loads them first).
+
+Each version crosses a group once: the loads of one replica go out one at a time, and one
+whose version the group already carried (a sleeping replica received it, now it wakes with
+it) goes without a send — the replica's half receives only a version it has not received
+since it joined (``VllmBackend.receive_weights``), so every broadcast has its receiver.
 """
 
 from __future__ import annotations
@@ -73,12 +78,14 @@ class RayExecutor(TaskExecutor):
         self.kinds: dict[str, str] = {}  # replica id -> kind (from ReplicaUp)
         self.places: dict[str, tuple[str, tuple[str, ...]]] = {}  # component -> (node, GPU ids), from ComponentPlaced
         self._joins: dict[str, asyncio.Future] = {}  # replica id -> its weight-group join
+        self._carried: dict[str, int] = {}  # replica id -> the last version its current group carried
+        self._loading: dict[str, asyncio.Lock] = {}  # replica id -> held while a load's pair is out
         self._watches: dict[str, asyncio.Task] = {}  # component -> the call that reports its death
 
     def add_replica(self, replica_id: str, handle) -> None:
         self.replicas[replica_id] = handle
         self._down.discard(replica_id)
-        self._joins.pop(replica_id, None)
+        self._drop_group(replica_id)
         self.watch(replica_id)
 
     def watch(self, target: str) -> None:
@@ -134,6 +141,7 @@ class RayExecutor(TaskExecutor):
         """The replica's weight group, joined once per replica life (concurrent loads share it)."""
         fut = self._joins.get(replica_id)
         if fut is None:
+            self._carried.pop(replica_id, None)  # a new group has carried nothing
             fut = self._joins[replica_id] = asyncio.ensure_future(self._do_join(replica_id))
         try:
             await asyncio.shield(fut)
@@ -157,18 +165,46 @@ class RayExecutor(TaskExecutor):
             bound,
         )
 
-    async def _send(self, replica_id: str, handle: str) -> None:
+    async def _send(self, replica_id: str, handle: str) -> bool:
         """The trainer's half of a weight load over a group; failures become events."""
         cmd = SendWeights(replica_ids=[replica_id], version=_version(handle), handle=handle)
         try:
             await self._ask(TRAINER, cmd, self.group_timeout_s + self.timeout_s)
+            return True
         except Exception as e:  # noqa: BLE001 - every failure becomes an event; the next load joins anew
-            self._joins.pop(replica_id, None)
+            self._drop_group(replica_id)
             self._emit(
                 [CommandFailed(command_kind=tag_of(cmd), target=TRAINER, error=f"to {replica_id}: {root_cause(e)}")]
             )
+            return False
+
+    async def _grouped_load(self, replica_id: str, cmd: InstallWeights | EnterRollout, call) -> bytes:
+        """A load over the replica's group: the replica's half (``call``) beside the trainer's
+        send, unless the group already carried this version. One at a time per replica, so
+        both sides see the loads in one order; a failed half drops the group."""
+        async with self._loading.setdefault(replica_id, asyncio.Lock()):
+            await self._join(replica_id)
+            version = _version(cmd.handle)
+            fresh = self._carried.get(replica_id) != version
+            send = asyncio.ensure_future(self._send(replica_id, cmd.handle)) if fresh else None
+            try:
+                out = await call()
+            except BaseException:
+                self._drop_group(replica_id)
+                raise
+            finally:
+                sent = await send if send is not None else True
+            if sent and replica_id in self._joins:
+                self._carried[replica_id] = version
+            return out
+
+    def _drop_group(self, replica_id: str) -> None:
+        """Forget the replica's group here (the next load joins a new one)."""
+        self._joins.pop(replica_id, None)
+        self._carried.pop(replica_id, None)
 
     def _leave(self, replica_id: str) -> None:
+        self._carried.pop(replica_id, None)
         if self._joins.pop(replica_id, None) is not None:
             cmd = LeaveWeightGroup(replica_ids=[replica_id])
             self.trainer.control.remote(codec().encode(cmd))  # best effort: the trainer aborts that group
@@ -221,20 +257,20 @@ class RayExecutor(TaskExecutor):
                         )
                     return
                 else:
-                    payload, send = None, None
+                    payload = None
                     if isinstance(cmd, InstallWeights | EnterRollout) and cmd.handle:
                         payload = self._refs.get(cmd.handle)
                         if payload is None:
                             raise LookupError(f"no weights under handle {cmd.handle!r}")
-                        if self._grouped(target):
-                            await self._join(target)
-                            send = asyncio.ensure_future(self._send(target, cmd.handle))
                     timeout = None if isinstance(cmd, RunValidation) else self.timeout_s
-                    try:
-                        out = await asyncio.wait_for(h.control.remote(data, payload), timeout)
-                    finally:
-                        if send is not None:
-                            await send
+
+                    def call():
+                        return asyncio.wait_for(h.control.remote(data, payload), timeout)
+
+                    if payload is not None and self._grouped(target):
+                        out = await self._grouped_load(target, cmd, call)
+                    else:
+                        out = await call()
         except EngineDead as e:  # a replica whose engine died is a dead replica: free it, resume its samples
             self._replica_down(target, bounded(f"its inference engine died during {tag_of(cmd)}: {root_cause(e)}"))
             return

@@ -68,6 +68,7 @@ _FINISH_MAP = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 from shunter.engine.backend import EngineDead, GenParams, GenResult  # noqa: E402 - the shared protocol types
+from shunter.engine.weight_group import Received  # noqa: E402
 
 __all__ = ["BackendStartError", "EngineSpec", "GenParams", "GenResult", "VLLMBackend"]
 
@@ -177,7 +178,7 @@ class VLLMBackend:
         self.last_load: dict = {}  # what the worker reported for the last weight load
         self.weight_group = ""  # backend of the weight group this replica joined ("" = none)
         self._group_timeout_s = 120.0
-        self._received = -1  # version last received over the weight group (not necessarily loaded)
+        self._received = Received()  # what the weight group carried (not necessarily loaded)
         self.keeps_kv = False  # set by start(): this vLLM can pause with the KV cache and label versions
         self._paused = False
         self._salted = False  # set by start(): requests carry cache_salt (no prefix-cache reset on a load)
@@ -415,7 +416,8 @@ class VLLMBackend:
         """Join the trainer's weight group for this replica (rank 1, in the worker); seconds."""
         t0 = time.perf_counter()
         await self._require().collective_rpc(_EXT_RPC_JOIN, args=(backend, host, port, timeout_s))
-        self.weight_group, self._group_timeout_s, self._received = backend, timeout_s, -1
+        self.weight_group, self._group_timeout_s = backend, timeout_s
+        self._received.joined()
         return time.perf_counter() - t0
 
     def receives(self, blob: bytes) -> bool:
@@ -431,13 +433,11 @@ class VLLMBackend:
         from shunter.engine import weight_transport as wt
 
         version = wt.package_layout(blob)["version"]
-        fresh = version != self._received
-        if fresh:
-            self._received = -1  # a failed receive leaves nothing usable in the buffer
+        fresh = self._received.fresh(version)
         results = await self._require().collective_rpc(
             _EXT_RPC_RECV, args=(bytes(blob), self._group_timeout_s, fresh, load)
         )
-        self._received = version
+        self._received.got(version)
         return results[0] if results else {}
 
     # ---------------------------------------------------------------- weights

@@ -151,6 +151,31 @@ def recv_flat(group, flat: torch.Tensor, version: int, *, timeout_s: float) -> d
     return {"recv_s": time.perf_counter() - t0, "nbytes": nbytes, "buckets": len(buckets)}
 
 
+class Received:
+    """A replica's record of what its current group carried, for the rule "each version
+    crosses a group once": the executor sends a version over a replica's group only if that
+    group has not carried it, one load at a time per replica; the replica receives under the
+    same rule, so every broadcast has its receiver and no receive waits for a send that never
+    comes. A failed receive leaves nothing usable (and the executor drops the group)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+
+    def joined(self) -> None:
+        """A new group has carried nothing."""
+        self.version = -1
+
+    def fresh(self, version: int) -> bool:
+        """Whether ``version``'s bytes come over the group now (a receive must run)."""
+        if version != self.version:
+            self.version = -1  # until the receive succeeds, the buffer holds nothing usable
+            return True
+        return False
+
+    def got(self, version: int) -> None:
+        self.version = version
+
+
 class WeightSender:
     """The trainer's side: one group per replica (opened on demand, rank 0), sends the flat
     buffer a publisher keeps for a version. Thread-safe: a join runs in a thread of its own

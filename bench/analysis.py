@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from shunter.bench.bound import StepWork
+from shunter.bench.bound import SampleWork, StepWork
 from shunter.events import (
     Message,
     ModeChanged,
@@ -77,7 +77,7 @@ class Summary:
         self.rollout: dict[str, list[tuple[float, int]]] = {}
         self.tokens = 0
         self.switches = 0
-        self._groups: dict[int, list[tuple[int, int]]] = {}  # group -> (prompt, response) of its finished samples
+        self._groups: dict[int, list[SampleWork]] = {}  # group -> the work of its finished samples
         self._work: list[list] = []  # per step: [samples, step seconds, publish seconds]
 
     def __call__(self, m: Message) -> None:
@@ -112,9 +112,12 @@ class Summary:
                 self.flight[m.replica_id].append((m.wall_time, 1))
             case SampleEnd():
                 self.flight[m.replica_id].append((m.wall_time, -1))
-                n = len(m.sample.token_ids)
-                self.tokens += n
-                self._groups.setdefault(m.sample.group_id, []).append((len(m.sample.prompt_token_ids), n))
+                sm = m.sample
+                n, observed = len(sm.token_ids), sum(t.observed for t in sm.turns)
+                self.tokens += n - observed
+                self._groups.setdefault(sm.group_id, []).append(
+                    SampleWork(len(sm.prompt_token_ids), n, observed, sum(t.env_s for t in sm.turns))
+                )
             case SampleAborted():
                 self.flight[m.replica_id].append((m.wall_time, -1))
 

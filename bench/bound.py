@@ -9,6 +9,13 @@ of raw vLLM measured on the same hardware, ``RateMachine``); each bound is a *lo
 the wall time of the schedule family it names, so ``frac_of_bound = bound / measured <= 1`` up
 to clock resolution, and a schedule can only reach 1 by wasting nothing.
 
+A multi-turn sample (``SampleWork`` with ``observed`` tokens an environment appended and
+``env_s`` seconds its calls took) counts its generated tokens as if they came first after the
+prompt (its true contexts are no smaller), its observations as prefill of their own tokens only
+(a replica with its prefix cached pays no more), and its environment time on its own critical
+path: no trajectory ends sooner than its prompt's prefill, its decode alone and its tool calls
+one after another. Environment time costs no replica capacity (a request ends at its tool call).
+
 Generation work is counted in replica-seconds. Under the cost model, the responses of ``T``
 tokens that attended to ``C`` tokens of context in all (a response of ``L`` tokens after a
 ``P``-token prompt attends to ``L*P + L*(L-1)/2``), with prompts whose prefill costs ``PF``
@@ -55,9 +62,29 @@ from shunter.bench.replica_model import ReplicaCost, lone_decode_s, prefill_s
 Schedule = Literal["overlapped", "lending", "serial"]
 
 
+class SampleWork(NamedTuple):
+    """One trained sample's work; a plain ``(prompt, response)`` pair is a single-turn one."""
+
+    prompt: int
+    response: int
+    """Tokens after the prompt: generated ones and ``observed`` ones."""
+    observed: int = 0
+    """Tokens an environment appended (prefilled, never decoded)."""
+    env_s: float = 0.0
+    """Seconds its environment calls took, one after another."""
+
+    @property
+    def generated(self) -> int:
+        return self.response - self.observed
+
+
+def as_work(x: tuple) -> SampleWork:
+    return x if isinstance(x, SampleWork) else SampleWork(*x)
+
+
 class StepWork(NamedTuple):
-    samples: tuple[tuple[int, int], ...]
-    """(prompt tokens, response tokens) of each sample this step trained."""
+    samples: tuple[tuple, ...]
+    """Each sample this step trained: a ``SampleWork`` or a (prompt tokens, response tokens) pair."""
     step_s: float
     """The optimizer step (seconds)."""
     sync_s: float = 0.0
@@ -69,7 +96,8 @@ class StepWork(NamedTuple):
 
     @property
     def tokens(self) -> int:
-        return sum(n for _, n in self.samples)
+        """Generated tokens."""
+        return sum(as_work(x).generated for x in self.samples)
 
 
 class Load(NamedTuple):
@@ -88,7 +116,7 @@ class Load(NamedTuple):
 
 
 class Machine(Protocol):
-    def load(self, samples: Sequence[tuple[int, int]]) -> Load: ...
+    def load(self, samples: Sequence[tuple]) -> Load: ...
     def work_s(self, load: Load) -> float:
         """Replica-seconds of generation ``load`` needs at least."""
         ...
@@ -101,12 +129,15 @@ class ModelMachine:
     cost: ReplicaCost
     max_batch: int
 
-    def load(self, samples: Sequence[tuple[int, int]]) -> Load:
+    def load(self, samples: Sequence[tuple]) -> Load:
         c = self.cost
-        tokens = sum(n for _, n in samples)
-        context = sum(n * p + n * (n - 1) / 2 for p, n in samples)
-        pf = sum(prefill_s(c, p) for p, _ in samples)
-        alone = max((prefill_s(c, p) + lone_decode_s(c, p, n) for p, n in samples), default=0.0)
+        ws = [as_work(x) for x in samples]
+        tokens = sum(w.generated for w in ws)
+        context = sum(w.generated * w.prompt + w.generated * (w.generated - 1) / 2 for w in ws)
+        pf = sum(prefill_s(c, w.prompt) + c.prefill_s_per_token * w.observed for w in ws)
+        alone = max(
+            (prefill_s(c, w.prompt) + lone_decode_s(c, w.prompt, w.generated) + w.env_s for w in ws), default=0.0
+        )
         return Load(tokens, context, pf, alone)
 
     def work_s(self, load: Load) -> float:
@@ -129,9 +160,10 @@ class RateMachine:
     peak_tok_s: float
     alone_tok_s: float
 
-    def load(self, samples: Sequence[tuple[int, int]]) -> Load:
-        longest = max((n for _, n in samples), default=0)
-        return Load(float(sum(n for _, n in samples)), alone_s=longest / self.alone_tok_s)
+    def load(self, samples: Sequence[tuple]) -> Load:
+        ws = [as_work(x) for x in samples]
+        alone = max((w.generated / self.alone_tok_s + w.env_s for w in ws), default=0.0)
+        return Load(float(sum(w.generated for w in ws)), alone_s=alone)
 
     def work_s(self, load: Load) -> float:
         return load.tokens / self.peak_tok_s

@@ -15,6 +15,7 @@ included, in simulated time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections import deque
@@ -31,6 +32,7 @@ from shunter.bench.sim import (
     SimTrainer,
     sim_reward,
 )
+from shunter.bench.sim_turns import SimTool
 from shunter.engine import snapshot
 from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.config import EngineConfig
@@ -182,16 +184,21 @@ async def _run(
         lease = table.assign(rid, kind)
         mode = ROLLOUT if kind == STANDALONE else TRAINER
         backend = SimBackend(cost, seed=seed * 100_003 + lease.rank, sleeping=mode == TRAINER)
+        turns = cost.tool_calls_max > 0
         cores[rid] = RolloutCore(
             rid,
             backend,
-            SimTokenizer(cost.prompt_tokens),
+            SimTokenizer(cost.prompt_tokens, turns=turns),
             sim_reward,
             Stamper(run_id, rid, clock),
             mode=mode,
             reward_name="sim_reward",
             version=version,
             weight_update=cfg.rollout.weight_update,
+            environment=functools.partial(SimTool, cost, seed) if turns else None,
+            env_name="sim_tool",
+            env_timeout_s=cfg.task.env_timeout_s,
+            max_turns=cfg.task.max_turns,
         )
         opening += [
             RankAssigned(

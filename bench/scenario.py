@@ -57,6 +57,9 @@ class Variant(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hybrid: bool = False
     policy_options: dict[str, float | int | str | bool] = {}
     engine: dict[str, Any] = {}
+    cost: dict[str, Any] = {}
+    """Cost-model fields this variant changes (a workload twin: e.g. single-turn samples of
+    the same generated length beside multi-turn ones); compare such variants through ``pairs``."""
 
 
 class Cluster(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -133,7 +136,10 @@ def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:
     )
     data = merge(data, v.engine)
     data["run"].setdefault("stall_timeout_s", 36_000.0)
-    cost = msgspec.structs.replace(sc.cost, trainer_gpus=trainer_gpus)
+    try:
+        cost = msgspec.convert({**msgspec.to_builtins(sc.cost), **v.cost, "trainer_gpus": trainer_gpus}, CostModel)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"variant {v.name!r}: cost: {e}") from None
     cfg = from_dict(data, origin=f"{sc.scenario.name}/{v.name}")
     need = cost.prompt_tokens + cfg.rollout.max_tokens
     if cost.kv_tokens and cost.kv_tokens < need:

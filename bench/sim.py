@@ -18,6 +18,14 @@ lengths are lognormal (``length_median``, ``length_sigma``), capped by the token
 drawn from a file of lengths. The first generated token carries the sample's target length,
 so a sample cut by a weight update and resumed elsewhere keeps its length.
 
+Multi-turn trajectories (``tool_calls_max > 0``; ``shunter.bench.sim_turns``): the first
+token carries a key from which the whole trajectory follows (its turns' lengths, each but the
+last ending in a tool call), so a trajectory moved to another replica goes on as it would have;
+a simulated tool (``SimTool``) answers each call after a long-tailed latency with
+``observation_tokens`` tokens. A turn is a request of its own, so a trajectory waiting on its
+tool holds no place in the replica's batch (as vLLM's does not); each turn prefills its whole
+context again (no prefix cache is modelled).
+
 Trainer: an optimizer step on ``t`` tokens over ``trainer_gpus`` data-parallel GPUs takes
 ``train_step_s + train_s_per_token * t / trainer_gpus`` plus a ring all-reduce of
 ``grad_bytes`` (``2 (g - 1) / g * grad_bytes / allreduce_Bps``); publishing takes
@@ -39,13 +47,12 @@ from pathlib import Path
 
 import msgspec
 
+from shunter.bench import sim_turns
 from shunter.bench.replica_model import ReplicaModel
+from shunter.bench.sim_turns import CALL, EOS, FILL, OBS
 from shunter.engine import lengths
 from shunter.engine.backend import GenParams, GenResult
 from shunter.events import Sample
-
-EOS = 0
-FILL = 1
 
 
 class CostModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -79,6 +86,16 @@ class CostModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     sleep_s: float = 0.5
     wake_s: float = 0.5
     offload_s: float = 0.2
+    tool_calls_max: int = 0
+    """Tool calls per trajectory, drawn uniformly from 0..this (0: single-turn samples); each
+    turn's length is then drawn as a response's is (``length_median`` / ``length_sigma``, or
+    the lengths file)."""
+    observation_tokens: int = 64
+    """Tokens a tool's answer appends (masked out of the loss; prefilled, never decoded)."""
+    env_latency_median_s: float = 2.0
+    env_latency_sigma: float = 1.0
+    """A tool call's latency: lognormal (median, sigma) — long-tailed — capped at ``env_latency_max_s``."""
+    env_latency_max_s: float = 300.0
 
     def step_s(self, batch: int) -> float:
         """A decode step of ``batch`` sequences, context not counted."""
@@ -107,19 +124,21 @@ class LengthSampler:
         # the engine's length-file format (engine.lengths): positive integers, '#' comments
         self.table = list(lengths.read_lengths(cost.lengths_file)) if cost.lengths_file else []
 
-    def draw(self) -> int:
+    def draw(self, rng: random.Random | None = None) -> int:
+        r = rng or self.rng
         if self.table:
-            return max(1, self.rng.choice(self.table))
+            return max(1, r.choice(self.table))
         mu = math.log(self.cost.length_median)
-        return max(1, int(self.rng.lognormvariate(mu, self.cost.length_sigma)))
+        return max(1, int(r.lognormvariate(mu, self.cost.length_sigma)))
 
 
 @dataclass
 class _Req:
-    first: int  # the length token (first token of the sample)
+    first: int  # the length token (first token of the sample; a multi-turn trajectory's key)
     has_prefix: bool
-    natural_end: bool  # the sample ends (EOS) within this request's budget
+    natural_end: bool  # the turn ends (EOS or a tool call) within this request's budget
     fut: asyncio.Future
+    last: int = EOS  # the token a natural end ends with (CALL: a tool call)
 
 
 @dataclass
@@ -138,6 +157,7 @@ class SimBackend:
     def __post_init__(self) -> None:
         self.lengths = self.cost.lengths(self.seed)
         self.model = ReplicaModel(self.cost)
+        self.plans = sim_turns.Plans(self.cost, self.lengths) if self.cost.tool_calls_max else None
 
     async def start(self) -> None:
         pass
@@ -147,12 +167,17 @@ class SimBackend:
             raise RuntimeError("generate on a sleeping simulated replica")
         loop = asyncio.get_running_loop()
         prefix = prompt_token_ids[self.cost.prompt_tokens :]
-        length = prefix[0] if prefix else self.lengths.draw()
-        left = max(0, length - len(prefix))
+        last = EOS
+        if self.plans is not None:
+            first, left, call = self.plans.next_turn(prefix, bool(params.stop))
+            last = CALL if call else EOS
+        else:
+            first = prefix[0] if prefix else self.lengths.draw()
+            left = max(0, first - len(prefix))
         target = min(left, params.max_tokens)
         if target == 0:
             return GenResult([], [], "length")
-        req = _Req(length, bool(prefix), target == left, loop.create_future())
+        req = _Req(first, bool(prefix), target == left, loop.create_future(), last)
         self._reqs[request_id] = req
         self._finish(self.model.advance_to(loop.time()))
         self._finish(self.model.submit(request_id, len(prompt_token_ids), target))
@@ -186,7 +211,7 @@ class SimBackend:
         if n and not r.has_prefix:
             toks[0] = r.first
         if reason == "stop" and n:
-            toks[-1] = EOS
+            toks[-1] = r.last
         self.tokens_out += n
         r.fut.set_result(GenResult(toks, [-1.0] * n, reason))
 
@@ -229,18 +254,23 @@ class SimBackend:
 
 
 class SimTokenizer:
-    """Every prompt is ``prompt_tokens`` ids; text is not modelled."""
+    """Every prompt is ``prompt_tokens`` ids; text is not modelled. With ``turns``, text
+    spells each token (``sim_turns.spell``) and an observation of ``n`` tokens is ``n``
+    characters ``~``."""
 
     eos_token_id = EOS
 
-    def __init__(self, prompt_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, *, turns: bool = False) -> None:
         self.prompt_tokens = prompt_tokens
+        self.turns = turns
 
     def encode(self, text: str) -> list[int]:
+        if self.turns and text and not text.strip(sim_turns.OBS_TEXT):
+            return [OBS] * len(text)
         return [FILL] * self.prompt_tokens
 
     def decode(self, ids: list[int]) -> str:
-        return str(len(ids))
+        return sim_turns.spell(ids) if self.turns else str(len(ids))
 
 
 def sim_reward(prompt: str, response: str, answer: str) -> float:

@@ -58,6 +58,8 @@ class Launcher:
         self.serve: tuple[str, int] = ("", 0)
         """(model folder, weight version) new replicas start from."""
         self._made = 0
+        self.reward_pool: list[Any] = []
+        """The attempt's reward workers (``task.reward_workers``), shared by its replicas."""
         self._placer: Any = None  # actors.placement.Placer when the config asks for GPUs
         self._slots: dict[str, int] = {}  # component -> its placement-group bundle
         self.reaped: list[str] = []
@@ -173,7 +175,14 @@ class Launcher:
         kinds: list[ReplicaKind] = [STANDALONE] * r.standalone_replicas + [HYBRID] * r.hybrid_replicas
         if self._placer is None:  # a placement group reserved its room already
             cpus, gpus = cfg.trainer.num_cpus + len(kinds) * r.num_cpus, cfg.trainer.num_gpus + len(kinds) * r.num_gpus
-            self._fits("this run", cpus, gpus, total=True)
+            self._fits("this run", cpus + cfg.task.reward_workers * cfg.task.reward_worker_cpus, gpus, total=True)
+        rewards_s = await self.start_reward_workers()
+        opening += [
+            ComponentReady(
+                component=f"reward-{i}", setup_s=rewards_s, run_id=self.run_id, source="engine", wall_time=time.time()
+            )
+            for i in range(len(self.reward_pool))
+        ]
         replicas = {}
         for kind in kinds:
             rid, h, rank, evs = await self.new_replica(kind)
@@ -232,6 +241,31 @@ class Launcher:
         self.actors.append(self.coordinator)
         await self._setup("coordinator", self.coordinator.start.remote(self.codec.encode_batch(opening)))
         return self.coordinator
+
+    async def start_reward_workers(self) -> float:
+        """The attempt's reward workers, each loaded and answering before any replica starts
+        (a reward that cannot load is the run's setup error, naming it); seconds taken."""
+        from shunter.actors import rewards
+
+        t = self.cfg.task
+        self.reward_pool = []
+        if not t.reward_workers:
+            return 0.0
+        cls = rewards.remote_class(t.reward_worker_cpus)
+        for i in range(t.reward_workers):
+            h = cls.options(name=self._name(f"reward-{i}"), namespace=NAMESPACE).remote(
+                t.reward,
+                t.name,
+                timeout_s=t.reward_timeout_s,
+                threads=t.reward_threads,
+                import_paths=self.cfg.run.import_paths,
+            )
+            self.actors.append(h)
+            self.reward_pool.append(h)
+        t0 = time.perf_counter()
+        for i, h in enumerate(self.reward_pool):
+            await self._setup(f"reward worker {i}", h.pid.remote())
+        return time.perf_counter() - t0
 
     async def _setup(self, component: str, ref: Any) -> float:
         """Await an actor's setup (or start) call; its time, or ``EngineSetupError`` with its cause."""
@@ -361,6 +395,7 @@ class Launcher:
                 environment=self.environment or cfg.task.environment,
                 max_turns=cfg.task.max_turns,
                 env_timeout_s=cfg.task.env_timeout_s,
+                reward_pool=self.reward_pool,
                 version=version,
                 mode=ROLLOUT if kind == STANDALONE else TRAINER,
                 seed=cfg.run.seed + rank,

@@ -48,6 +48,7 @@ class RolloutWorker:
         environment: str | type = "",
         max_turns: int = 4,
         env_timeout_s: float = 30.0,
+        reward_pool: list | None = None,
     ) -> None:
         from shunter.policies.registry import use_import_paths
 
@@ -65,6 +66,7 @@ class RolloutWorker:
         self.weight_update = weight_update
         self.reward_timeout_s, self.reward_threads = reward_timeout_s, reward_threads
         self.environment, self.max_turns, self.env_timeout_s = environment, max_turns, env_timeout_s
+        self.reward_pool = list(reward_pool or [])  # the run's reward workers (empty: threads here)
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -76,6 +78,7 @@ class RolloutWorker:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from transformers import AutoTokenizer
 
+        from shunter.actors.rewards import PoolRewards
         from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
         from shunter.engine.environments import environment_name, load_environment
         from shunter.engine.rollout import RolloutCore
@@ -116,6 +119,7 @@ class RolloutWorker:
             max_turns=self.max_turns,
             env_timeout_s=self.env_timeout_s,
             env_thread=True,  # an async environment call that blocks holds its own loop, not vLLM's
+            rewards=PoolRewards(self.reward_pool, timeout_s=self.reward_timeout_s) if self.reward_pool else None,
         )
         return time.perf_counter() - t0
 

@@ -143,8 +143,18 @@ class TaskConfig(_Section):
         ),
     ] = 30.0
     reward_threads: Annotated[
-        PosInt, _d("Worker threads per replica that run reward calls (off the replica's event loop).")
+        PosInt,
+        _d(
+            "Threads that run reward calls, per replica (off the replica's event loop) or, with task.reward_workers, per reward worker."
+        ),
     ] = 4
+    reward_workers: Annotated[
+        NonNegInt,
+        _d(
+            "Reward worker processes (Ray actors) shared by the run's replicas, each running task.reward_threads calls at once, each bounded by task.reward_timeout_s; a reward that crashes its process or holds the interpreter costs only its worker (started again) and scores 0.0 for the calls it held. 0: rewards run in threads on each replica."
+        ),
+    ] = 0
+    reward_worker_cpus: Annotated[PosFloat, _d("CPUs Ray reserves for each reward worker.")] = 1.0
     environment: Annotated[
         str,
         _d(

@@ -106,13 +106,16 @@ class RolloutCore:
         env_timeout_s: float = 30.0,
         max_turns: int = 4,
         env_thread: bool = False,
+        rewards: Rewards | None = None,
     ) -> None:
         """``reward_timeout_s > 0``: rewards run in ``reward_threads`` worker threads, each call
         bounded; 0: on this loop, unbounded (in-process fakes and the simulator).
         ``environment``: the class made per trajectory for multi-turn samples (at most
         ``max_turns`` environment steps each, each bounded by ``env_timeout_s``); ``env_thread``:
         its ``async`` calls run on a loop of their own (``environments.EnvLoop``), so one that
-        blocks never holds this replica's loop (real replicas; not under a virtual clock)."""
+        blocks never holds this replica's loop (real replicas; not under a virtual clock).
+        ``rewards``: where the samples are scored instead (the run's reward workers,
+        ``actors.rewards.PoolRewards``)."""
         self.environment, self.env_name = environment, env_name
         self._env_loop = EnvLoop() if env_thread and environment is not None else None
         self.env_timeout_s, self.max_turns = env_timeout_s, max_turns
@@ -120,7 +123,7 @@ class RolloutCore:
         self.backend = backend
         self.tok = tokenizer
         self.reward_name = reward_name
-        self.rewards: Rewards = (
+        self.rewards: Rewards = rewards or (
             ThreadRewards(as_scorer(reward), timeout_s=reward_timeout_s, threads=reward_threads)
             if reward_timeout_s > 0
             else InlineRewards(as_scorer(reward))

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shunter.events import RunEnded, SampleEnd, StepEnd, ValidateEnd, read_log
+from shunter.events import ComponentReady, RunEnded, SampleEnd, StepEnd, ValidateEnd, read_log
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +41,7 @@ def test_a_verl_parquet_trains_with_shunter_run_and_a_users_reward(
         .replace("total_steps = 200", "total_steps = 6")
         .replace("every = 50 ", "every = 4 ")
         .replace("prompts = 128", "prompts = 16")
+        .replace("[task]\n", "[task]\nreward_workers = 1\nreward_worker_cpus = 0.1\n")
     )
     monkeypatch.chdir(tmp_path)  # not the config's folder: its paths resolve from there anyway
     rc = main(["run", str(job / "sort_data.toml"), "--no-progress", "--run-id", "data"])
@@ -59,6 +60,8 @@ def test_a_verl_parquet_trains_with_shunter_run_and_a_users_reward(
     )  # compute_score's partial credit
     vals = [e for e in events if isinstance(e, ValidateEnd)]
     assert vals and all(v.metrics["reward_mean"] > 0 for v in vals)
+    # scored in a reward worker process of the run's (task.reward_workers), started before the replicas
+    assert any(isinstance(e, ComponentReady) and e.component == "reward-0" for e in events)
 
     # a damaged row in a user's file: the run does not start, and says where and why
     rows[3] = {**rows[3], "reward_model": {"style": "rule"}}

@@ -1,0 +1,173 @@
+"""Reward workers: the user's reward in processes of its own (Ray actors), shared by every
+replica of a run (``task.reward_workers``).
+
+Invariants:
+
+- a worker scores with ``engine.rewards.ThreadRewards``: every call ends within
+  ``task.reward_timeout_s`` of its arrival with a ``Scored`` (raises, junk and timeouts score
+  0.0 and say why), ``task.reward_threads`` calls at a time;
+- the replica's side (:class:`PoolRewards`) sends the calls made in one turn of its loop as one
+  batch (at most ``MAX_BATCH``) to the worker with the fewest calls outstanding: one Ray call a
+  batch, not one a sample;
+- a worker that dies (a reward that exits, segfaults or runs out of memory) or stops answering
+  (a reward that holds the interpreter in C code, which no thread timeout can stop) costs only
+  the calls it held: each scores 0.0, ``raised`` or ``timeout``, naming the worker and the
+  cause, and Ray starts the worker again (a silent one is killed first). The calls of a batch
+  that died with its worker are tried once more one by one, so the sample that killed it is
+  the one that scores 0 for it. The replica, its samples and the run go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from shunter.engine.errors import bounded
+from shunter.engine.rewards import Scored
+from shunter.events import PromptSpec
+
+MAX_BATCH = 64
+GRACE_S = 30.0
+"""Beyond its calls' own timeout, how long a worker may take to answer a batch (Ray's round
+trip, a restart after a crash) before it is taken for hung and killed."""
+RESTART_POLL_S = 0.2
+"""How often a worker Ray is starting again is asked whether it is up."""
+
+
+class _Died(Scored, frozen=True):
+    """The failure of a call whose worker died under it."""
+
+
+class RewardWorker:
+    """One worker process: the reward loaded as the replicas load it, its calls in threads."""
+
+    def __init__(
+        self, reward: str, task: str, *, timeout_s: float, threads: int, import_paths: list[str] | None = None
+    ) -> None:
+        from shunter.engine.rewards import ThreadRewards
+        from shunter.engine.tasks import as_scorer, load_reward, load_task
+        from shunter.policies.registry import use_import_paths
+
+        use_import_paths(import_paths or [])
+        fn = load_reward(reward) if reward else load_task(task).reward
+        self.rewards = ThreadRewards(as_scorer(fn), timeout_s=timeout_s, threads=threads)
+
+    async def score(self, items: list[tuple[PromptSpec, str]]) -> list[Scored]:
+        return list(await asyncio.gather(*(self.rewards.score(p, r) for p, r in items)))
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+def remote_class(num_cpus: float) -> Any:
+    import ray
+
+    return ray.remote(num_cpus=num_cpus, max_restarts=-1, max_task_retries=0)(RewardWorker)
+
+
+class PoolRewards:
+    """A replica's client of the run's reward workers (the ``engine.rewards.Rewards`` protocol)."""
+
+    def __init__(self, workers: list[Any], *, timeout_s: float, grace_s: float = GRACE_S) -> None:
+        if not workers:
+            raise ValueError("a reward pool needs at least one worker")
+        self.workers, self.timeout_s, self.grace_s = list(workers), timeout_s, grace_s
+        self.bound_s = timeout_s + grace_s
+        self.outstanding = [0] * len(self.workers)
+        self.batches = 0  # Ray calls made
+        self._queue: list[tuple[PromptSpec, str, asyncio.Future[Scored]]] = []
+        self._flush_due = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._restarting: set[int] = set()  # workers that died or were killed: asked only once up again
+
+    async def score(self, prompt: PromptSpec, response: str) -> Scored:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Scored] = loop.create_future()
+        self._queue.append((prompt, response, fut))
+        if not self._flush_due:
+            self._flush_due = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        queue, self._queue = self._queue, []
+        for i in range(0, len(queue), MAX_BATCH):
+            self._start(queue[i : i + MAX_BATCH])
+
+    def _start(self, batch: list[tuple[PromptSpec, str, asyncio.Future[Scored]]]) -> None:
+        w = min(range(len(self.workers)), key=lambda i: (i in self._restarting, self.outstanding[i]))
+        task = asyncio.get_running_loop().create_task(self._send(w, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, w: int, batch: list[tuple[PromptSpec, str, asyncio.Future[Scored]]]) -> None:
+        self.outstanding[w] += len(batch)
+        try:
+            got = await self._ask(w, [(p, r) for p, r, _ in batch])
+            if isinstance(got, _Died) and len(batch) > 1:  # one of them killed it: each alone finds which
+                got = [await self._alone(w, p, r) for p, r, _ in batch]
+            out = got if isinstance(got, list) else [got] * len(batch)
+            for (_, _, fut), scored in zip(batch, out, strict=True):
+                if not fut.done():
+                    fut.set_result(scored)
+        finally:
+            self.outstanding[w] -= len(batch)
+
+    async def _alone(self, w: int, prompt: PromptSpec, response: str) -> Scored:
+        got = await self._ask(w, [(prompt, response)])
+        return got[0] if isinstance(got, list) else got
+
+    async def _ready(self, w: int) -> bool:
+        """Wait for a worker Ray is starting again (calls fail while it restarts)."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.bound_s
+        while (left := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self.workers[w].pid.remote(), left)
+                self._restarting.discard(w)
+                return True
+            except (ActorUnavailableError, RayActorError):
+                await asyncio.sleep(RESTART_POLL_S)
+            except TimeoutError:
+                break
+        return False
+
+    async def _ask(self, w: int, items: list[tuple[PromptSpec, str]]) -> list[Scored] | Scored:
+        """One Ray call: the scores, or the one failure every item of it shares."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        h = self.workers[w]
+        if w in self._restarting and not await self._ready(w):
+            return Scored(0.0, "timeout", f"reward worker {w} did not come back within {self.bound_s:g} s")
+        self.batches += 1
+        try:
+            got = await asyncio.wait_for(h.score.remote(items), self.bound_s)
+        except TimeoutError:
+            self._restarting.add(w)
+            try:
+                ray.kill(h, no_restart=False)  # hung: Ray starts it again
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            return Scored(
+                0.0,
+                "timeout",
+                f"reward worker {w} did not answer within task.reward_timeout_s + {self.grace_s:g} s = "
+                f"{self.bound_s:g} s (a reward holding the interpreter?); killed, Ray starts it again",
+            )
+        except (ActorUnavailableError, RayActorError) as e:
+            self._restarting.add(w)
+            return _Died(0.0, "raised", bounded(f"reward worker {w} died while scoring: {e}", 500))
+        except Exception as e:  # noqa: BLE001 - anything else Ray raises: the calls score 0, said why
+            return Scored(0.0, "raised", bounded(f"reward worker {w}: {type(e).__name__}: {e}", 500))
+        if isinstance(got, list) and len(got) == len(items) and all(isinstance(x, Scored) for x in got):
+            return got
+        return Scored(0.0, "raised", bounded(f"reward worker {w} answered {len(items)} calls with {got!r}", 300))
+
+    def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()

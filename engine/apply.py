@@ -93,6 +93,7 @@ class Applier:
         self.batches, self.intents, self.cuts, self.finale, self.tally = batches, intents, cuts, finale, tally
         self.emit, self.end, self.snapshot = emit, end, snapshot
         self.supervisor = supervisor
+        self.tally.env_in_play = bool(cfg.task.environment)  # an Engine(environment=...) class: from its samples
         self._unscored: set[str] = set()  # samples whose RewardFailed came, their SampleEnd not yet
 
     def apply(self, ev: Event) -> None:
@@ -240,6 +241,7 @@ class Applier:
     def _sample_end(self, ev: SampleEnd) -> None:
         s = ev.sample
         self.tally.env_steps += len(s.turns)
+        self.tally.env_in_play |= bool(s.loss_mask or s.turns)
         if s.sample_id in self._unscored:
             self._unscored.discard(s.sample_id)
         else:

@@ -31,6 +31,10 @@ class ConfigError(ValueError):
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
+MAX_TURNS = 256
+"""``task.max_turns`` at most: more environment steps than any token budget holds."""
+MAX_ENV_TIMEOUT_S = 86400.0
+"""``task.env_timeout_s`` at most (a day): a larger (or infinite) limit bounds nothing."""
 
 
 def _d(text: str, **kw: Any) -> Meta:
@@ -162,15 +166,19 @@ class TaskConfig(_Section):
         ),
     ] = ""
     max_turns: Annotated[
-        PosInt,
+        int,
         _d(
-            "Environment steps per trajectory at most; after the last, the model generates once more without tool calls."
+            f"Environment steps per trajectory at most (1 to {MAX_TURNS}); after the last, the model generates once more without tool calls.",
+            ge=1,
+            le=MAX_TURNS,
         ),
     ] = 4
     env_timeout_s: Annotated[
-        PosFloat,
+        float,
         _d(
-            "Each environment call's limit; a call that raises, returns junk or runs longer ends its trajectory (env/raised, env/returned, env/timeout)."
+            f"Each environment call's limit (reset, step, close), in seconds, above 0 and at most {MAX_ENV_TIMEOUT_S:g}, below rollout.generate_timeout_s; a call that raises, returns junk or runs longer ends its trajectory (env/raised, env/returned, env/timeout).",
+            gt=0,
+            le=MAX_ENV_TIMEOUT_S,
         ),
     ] = 30.0
 
@@ -412,9 +420,24 @@ def from_dict(data: dict[str, Any], *, origin: str = "config") -> EngineConfig:
     try:
         cfg = msgspec.convert(data, EngineConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{origin}: {e}{_did_you_mean(str(e))}") from None
+        raise ConfigError(f"{origin}: {e}{_value_of(str(e), data)}{_did_you_mean(str(e))}") from None
     check(cfg)
     return cfg
+
+
+def _value_of(error: str, data: dict[str, Any]) -> str:
+    """For msgspec's "Expected `int` <= 256 - at `$.task.max_turns`": the value given, `` (got 1000000)``."""
+    import re
+
+    m = re.search(r"^Expected [^,]*? - at `\$((?:\.\w+)+)`$", error)
+    if not m:
+        return ""
+    value: Any = data
+    for key in m.group(1).split(".")[1:]:
+        if not isinstance(value, dict) or key not in value:
+            return ""
+        value = value[key]
+    return f" (got {value!r:.80})"
 
 
 def _did_you_mean(error: str) -> str:
@@ -512,6 +535,12 @@ def check(cfg: EngineConfig) -> None:
         raise ConfigError(
             f"rollout.max_in_flight_per_replica ({r.max_in_flight_per_replica}) is below "
             f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): no group would ever fit"
+        )
+    if cfg.task.environment and cfg.task.env_timeout_s >= r.generate_timeout_s:
+        raise ConfigError(
+            f"task.env_timeout_s ({cfg.task.env_timeout_s:g}) must be below rollout.generate_timeout_s "
+            f"({r.generate_timeout_s:g}): a hanging environment call would get its replica killed as hung "
+            "instead of ending its trajectory (env/timeout)"
         )
     if r.cpu_bind and len(r.cpu_bind) != r.standalone_replicas + r.hybrid_replicas:
         raise ConfigError(

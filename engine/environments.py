@@ -12,10 +12,13 @@ Invariants:
   once before its first step there; ``transcript`` is the response so far ("" for a new
   trajectory; the text before the cut when a partial trajectory moved here from another
   replica), so an environment whose state follows from its transcript survives the move;
+- every environment object made is closed once: its ``close()``, when the class has one, is
+  called when the trajectory ends on that replica (finished, failed, or cut to move on);
 - a call never raises out of :class:`EnvCalls`: one that raises, returns something other than
   a :class:`StepResult` or outlives ``timeout_s`` is an ``EnvFailure`` with its cause;
-- a synchronous ``reset``/``step`` runs in a worker thread, an async one on the replica's loop
-  under the timeout: either way the replica's other requests go on while the environment thinks.
+- a synchronous ``reset``/``step``/``close`` runs in a worker thread, an async one on the
+  replica's loop under the timeout: either way the replica's other requests go on while the
+  environment thinks.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 import msgspec
 
 from shunter.engine.errors import describe, type_name
+from shunter.engine.turns import FAILURES
 from shunter.events import PromptSpec
 from shunter.events.vocab import EnvFailure
 
@@ -47,11 +51,14 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     """True: the trajectory ends after this observation."""
     metrics: dict[str, float] = {}
     """Reported per trajectory as ``env/<name>`` in the step metrics (the largest value any of
-    its steps reported: report running counts, not increments)."""
+    its steps reported: report running counts, not increments). The engine's own names, those
+    of a failed call (``raised``, ``returned``, ``timeout``: ``engine.turns.FAILURES``), are refused."""
 
 
 class Environment(Protocol):
-    """A user's environment: a class made once per trajectory, with no arguments."""
+    """A user's environment: a class made once per trajectory, with no arguments. It may also
+    have a ``close()`` (sync or ``async``), called once when the trajectory ends on the replica,
+    to release what it holds (a sandbox, a socket)."""
 
     stop: Sequence[str]
     """The strings that end a tool call: generation stops there and ``step`` is called."""
@@ -99,12 +106,16 @@ def load_environment(spec: str | type) -> Callable[[], Any]:
 
 
 def _check_arity(cls: type, name: str) -> None:
-    """The class is made with no arguments, ``reset`` takes (prompt, transcript), ``step`` (action)."""
-    for what, fn, args in (
+    """The class is made with no arguments, ``reset`` takes (prompt, transcript), ``step``
+    (action), ``close`` (if the class has one) nothing."""
+    calls = [
         (f"{cls.__name__}()", cls, 0),
         (f"{cls.__name__}.reset", getattr(cls, "reset"), 3),  # noqa: B009 - checked callable above
         (f"{cls.__name__}.step", getattr(cls, "step"), 2),  # noqa: B009
-    ):
+    ]
+    if callable(close := getattr(cls, "close", None)):
+        calls.append((f"{cls.__name__}.close", close, 1))
+    for what, fn, args in calls:
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError):  # a builtin without a signature: taken on trust
@@ -112,7 +123,7 @@ def _check_arity(cls: type, name: str) -> None:
         try:
             sig.bind(*([None] * args))
         except TypeError as e:
-            want = {0: "no arguments", 3: "(self, prompt, transcript)", 2: "(self, action)"}[args]
+            want = {0: "no arguments", 3: "(self, prompt, transcript)", 2: "(self, action)", 1: "(self)"}[args]
             raise ValueError(f"environment {name}: {what} cannot be called with {want}: {e}") from None
 
 
@@ -138,6 +149,7 @@ class EnvLoop:
     def __init__(self) -> None:
         self._loop = self._start()
         self.stuck = 0
+        self.closed = False
 
     @staticmethod
     def _start() -> asyncio.AbstractEventLoop:
@@ -151,6 +163,8 @@ class EnvLoop:
         """``await fn(*args)`` on the environment loop, bounded by ``timeout_s`` on the caller's."""
         import concurrent.futures
 
+        if self.closed:  # a stopped loop would never run the call: it would only time out
+            raise RuntimeError("the replica's environment loop is closed (the replica is shutting down)")
         fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(_awaited(fn, args), self._loop)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
@@ -161,6 +175,7 @@ class EnvLoop:
             raise
 
     def close(self) -> None:
+        self.closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
@@ -178,6 +193,7 @@ class EnvCalls:
     def __init__(self, factory: Callable[[], Any], name: str, timeout_s: float, loop: EnvLoop | None = None) -> None:
         self.factory, self.name, self.timeout_s, self.loop = factory, name, timeout_s, loop
         self.env: Any = None
+        self.closed = False
 
     @property
     def stop(self) -> tuple[str, ...]:
@@ -203,15 +219,27 @@ class EnvCalls:
                 f"environment {self.name}.step returned {type_name(out)}; expected shunter.StepResult",
             )
         bad = (
-            [f"metrics[{k!r}]" for k, v in out.metrics.items() if not _finite(v)]
+            [f"metrics[{k!r}] {v!r:.40} (not a finite number)" for k, v in out.metrics.items() if not _finite(v)]
+            + [f"metrics[{k!r}] (a name the engine reports itself)" for k in out.metrics if k in FAILURES]
             if isinstance(out.metrics, dict)
-            else ["metrics"]
+            else [f"metrics {type_name(out.metrics)} (not a dict)"]
         )
-        bad += [] if isinstance(out.observation, str) else ["observation (not a str)"]
-        bad += [] if _finite(out.reward) else ["reward (not a finite number)"]
+        bad += [] if isinstance(out.observation, str) else [f"observation {type_name(out.observation)} (not a str)"]
+        bad += [] if _finite(out.reward) else [f"reward {out.reward!r:.40} (not a finite number)"]
         if bad:
             return None, "returned", f"environment {self.name}.step returned a StepResult with bad {', '.join(bad)}"
         return out, None, ""
+
+    async def close(self) -> tuple[EnvFailure | None, str]:
+        """Call the environment's ``close()``, when it has one, the first time only (the object
+        is done with either way); ``(failure, error)`` when it failed."""
+        if self.closed:
+            return None, ""
+        self.closed = True
+        if self.env is None or not _has_close(self.env):
+            return None, ""
+        failure, error, _ = await self._call("close")
+        return failure, error
 
     async def _call(self, method: str, *args: Any) -> tuple[EnvFailure | None, str, Any]:
         try:
@@ -240,6 +268,13 @@ class EnvCalls:
 
 def _finite(v: object) -> bool:
     return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
+
+
+def _has_close(env: object) -> bool:
+    try:
+        return callable(getattr(env, "close", None))
+    except Exception:  # noqa: BLE001 - a __getattr__ that raises: the call reports it
+        return True
 
 
 # -- the built-in calculator tool ---------------------------------------------------------------

@@ -17,7 +17,9 @@ Invariants:
   sample's one token budget and ``max_turns`` steps; a cut inside any turn resumes like a
   single-turn one (its turns travel in the sample; on another replica a fresh environment is
   reset with the transcript so far); the environment's calls never block the replica's loop
-  and never raise (``engine.environments``);
+  and never raise (``engine.environments``); each environment made is closed once, when its
+  trajectory ends here (finished, failed or cut), before the sample's ``SampleEnd`` or
+  ``SampleAborted``;
 - each call returns the events it produced, in order, stamped by this replica; a group's
   generation (:meth:`generate_stream`) hands each sample's events over as that sample ends,
   so the coordinator frees its slot then, not when the group's slowest sample ends.
@@ -26,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import Literal, TypeVar
@@ -119,6 +122,9 @@ class RolloutCore:
         self.environment, self.env_name = environment, env_name
         self._env_loop = EnvLoop() if env_thread and environment is not None else None
         self.env_timeout_s, self.max_turns = env_timeout_s, max_turns
+        self._envs: set[EnvCalls] = set()  # the trajectories' environments here, until closed
+        self._envs_closed = asyncio.Event()
+        self._envs_closed.set()
         self.replica_id = replica_id
         self.backend = backend
         self.tok = tokenizer
@@ -251,13 +257,34 @@ class RolloutCore:
 
     async def _run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec) -> list[Event]:
         ev: list[Event] = []
+        env: EnvCalls | None = None
+        if self.environment is not None:
+            s, env = await self._env_for(s, prompt, ev)
+        try:
+            s, cut = await self._turns(s, sp, env, ev)
+        except (Exception, asyncio.CancelledError):  # cancelled (the caller went away) or failed
+            if env is not None:
+                await self._close_env(env, s, [])  # closed all the same; nobody reads these events
+            raise
+        if env is not None:
+            s = await self._close_env(env, s, ev)
+        if cut is not None:
+            ev.append(self._aborted(s, cut, partial=True))
+            return ev
+        if s.finish_reason == "abort":
+            s = msgspec.structs.replace(s, finish_reason="length")
+        return ev + await self._finish(s, prompt)
+
+    async def _turns(
+        self, s: Sample, sp: SamplingSpec, env: EnvCalls | None, ev: list[Event]
+    ) -> tuple[Sample, AbortReason | None]:
+        """Generate (and step the environment) until the sample ends here; returns it and, when it
+        must leave this replica unfinished, why."""
         announce: Literal["begin", "resumed", ""] = "resumed" if s.token_ids else "begin"
-        env = await self._env_for(s, prompt, ev) if self.environment is not None else None
         while True:
             await self._open.wait()
             if self._evicting or self.mode != ROLLOUT:
-                ev.append(self._aborted(s, "reclaimed", partial=True))
-                return ev
+                return s, "reclaimed"
             rid = f"{self.replica_id}-{next(self._req)}"
             self._running[rid] = ""
             self._group_of[rid] = s.group_id
@@ -292,8 +319,7 @@ class RolloutCore:
                     ev.append(self._aborted(s, reason, partial=False))
                     announce = "resumed"
                     continue
-                ev.append(self._aborted(s, reason or "reclaimed", partial=True))
-                return ev
+                return s, reason or "reclaimed"
             ended = s.token_ids[-1:] == [self.tok.eos_token_id]  # the model's own end: no tool call
             if (
                 env is None
@@ -306,9 +332,7 @@ class RolloutCore:
             s, more = await self._step(env, s, ev)
             if not more:
                 break
-        if s.finish_reason == "abort":
-            s = msgspec.structs.replace(s, finish_reason="length")
-        return ev + await self._finish(s, prompt)
+        return s, None
 
     def _announce(self, s: Sample, how: Literal["begin", "resumed"]) -> Event:
         if how == "begin":
@@ -330,16 +354,39 @@ class RolloutCore:
         )
 
     # -- environments (multi-turn) ---------------------------------------------------------
-    async def _env_for(self, s: Sample, prompt: PromptSpec, ev: list[Event]) -> EnvCalls | None:
+    async def _env_for(self, s: Sample, prompt: PromptSpec, ev: list[Event]) -> tuple[Sample, EnvCalls | None]:
         """The trajectory's environment on this replica, reset with its transcript so far;
-        None (the trajectory goes on as a single turn) when it cannot be made or reset."""
+        None (the trajectory goes on as a single turn) when it cannot be made or reset (then
+        closed already, if it was made)."""
         assert self.environment is not None
         env = EnvCalls(self.environment, self.env_name, self.env_timeout_s, self._env_loop)
-        failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
+        self._envs.add(env)
+        self._envs_closed.clear()
+        try:
+            failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
+        except asyncio.CancelledError:
+            await self._close_env(env, s, [])
+            raise
         if failure is None:
-            return env
+            return s, env
+        s = self._env_fails(s, failure, error, ev)
+        return await self._close_env(env, s, ev), None
+
+    async def _close_env(self, env: EnvCalls, s: Sample, ev: list[Event]) -> Sample:
+        """The trajectory is done with its environment here: its ``close()``, once, contained like
+        any call (a failure is an ``EnvFailed``; the sample is scored or moved all the same)."""
+        try:
+            failure, error = await env.close()
+        finally:
+            self._envs.discard(env)
+            if not self._envs:
+                self._envs_closed.set()
+        return s if failure is None else self._env_fails(s, failure, error, ev)
+
+    def _env_fails(self, s: Sample, failure: EnvFailure, error: str, ev: list[Event]) -> Sample:
+        """Report a failed environment call; the sample carries it (``env/<failure>`` per step)."""
         ev.append(self._env_failed(s, failure, error))
-        return None
+        return turns.mark_failure(s, failure)
 
     async def _step(self, env: EnvCalls, s: Sample, ev: list[Event]) -> tuple[Sample, bool]:
         """Call the environment on the current turn's action and append its observation;
@@ -347,7 +394,7 @@ class RolloutCore:
         t0 = _now()
         out, failure, error = await env.step(turns.action(s, self.tok.decode))
         if out is None:
-            ev.append(self._env_failed(s, failure or "raised", error))
+            s = self._env_fails(s, failure or "raised", error, ev)
             return msgspec.structs.replace(s, finish_reason="stop"), False
         ids = self.tok.encode(out.observation) if out.observation else []
         s = turns.add_observation(
@@ -680,6 +727,9 @@ class RolloutCore:
     async def shutdown(self) -> list[Event]:
         self._evicting = True
         await self._cut("shutdown")
+        if not self._envs_closed.is_set():  # cut trajectories close their environments (a step, then close)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._envs_closed.wait(), 2 * self.env_timeout_s + 1.0)
         self.rewards.close()
         if self._env_loop is not None:
             self._env_loop.close()

@@ -26,6 +26,9 @@ class Tally:
         """Samples the reward function scored."""
         self.reward_failures: Counter[str] = Counter()
         """Samples scored 0.0 because the reward failed, by ``RewardFailure``."""
+        self.env_in_play = False
+        """An environment is configured (``task.environment``) or a multi-turn sample ended:
+        the summary has ``env/steps`` even when no step ever answered."""
         self.env_steps = 0
         """Environment steps that answered (multi-turn trajectories)."""
         self.env_failures: Counter[str] = Counter()
@@ -61,7 +64,7 @@ class Tally:
                 out[f"validate/{key}_last"] = val
         for failure, n in self.reward_failures.items():
             out[f"reward/{failure}"] = float(n)
-        if self.env_steps or self.env_failures:
+        if self.env_in_play or self.env_steps or self.env_failures:
             out["env/steps"] = float(self.env_steps)
         for failure, n in self.env_failures.items():
             out[f"env/{failure}"] = float(n)

@@ -13,10 +13,16 @@ Invariants (those of ``shunter.events.data``, kept by every function here):
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import get_args
 
 import msgspec
 
 from shunter.events import Sample, Turn
+from shunter.events.vocab import EnvFailure
+
+FAILURES: tuple[str, ...] = get_args(EnvFailure)
+"""The failures an environment call can have; a trajectory that met one carries it in its
+``metrics`` (``mark_failure``), counted per step as ``env/<failure>``."""
 
 
 def add_generated(
@@ -72,6 +78,12 @@ def add_observation(
     )
 
 
+def mark_failure(s: Sample, failure: EnvFailure) -> Sample:
+    """``s`` with a failed environment call recorded: ``metrics[failure] = 1`` (once per kind,
+    whichever replica's environment failed; a name ``StepResult.metrics`` may not use)."""
+    return msgspec.structs.replace(s, metrics={**s.metrics, failure: 1.0})
+
+
 def env_reward(s: Sample) -> float:
     """The environment's rewards over the sample's steps."""
     return sum(t.reward for t in s.turns)
@@ -79,14 +91,18 @@ def env_reward(s: Sample) -> float:
 
 def batch_metrics(samples: list[Sample]) -> dict[str, float]:
     """A batch's multi-turn figures (every step of a run with an environment, none without): ``batch/turns_mean``
-    (environment steps per sample), ``batch/observation_tokens``, and per environment metric
-    ``env/<name>``, its mean over the batch's samples (a sample that reported none counts 0)."""
+    (environment steps per sample), ``batch/observation_tokens``, ``env/raised``, ``env/returned``,
+    ``env/timeout`` (the batch's trajectories that met such a failed environment call: the run
+    summary's names, counted per step) and per environment metric ``env/<name>``, its mean over
+    the batch's samples (a sample that reported none counts 0)."""
     if not samples or not any(s.loss_mask or s.turns or s.metrics for s in samples):
         return {}  # single-turn samples (with an environment in play every sample has a loss mask)
     out = {
         "batch/turns_mean": sum(len(s.turns) for s in samples) / len(samples),
         "batch/observation_tokens": float(sum(len(s.token_ids) - s.trained_tokens for s in samples)),
     }
-    for name in sorted({k for s in samples for k in s.metrics}):
+    for failure in FAILURES:
+        out[f"env/{failure}"] = float(sum(failure in s.metrics for s in samples))
+    for name in sorted({k for s in samples for k in s.metrics} - set(FAILURES)):
         out[f"env/{name}"] = sum(s.metrics.get(name, 0.0) for s in samples) / len(samples)
     return out

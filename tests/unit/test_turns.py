@@ -292,7 +292,13 @@ def test_batch_metrics_average_the_environment_figures_over_the_batch():
     b = Sample(
         sample_id="0.1", group_id=0, prompt_id=0, prompt_token_ids=[1], token_ids=[1], logprobs=[0.0], versions=[0]
     )
-    assert batch_metrics([a, b]) == {"batch/turns_mean": 0.5, "batch/observation_tokens": 1.0, "env/tool_ok": 0.5}
+    failures = {"env/raised": 0.0, "env/returned": 0.0, "env/timeout": 0.0}  # counted per step, none here
+    assert batch_metrics([a, b]) == {
+        "batch/turns_mean": 0.5,
+        "batch/observation_tokens": 1.0,
+        "env/tool_ok": 0.5,
+        **failures,
+    }
     assert batch_metrics([b]) == {}
 
 
@@ -398,7 +404,10 @@ async def test_a_step_result_with_bad_fields_is_the_environments_error():
     events = await core(environment=BadFields).generate(gen())
     [failed] = [e for e in events if isinstance(e, EnvFailed)]
     assert failed.failure == "returned"
-    assert "metrics['ok'], observation (not a str), reward (not a finite number)" in failed.error
+    assert (
+        "metrics['ok'] True (not a finite number), observation int 46 (not a str), reward nan (not a finite number)"
+        in failed.error
+    )
 
 
 class BlocksTheLoop(Calculator):

@@ -141,9 +141,11 @@ class TaskConfig(_Section):
         ),
     ] = ""
     reward_timeout_s: Annotated[
-        PosFloat,
+        float,
         _d(
-            "Each reward call's limit on a replica; a call that raises, returns junk or runs longer scores 0.0 and is counted (reward/raised, reward/returned, reward/timeout)."
+            f"Each reward call's limit, in seconds, above 0 and at most {MAX_ENV_TIMEOUT_S:g}; a call that raises, returns junk or runs longer scores 0.0 and is counted (reward/raised, reward/returned, reward/timeout).",
+            gt=0,
+            le=MAX_ENV_TIMEOUT_S,
         ),
     ] = 30.0
     reward_threads: Annotated[

@@ -118,7 +118,9 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     turns: list[Turn] = []
     """The environment steps so far, in order (empty: a single-turn sample)."""
     metrics: dict[str, float] = {}
-    """What the environment reported about this trajectory (``env/<name>`` in step metrics)."""
+    """What the environment reported about this trajectory (``env/<name>`` in step metrics), and
+    the engine's marks of its failed environment calls (``raised`` / ``returned`` / ``timeout``:
+    1.0, counted per step as ``env/<failure>``)."""
 
     @property
     def min_version(self) -> int:

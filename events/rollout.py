@@ -54,10 +54,12 @@ class RewardFailed(Event, frozen=True, kw_only=True, tag="rollout.reward_failed"
 
 
 class EnvFailed(Event, frozen=True, kw_only=True, tag="rollout.env_failed"):
-    """An environment step (or reset) failed; the trajectory ends where it is and is scored
-    as it stands (its reward function sees the response so far).
+    """An environment call failed: a step or reset (the trajectory ends where it is and is
+    scored as it stands; its reward function sees the response so far) or a close (reported
+    only: the sample is scored, or moved, as it would have been).
 
-    ``replica -> coordinator, policy``, just before the sample's ``SampleEnd``: the coordinator
+    ``replica -> coordinator, policy``, just before the sample's ``SampleEnd`` (or
+    ``SampleAborted``, for a close when the trajectory is cut to move): the coordinator
     counts it (``env/raised``, ``env/returned``, ``env/timeout`` in the run summary) and ends the
     run when the environment failed on a mini-batch's worth of samples before one step
     succeeded; the run log has a line for the 1st, 10th, 100th … of each ``failure``."""

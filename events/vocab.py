@@ -43,9 +43,10 @@ RewardFailure = Literal["", "raised", "returned", "timeout"]
 """Why a sample's reward is 0.0 without being scored: the reward function raised, returned
 something other than a finite number, or outlived ``task.reward_timeout_s`` ("": it was scored)."""
 EnvFailure = Literal["raised", "returned", "timeout"]
-"""Why an environment step failed (the trajectory then ends where it is and is scored as it
-stands): ``step``/``reset`` raised, returned something other than a ``StepResult``, or outlived
-``task.env_timeout_s``."""
+"""Why an environment call failed: ``reset``, ``step`` or ``close`` raised, ``step`` returned
+something other than a valid ``StepResult``, or the call outlived ``task.env_timeout_s``. A failed
+``reset`` or ``step`` ends the trajectory where it is (scored as it stands); a failed ``close``
+is reported and the sample goes on as it would have."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
 RejectReason = Literal[

@@ -211,6 +211,8 @@ def test_a_close_that_cannot_be_called_with_no_arguments_is_refused_at_load(body
         ({"env_timeout_s": float("inf")}, "<= 86400.0 - at `$.task.env_timeout_s` (got inf)"),
         ({"env_timeout_s": float("nan")}, "> 0.0 - at `$.task.env_timeout_s` (got nan)"),
         ({"env_timeout_s": 86401.0}, "<= 86400.0 - at `$.task.env_timeout_s` (got 86401.0)"),
+        ({"reward_timeout_s": float("inf")}, "<= 86400.0 - at `$.task.reward_timeout_s` (got inf)"),
+        ({"reward_timeout_s": 0}, "> 0.0 - at `$.task.reward_timeout_s` (got 0)"),
         (
             {"environment": "calculator", "env_timeout_s": 1800.0},
             "task.env_timeout_s (1800) must be below rollout.generate_timeout_s (1800)",

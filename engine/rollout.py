@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
-from typing import Literal, TypeVar
+from typing import Literal
 
 import msgspec
 
@@ -39,6 +39,8 @@ from shunter.engine import lengths, turns
 from shunter.engine.backend import Backend, GenParams, Tokenizer
 from shunter.engine.environments import EnvCalls, EnvLoop
 from shunter.engine.errors import describe
+from shunter.engine.replica_modes import E, Running, WeightsAndModes, _now
+from shunter.engine.replica_validation import Validation
 from shunter.engine.rewards import InlineRewards, Rewards, ThreadRewards
 from shunter.engine.tasks import as_scorer
 from shunter.events import (
@@ -51,7 +53,6 @@ from shunter.events import (
     Generate,
     InstallWeights,
     JoinWeightGroup,
-    ModeChanged,
     Order,
     PromptSpec,
     RewardFailed,
@@ -64,30 +65,21 @@ from shunter.events import (
     SamplingSpec,
     ShedGroups,
     Stamper,
-    ValidateBegin,
-    ValidateEnd,
     WeightGroupJoined,
-    WeightsLoaded,
     sample_id,
     tag_of,
 )
-from shunter.events.vocab import ROLLOUT, TRAINER, AbortReason, EnvFailure, ServingMode, WeightUpdate
+from shunter.events.vocab import ROLLOUT, AbortReason, EnvFailure, ServingMode, WeightUpdate
 
 Reward = Callable[..., object]
 """A task's ``(prompt, response, answer)`` or verl's ``(data_source, solution_str, ground_truth,
 extra_info)``, returning a float (or verl's dict with ``"score"``): see ``shunter.engine.tasks.as_scorer``."""
-E = TypeVar("E", bound=Event)
-Running = Literal["", "weights_update", "reclaimed", "rebalanced", "shutdown"]
-"""A running request's state: "" while it runs, else why it is being cut."""
 
 
-def _now() -> float:
-    """Durations are measured on the running loop's clock: monotonic in real runs,
-    virtual in a simulation (``shunter.bench``)."""
-    return asyncio.get_running_loop().time()
+class RolloutCore(WeightsAndModes, Validation):
+    """One replica's sample loop; weight loads and mode switches are
+    ``engine.replica_modes``', validation ``engine.replica_validation``'s."""
 
-
-class RolloutCore:
     def __init__(
         self,
         replica_id: str,
@@ -509,220 +501,6 @@ class RolloutCore:
         if cut:
             await self.backend.abort(cut)
         return []
-
-    # -- weights and modes -------------------------------------------------------------
-    async def _consume(self, blob: bytes | None) -> None:
-        """Weights sent over this replica's weight group arrive whatever the replica does with
-        them (the trainer is sending them now): receive them into the group's buffer."""
-        receives = getattr(self.backend, "receives", None)
-        if blob is not None and receives is not None and receives(blob):
-            await getattr(self.backend, "receive_weights")(blob)  # noqa: B009 - optional in the protocol
-
-    async def load_weights(self, version: int, blob: bytes | None) -> list[Event]:
-        async with self._weights:
-            return await self._load_weights(version, blob)
-
-    async def _load_weights(self, version: int, blob: bytes | None) -> list[Event]:
-        if version <= self.version:
-            await self._consume(blob)
-            return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=self.version, duration_s=0.0))]
-        if blob is None:
-            raise LookupError(f"no weights payload for version {version} (its handle is gone)")
-        if self.mode != ROLLOUT:  # asleep: load on wake
-            await self._consume(blob)
-            self._pending_weights = (version, blob)
-            return []
-        t0 = _now()
-        await self._stable.acquire()  # a validation in progress finishes on the weights it began with
-        self._open.clear()
-        cut = kept = 0
-        try:
-            t1 = _now()
-            if self.weight_update == "keep":
-                kept = await self._swap_in_place(version, blob)
-                t2 = t1
-            else:
-                cut = await self._cut("weights_update")
-                t2 = _now()
-                await self.backend.load_weights(blob)
-                self.version = version
-        finally:
-            self._open.set()
-            self._stable.release()
-        t3 = _now()
-        detail = {"wait_s": t1 - t0, "abort_s": t2 - t1, "load_s": t3 - t2}
-        if self.weight_update == "keep":
-            detail["kept"] = float(kept)
-        detail.update(
-            {
-                f"backend_{k}": float(v)
-                for k, v in (getattr(self.backend, "last_load", None) or {}).items()
-                if isinstance(v, int | float)
-            }
-        )
-        return [
-            self._stamp(
-                WeightsLoaded(
-                    replica_id=self.replica_id, version=version, duration_s=t3 - t0, interrupted=cut, detail=detail
-                )
-            )
-        ]
-
-    async def _swap_in_place(self, version: int, blob: bytes) -> int:
-        """Pause the running requests with their KV cache, swap the weights, let them go on;
-        each request's tokens from here on are ``version``'s. Returns how many were kept."""
-        made = await getattr(self.backend, "pause")()  # noqa: B009 - optional in the protocol
-        try:
-            await self.backend.load_weights(blob)
-            self.version = version
-            for rid in self._running:
-                self._marks.setdefault(rid, []).append((int(made.get(rid, 0)), version))
-        finally:
-            await getattr(self.backend, "resume")(self.version)  # noqa: B009
-        return len(self._running)
-
-    async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
-        t0 = _now()
-        self._evicting = True
-        try:
-            await self._cut("reclaimed")
-            t1 = _now()
-            used = self._memory()
-            await self.backend.sleep(sleep_level)
-            freed = used - self._memory()
-            self.mode = TRAINER
-        finally:
-            self._evicting = False
-        t2 = _now()
-        return [
-            self._stamp(
-                ModeChanged(
-                    replica_id=self.replica_id,
-                    mode=TRAINER,
-                    previous=ROLLOUT,
-                    duration_s=t2 - t0,
-                    detail={
-                        "abort_s": t1 - t0,
-                        "sleep_s": t2 - t1,
-                        "sleep_level": float(sleep_level),
-                        "memory_freed_bytes": float(freed),
-                    },
-                )
-            )
-        ]
-
-    def _memory(self) -> int:
-        """Device memory in use, where the backend can tell (GPU); else 0."""
-        fn = getattr(self.backend, "device_memory_used", None)
-        return fn() if callable(fn) else 0
-
-    async def switch_to_rollout(self, version: int, blob: bytes | None) -> list[Event]:
-        t0 = _now()
-        used = self._memory()
-        await self.backend.wake_up()
-        taken = self._memory() - used
-        t1 = _now()
-        async with self._weights:
-            pending, self._pending_weights = self._pending_weights, None
-            sent = blob  # the order's own payload (its bytes may be on their way over a weight group)
-            if blob is None and pending is not None:
-                version, blob = pending
-            if blob is not None and version > self.version:
-                await self.backend.load_weights(blob)
-                self.version = version
-            elif sent is not None:
-                await self._consume(sent)
-        t2 = _now()
-        previous, self.mode = self.mode, ROLLOUT
-        return [
-            self._stamp(
-                ModeChanged(
-                    replica_id=self.replica_id,
-                    mode=ROLLOUT,
-                    previous=previous,
-                    duration_s=t2 - t0,
-                    detail={
-                        "wake_s": t1 - t0,
-                        "load_s": t2 - t1,
-                        "version": float(self.version),
-                        "memory_taken_bytes": float(taken),
-                    },
-                )
-            )
-        ]
-
-    # -- validation ----------------------------------------------------------------------
-    async def validate(self, cmd: RunValidation, max_tokens: int) -> list[Event]:
-        t0 = _now()
-        begin = self._stamp(
-            ValidateBegin(version=self.version, prompts=len(cmd.prompts), replica_ids=[self.replica_id])
-        )
-        params = GenParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=(self.tok.eos_token_id,))
-
-        errors: list[str] = []
-        env_errors: list[str] = []
-
-        async def one(p: PromptSpec) -> float:
-            if self.environment is not None:
-                return await self._validate_turns(p, max_tokens, errors, env_errors)
-            rid = f"{self.replica_id}-val-{next(self._req)}"
-            try:
-                ids = self.prompt_ids(p)
-            except Exception as e:  # noqa: BLE001 - counted and reported below
-                errors.append(f"prompt {p.prompt_id} cannot be tokenized: {describe(e, limit=300)}")
-                return 0.0
-            res = await self.backend.generate(rid, ids, params)
-            text = self.tok.decode([t for t in res.token_ids if t != self.tok.eos_token_id])
-            scored = await self.rewards.score(p, text)
-            if scored.failure:
-                errors.append(scored.error)
-            return scored.reward
-
-        async with self._stable:
-            version = self.version
-            rewards = await asyncio.gather(*(one(p) for p in cmd.prompts))
-        n = max(1, len(rewards))
-        metrics = {"reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
-        if errors:
-            metrics["reward_errors"] = float(len(errors))
-        if env_errors:
-            metrics["env_errors"] = float(len(env_errors))
-        out = [begin, self._stamp(ValidateEnd(version=version, duration_s=_now() - t0, metrics=metrics))]
-        for user_code, failed, what, scored in (
-            (self.reward_name, errors, f"reward function {self.reward_name}", "scored 0"),
-            (self.env_name, env_errors, f"environment {self.env_name}", "scored as they stood"),
-        ):
-            if failed:
-                out.append(
-                    self._stamp(
-                        CommandFailed(
-                            command_kind=tag_of(RunValidation),
-                            target=self.replica_id,
-                            user_code=user_code,
-                            error=f"{what} failed on {len(failed)} held-out prompts ({scored}), first: {failed[0]}",
-                        )
-                    )
-                )
-        return out
-
-    async def _validate_turns(self, p: PromptSpec, max_tokens: int, errors: list[str], env_errors: list[str]) -> float:
-        """A held-out prompt's greedy multi-turn trajectory, through the sample loop itself."""
-        try:
-            ids = self.prompt_ids(p)
-        except Exception as e:  # noqa: BLE001 - counted and reported by validate
-            errors.append(f"prompt {p.prompt_id} cannot be tokenized: {describe(e, limit=300)}")
-            return 0.0
-        s = Sample(
-            sample_id=f"val-{next(self._req)}",
-            group_id=-1,
-            prompt_id=p.prompt_id,
-            prompt_token_ids=ids,
-            max_tokens=max_tokens,
-        )
-        events = await self._run(s, p, SamplingSpec(max_tokens=max_tokens, temperature=0.0))
-        errors += [e.error for e in events if isinstance(e, RewardFailed)]
-        env_errors += [e.error for e in events if isinstance(e, EnvFailed)]
-        return next((e.sample.reward for e in events if isinstance(e, SampleEnd)), 0.0)
 
     async def shutdown(self) -> list[Event]:
         self._evicting = True

@@ -176,3 +176,11 @@ def print_summary(ended: RunEnded) -> None:
         f"  prompt groups    dispatched {s.get('buffer/dispatched_groups', 0):.0f}, trained "
         f"{s.get('buffer/trained_groups', 0):.0f}, dropped {s.get('buffer/dropped_groups', 0):.0f}"
     )
+    for what in ("reward", "env"):  # user code that failed: scored 0 (or as it stood), never silent
+        failed = {k: s.get(f"{what}/{k}", 0) for k in ("raised", "returned", "timeout")}
+        if any(failed.values()):
+            print(
+                f"  {what + ' failures':<16} "
+                + ", ".join(f"{k} {v:.0f}" for k, v in failed.items())
+                + f" (see rollout.{what}_failed in the event log)"
+            )

@@ -313,10 +313,15 @@ class Launcher:
         for res, need, knob in (("CPU", cpus, "num_cpus"), ("GPU", gpus, "num_gpus")):
             free = float(have.get(res, 0.0))
             if need > free + 1e-9:
+                workers = (
+                    " + task.reward_worker_cpus per reward worker"
+                    if res == "CPU" and self.cfg.task.reward_workers
+                    else ""
+                )
                 raise EngineSetupError(
                     f"no room in the Ray cluster for {what}: it needs {need:g} {res}, the cluster has {free:g} "
-                    f"{'in all' if total else 'free'} (trainer.{knob} + rollout.{knob} per replica; a local cluster "
-                    f"has run.num_cpus = {self.cfg.run.num_cpus or os.cpu_count()} CPUs)"
+                    f"{'in all' if total else 'free'} (trainer.{knob} + rollout.{knob} per replica{workers}; "
+                    f"a local cluster has run.num_cpus = {self.cfg.run.num_cpus or os.cpu_count()} CPUs)"
                 )
 
     # -- replicas ------------------------------------------------------------------------

@@ -3,18 +3,19 @@ replica of a run (``task.reward_workers``).
 
 Invariants:
 
-- a worker scores with ``engine.rewards.ThreadRewards``: every call ends within
-  ``task.reward_timeout_s`` of its arrival with a ``Scored`` (raises, junk and timeouts score
-  0.0 and say why), ``task.reward_threads`` calls at a time;
+- a worker scores with ``engine.rewards.ThreadRewards``: every call ends with a ``Scored``
+  (raises, junk and calls that run longer than ``task.reward_timeout_s`` score 0.0 and say
+  why), ``task.reward_threads`` calls at a time;
 - the replica's side (:class:`PoolRewards`) sends the calls made in one turn of its loop as one
   batch (at most ``MAX_BATCH``) to the worker with the fewest calls outstanding: one Ray call a
   batch, not one a sample;
 - a worker that dies (a reward that exits, segfaults or runs out of memory) or stops answering
-  (a reward that holds the interpreter in C code, which no thread timeout can stop) costs only
-  the calls it held: each scores 0.0, ``raised`` or ``timeout``, naming the worker and the
-  cause, and Ray starts the worker again (a silent one is killed first). The calls of a batch
-  that died with its worker are tried once more one by one, so the sample that killed it is
-  the one that scores 0 for it. The replica, its samples and the run go on.
+  (a reward that holds the interpreter in C code, which no thread timeout can stop: a batch
+  outstanding for ``GRACE_S`` makes the replica ping the worker, and a worker that does not
+  answer within ``GRACE_S`` is killed) is started again by Ray, and every call it held is tried
+  once more alone, once the worker is up: the sample that kills or hangs it again is the one
+  that scores 0.0 (``raised`` or ``timeout``, naming the worker and the cause); the others are
+  scored. The replica, its samples and the run go on.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from shunter.events import PromptSpec
 
 MAX_BATCH = 64
 GRACE_S = 30.0
-"""Beyond its calls' own timeout, how long a worker may take to answer a batch (Ray's round
-trip, a restart after a crash) before it is taken for hung and killed."""
+"""A batch outstanding this long makes the replica ping its worker; a worker that does not
+answer the ping within this long is taken for hung (its interpreter held) and killed. Also how
+long a worker Ray is starting again may take to come up."""
 RESTART_POLL_S = 0.2
 """How often a worker Ray is starting again is asked whether it is up."""
 
 
-class _Died(Scored, frozen=True):
-    """The failure of a call whose worker died under it."""
+class _Lost(Scored, frozen=True):
+    """The failure of a call whose worker died or hung under it (tried again alone)."""
 
 
 class RewardWorker:
@@ -73,13 +75,13 @@ class PoolRewards:
         if not workers:
             raise ValueError("a reward pool needs at least one worker")
         self.workers, self.timeout_s, self.grace_s = list(workers), timeout_s, grace_s
-        self.bound_s = timeout_s + grace_s
         self.outstanding = [0] * len(self.workers)
         self.batches = 0  # Ray calls made
         self._queue: list[tuple[PromptSpec, str, asyncio.Future[Scored]]] = []
         self._flush_due = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._restarting: set[int] = set()  # workers that died or were killed: asked only once up again
+        self._retries: dict[int, asyncio.Lock] = {}  # worker -> held by a call tried again alone
 
     async def score(self, prompt: PromptSpec, response: str) -> Scored:
         loop = asyncio.get_running_loop()
@@ -106,7 +108,7 @@ class PoolRewards:
         self.outstanding[w] += len(batch)
         try:
             got = await self._ask(w, [(p, r) for p, r, _ in batch])
-            if isinstance(got, _Died) and len(batch) > 1:  # one of them killed it: each alone finds which
+            if isinstance(got, _Lost):  # one of these, or another replica's, killed it: each alone finds which
                 got = [await self._alone(w, p, r) for p, r, _ in batch]
             out = got if isinstance(got, list) else [got] * len(batch)
             for (_, _, fut), scored in zip(batch, out, strict=True):
@@ -116,7 +118,10 @@ class PoolRewards:
             self.outstanding[w] -= len(batch)
 
     async def _alone(self, w: int, prompt: PromptSpec, response: str) -> Scored:
-        got = await self._ask(w, [(prompt, response)])
+        """A call lost with its worker, tried again alone — one at a time per worker from this
+        replica, so the one that kills the worker again takes no other retry with it."""
+        async with self._retries.setdefault(w, asyncio.Lock()):
+            got = await self._ask(w, [(prompt, response)])
         return got[0] if isinstance(got, list) else got
 
     async def _ready(self, w: int) -> bool:
@@ -124,7 +129,7 @@ class PoolRewards:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.bound_s
+        deadline = loop.time() + self.grace_s
         while (left := deadline - loop.time()) > 0:
             try:
                 await asyncio.wait_for(self.workers[w].pid.remote(), left)
@@ -143,31 +148,51 @@ class PoolRewards:
 
         h = self.workers[w]
         if w in self._restarting and not await self._ready(w):
-            return Scored(0.0, "timeout", f"reward worker {w} did not come back within {self.bound_s:g} s")
+            return Scored(0.0, "timeout", f"reward worker {w} did not come back within {self.grace_s:g} s")
         self.batches += 1
+        fut = asyncio.ensure_future(_awaited(h.score.remote(items)))
         try:
-            got = await asyncio.wait_for(h.score.remote(items), self.bound_s)
-        except TimeoutError:
-            self._restarting.add(w)
-            try:
-                ray.kill(h, no_restart=False)  # hung: Ray starts it again
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-            return Scored(
-                0.0,
-                "timeout",
-                f"reward worker {w} did not answer within task.reward_timeout_s + {self.grace_s:g} s = "
-                f"{self.bound_s:g} s (a reward holding the interpreter?); killed, Ray starts it again",
-            )
+            while not (await asyncio.wait({fut}, timeout=self.grace_s))[0]:
+                if not await self._answers(h):  # hung (its interpreter held): Ray starts it again
+                    self._restarting.add(w)
+                    try:
+                        ray.kill(h, no_restart=False)
+                    except Exception:  # noqa: BLE001 - already gone
+                        pass
+                    return _Lost(
+                        0.0,
+                        "timeout",
+                        f"reward worker {w} stopped answering (a reward holding the interpreter?): no answer to "
+                        f"a ping within {self.grace_s:g} s; killed, Ray starts it again",
+                    )
+            got = fut.result()
         except (ActorUnavailableError, RayActorError) as e:
             self._restarting.add(w)
-            return _Died(0.0, "raised", bounded(f"reward worker {w} died while scoring: {e}", 500))
+            return _Lost(0.0, "raised", bounded(f"reward worker {w} died while scoring: {e}", 500))
         except Exception as e:  # noqa: BLE001 - anything else Ray raises: the calls score 0, said why
             return Scored(0.0, "raised", bounded(f"reward worker {w}: {type(e).__name__}: {e}", 500))
+        finally:
+            fut.cancel()
         if isinstance(got, list) and len(got) == len(items) and all(isinstance(x, Scored) for x in got):
             return got
         return Scored(0.0, "raised", bounded(f"reward worker {w} answered {len(items)} calls with {got!r}", 300))
 
+    async def _answers(self, h: Any) -> bool:
+        """Whether a worker whose batch is slow still turns its loop (or is being restarted)."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        try:
+            await asyncio.wait_for(h.pid.remote(), self.grace_s)
+            return True
+        except TimeoutError:
+            return False
+        except (ActorUnavailableError, RayActorError):
+            return True  # dead or restarting: its batch fails on its own
+
     def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()
+
+
+async def _awaited(ref: Any) -> Any:
+    return await ref

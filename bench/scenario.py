@@ -201,6 +201,8 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
     if sc.scenario.kind != "sim":
         raise ValueError(f"scenario {sc.scenario.name!r}: kind {sc.scenario.kind!r} has its own runner")
     per_seed: dict[str, list[dict[str, float]]] = {v.name: [] for v in sc.variant}
+    for v in sc.variant:  # every variant's settings checked before the first one runs
+        variant_setup(sc, v)
     for seed in sc.scenario.seeds:
         for v in sc.variant:
             cfg, cost = variant_setup(sc, v)

@@ -124,7 +124,7 @@ class LogSink:
             fields[k] = bounded(v) if isinstance(v, str) else v
         if "partial" in fields:
             fields["partial"] = fields["partial"] is not None
-        if isinstance(err := fields.get("error"), str) and err:
+        if isinstance(err := fields.get("error"), str) and err and not count:  # routine ones: milestones already
             key = (tag, err)
             n = self._repeats[key] = self._repeats.get(key, 0) + 1
             if len(self._repeats) > 10_000:

@@ -2,20 +2,22 @@
 
 Invariants:
 
-- every call ends within ``timeout_s`` with a :class:`Scored`: a reward that raises (any
-  ``BaseException`` but ``KeyboardInterrupt`` and ``SystemExit``), returns something other than
-  a finite number (or verl's dict with one under ``"score"``; a coroutine too: rewards are
-  synchronous), or outlives its timeout scores ``0.0`` and says why (``failure``, ``error``).
-  The sample is trained on with that score and the failure is reported (``RewardFailed``),
-  never a crash, a dropped group or a stall;
+- every call ends with a :class:`Scored`: a reward that raises (any ``BaseException`` but
+  ``KeyboardInterrupt`` and ``SystemExit``), returns something other than a finite number (or
+  verl's dict with one under ``"score"``; a coroutine too: rewards are synchronous), or runs
+  longer than ``timeout_s`` scores ``0.0`` and says why (``failure``, ``error``). The sample is
+  trained on with that score and the failure is reported (``RewardFailed``), never a crash, a
+  dropped group or a stall;
 - :class:`ThreadRewards` runs the calls in worker threads, so a slow reward never blocks the
   replica's event loop (vLLM's outputs, weight loads and aborts go on); at most ``threads``
-  calls run at once, the others wait their turn — their wait counts against their timeout;
+  calls run at once, the others wait their turn. The timeout counts from a call's start, not
+  its arrival: a slow but healthy reward under a burst of samples is slow, never zeroed;
 - a call that timed out keeps its thread until the function returns (Python cannot stop a
-  thread). When every thread of the pool is held so, the next calls go to a fresh pool: a
-  reward that hangs now and then costs a thread each time, never the replica's scoring — up
-  to ``MAX_STUCK_THREADS`` held at once, after which calls wait for them and time out (a
-  reward that always hangs; the coordinator, seeing nothing but failures, ends the run).
+  thread). When every thread of the pool is held so, a fresh pool takes over and the calls
+  waiting in the old one move to it: a reward that hangs now and then costs its own call and
+  a thread each time, never the others' — up to ``MAX_STUCK_THREADS`` held at once, after which
+  calls wait for them (a reward that always hangs; the coordinator, seeing nothing but
+  timeouts, ends the run).
 
 :class:`InlineRewards` calls the function on the loop itself, without a timeout: for the
 in-process fakes and the simulator, whose virtual clock must not race real threads.
@@ -28,7 +30,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
@@ -133,19 +135,45 @@ class ThreadRewards:
         return sum(self._stuck.values())
 
     async def score(self, prompt: PromptSpec, response: str) -> Scored:
-        loop, pool = asyncio.get_running_loop(), self._pool
-        cf = pool.submit(score_one, self.scorer, prompt, response)
-        try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(cf)), self.timeout_s)
-        except TimeoutError:
-            if not cf.cancel():  # running (not just waiting its turn): its thread finishes it, unheard
-                self._stuck[pool] = self._stuck.get(pool, 0) + 1
-                cf.add_done_callback(lambda _: loop.call_soon_threadsafe(self._unstuck, pool))
-                if pool is self._pool and self._stuck[pool] >= self.threads and self.stuck < MAX_STUCK_THREADS:
-                    self._pool = self._new_pool()  # the held pool finishes its calls and goes
-                    self.pools_started += 1
-                    pool.shutdown(wait=False, cancel_futures=False)  # its queued calls time out as theirs
-            return Scored(0.0, "timeout", f"took longer than task.reward_timeout_s = {self.timeout_s:g} s")
+        loop = asyncio.get_running_loop()
+        began: list[float] = []  # when the call started in a thread (the loop's clock)
+
+        def run() -> Scored:
+            loop.call_soon_threadsafe(lambda: began.append(loop.time()) if not began else None)
+            return score_one(self.scorer, prompt, response)
+
+        while True:
+            pool = self._pool
+            cf = pool.submit(run)
+            fut = asyncio.wrap_future(cf)
+            while True:
+                left = began[0] + self.timeout_s - loop.time() if began else self.timeout_s
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut), max(left, 0.0))
+                except TimeoutError:
+                    pass
+                if began and loop.time() >= began[0] + self.timeout_s:
+                    if not cf.cancel():  # running: its thread finishes it, unheard
+                        self._held(pool, cf, loop)
+                    return Scored(0.0, "timeout", f"took longer than task.reward_timeout_s = {self.timeout_s:g} s")
+                if not began and pool is not self._pool and cf.cancel():
+                    break  # its pool was replaced while it waited for a thread: wait in the new one
+                if not began and self.stuck >= MAX_STUCK_THREADS and cf.cancel():
+                    return Scored(
+                        0.0,
+                        "timeout",
+                        f"no thread free to run it: {self.stuck} held by calls that outlived "
+                        f"task.reward_timeout_s = {self.timeout_s:g} s and never returned",
+                    )
+
+    def _held(self, pool: ThreadPoolExecutor, cf: Future[Scored], loop: asyncio.AbstractEventLoop) -> None:
+        """A call that timed out holds its thread; when all of a pool's are held, a fresh pool."""
+        self._stuck[pool] = self._stuck.get(pool, 0) + 1
+        cf.add_done_callback(lambda _: loop.call_soon_threadsafe(self._unstuck, pool))
+        if pool is self._pool and self._stuck[pool] >= self.threads and self.stuck < MAX_STUCK_THREADS:
+            self._pool = self._new_pool()  # the held pool finishes its calls and goes
+            self.pools_started += 1
+            pool.shutdown(wait=False, cancel_futures=False)  # its waiting calls move over (score)
 
     def _unstuck(self, pool: ThreadPoolExecutor) -> None:
         self._stuck[pool] -= 1

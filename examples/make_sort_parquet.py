@@ -47,5 +47,14 @@ def main(out: str = "examples/data", train: int = 20_000, val: int = 128) -> Non
     write(SortDigitsTask(), out, "sort", train, val)
 
 
+def cli(argv: list[str], doc: str | None) -> str:
+    """The output folder from the command line (``--help`` prints the module's doc)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", default="examples/data", help="folder to write into (default: examples/data)")
+    return str(ap.parse_args(argv).out)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(cli(sys.argv[1:], __doc__))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from make_sort_parquet import write  # the same layout (this folder is on sys.path when run as a script)
+from make_sort_parquet import cli, write  # the same layout (this folder is on sys.path when run as a script)
 
 from shunter.engine.tasks.word_problems import WordProblemsTask
 
@@ -22,4 +22,4 @@ def main(out: str = "examples/data", train: int = 20_000, val: int = 128) -> Non
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(cli(sys.argv[1:], __doc__))

@@ -30,6 +30,8 @@ USER_REWARD = textwrap.dedent(
             time.sleep(600)
         if response == "exit":
             os._exit(3)
+        if response == "slow":
+            time.sleep(1.0)
         if response == "redos":  # catastrophic backtracking: C code that never lets go of the GIL
             re.match(r"(a+)+$", "a" * 64 + "b")
         return len(response) / 100
@@ -46,7 +48,7 @@ def pool_of(ray_cluster, tmp_path):
     (tmp_path / "user_rewards.py").write_text(USER_REWARD)
     made = []
 
-    async def make(n: int, timeout_s: float = 1.0, grace_s: float = 30.0) -> PoolRewards:
+    async def make(n: int, timeout_s: float = 1.5, grace_s: float = 30.0) -> PoolRewards:
         cls = rewards.remote_class(0.01)
         ws = [
             cls.remote("user_rewards:score", "", timeout_s=timeout_s, threads=2, import_paths=[str(tmp_path)])
@@ -94,3 +96,15 @@ async def test_a_reward_holding_the_interpreter_gets_its_worker_killed_and_start
     stuck = await pool.score(P(0), "redos")
     assert stuck.failure == "timeout" and "holding the interpreter" in stuck.error
     assert (await pool.score(P(1), "dddd")).reward == 0.04
+
+
+async def test_a_call_in_flight_when_another_kills_the_worker_is_tried_again_and_scored(pool_of):
+    """Was (outsider, 2026-12-03): a call alone in its batch that died with the worker (killed by
+    another sample) scored 0 without being tried again."""
+    pool = await pool_of(1)
+    slow = asyncio.ensure_future(pool.score(P(0), "slow"))
+    await asyncio.sleep(0)  # the slow call goes out in a batch of its own (the next loop turn's)
+    await asyncio.sleep(0)
+    killed = await pool.score(P(1), "exit")
+    assert killed.failure == "raised" and "died" in killed.error
+    assert (await slow).reward == 0.04 and pool.batches >= 4

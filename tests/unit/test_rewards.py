@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 
 import pytest
 
@@ -128,7 +129,7 @@ async def test_a_reward_that_hangs_times_out_and_the_loop_goes_on():
         rewards.close()
 
 
-async def test_calls_waiting_behind_hung_ones_time_out_too_and_a_working_reward_recovers():
+async def test_a_call_waiting_behind_a_hung_one_runs_on_a_fresh_pool_and_scores():
     release = threading.Event()
     calls = []
 
@@ -142,8 +143,8 @@ async def test_calls_waiting_behind_hung_ones_time_out_too_and_a_working_reward_
     try:
         async with asyncio.timeout(30):
             first, queued = await asyncio.gather(rewards.score(P, "hang"), rewards.score(P, "12"))
-        assert first.failure == queued.failure == "timeout"
-        assert calls == ["hang"]  # the queued call timed out waiting, and never ran
+        assert first.failure == "timeout"
+        assert queued == Scored(1.0) and calls == ["hang", "12"]  # its wait was not its run time
         release.set()
         async with asyncio.timeout(30):
             assert await rewards.score(P, "12") == Scored(1.0)
@@ -177,7 +178,7 @@ async def test_a_reward_that_hangs_now_and_then_costs_a_thread_each_time_not_the
         rewards.close()
 
 
-async def test_a_call_queued_behind_a_hung_one_scores_a_timeout_when_the_pool_is_replaced():
+async def test_a_call_queued_behind_a_hung_one_moves_to_the_fresh_pool():
     release, entered = threading.Event(), threading.Event()
 
     def hangs_on_h(prompt, response, answer):
@@ -193,7 +194,39 @@ async def test_a_call_queued_behind_a_hung_one_scores_a_timeout_when_the_pool_is
             await asyncio.to_thread(entered.wait, 10)  # the hung call holds the thread before the next is queued
             queued = asyncio.ensure_future(rewards.score(P, "12"))
             assert (await hung).failure == "timeout"
-            assert (await queued).failure == "timeout"  # not CancelledError when the pool is replaced
+            assert await queued == Scored(1.0)  # not CancelledError, nor a timeout, when the pool is replaced
+    finally:
+        release.set()
+        rewards.close()
+
+
+async def test_a_slow_healthy_reward_under_a_burst_is_slow_not_zeroed():
+    """Was (outsider, 2026-12-03): the timeout counted a call's wait for a thread, so 250 samples
+    of a 0.1 s reward behind 4 threads with a 3 s limit scored 0 by the hundred."""
+
+    def slow(prompt, response, answer):
+        time.sleep(0.05)
+        return 1.0
+
+    rewards = ThreadRewards(as_scorer(slow), timeout_s=0.5, threads=4)
+    try:
+        async with asyncio.timeout(60):
+            got = await asyncio.gather(*(rewards.score(P, str(i)) for i in range(80)))  # ~1 s of work on 4 threads
+        assert all(s == Scored(1.0) for s in got)
+    finally:
+        rewards.close()
+
+
+async def test_a_reward_that_always_hangs_times_out_every_call_once_no_thread_is_left(monkeypatch):
+    import shunter.engine.rewards as mod
+
+    monkeypatch.setattr(mod, "MAX_STUCK_THREADS", 2)
+    release = threading.Event()
+    rewards = ThreadRewards(as_scorer(lambda p, r, a: release.wait() and 1.0), timeout_s=0.2, threads=1)
+    try:
+        async with asyncio.timeout(60):
+            got = await asyncio.gather(*(rewards.score(P, str(i)) for i in range(5)))
+        assert all(s.failure == "timeout" for s in got) and rewards.stuck == 2
     finally:
         release.set()
         rewards.close()

@@ -46,3 +46,37 @@ def test_the_milestone_counts_of_old_versions_are_forgotten(tmp_path):
         sink(WeightsLoaded(replica_id="r0", version=v, duration_s=0.01, **ENV))
     assert len(sink._routine) <= 64
     assert len((tmp_path / "run.log").read_text().splitlines()) == 500  # each version's first load still logged
+
+
+def test_the_same_reward_error_many_times_is_logged_at_each_milestone(tmp_path):
+    """Was (outsider, 2026-12-03): the milestone filter and the repeated-error filter both
+    counted, so 307 identical reward failures gave one line instead of the 1st, 10th, 100th."""
+    from shunter.events import RewardFailed
+
+    sink = LogSink(make_logger(tmp_path / "run.log"))
+    for i in range(307):
+        sink(
+            RewardFailed(
+                replica_id="r0",
+                sample_id=f"{i}.0",
+                group_id=i,
+                failure="raised",
+                error="raised KeyError: 'x'",
+                user_code="m:f",
+                **ENV,
+            )
+        )
+    got = [x for x in lines(tmp_path / "run.log") if x["event"] == "rollout.reward_failed"]
+    assert [x["count"] for x in got] == [1, 10, 100]
+
+
+def test_the_printed_summary_says_how_many_reward_calls_failed(capsys):
+    """Was (outsider, 2026-12-03): a run whose rewards mostly timed out printed a plain
+    'completed'; the counts were only in the event log."""
+    from shunter.events import RunEnded
+    from shunter.progress import print_summary
+
+    summary = {"wall_s": 5.0, "reward/raised": 0.0, "reward/returned": 1.0, "reward/timeout": 581.0}
+    print_summary(RunEnded(reason="completed", steps=8, summary=summary, **ENV))
+    out = capsys.readouterr().out
+    assert "reward failures  raised 0, returned 1, timeout 581" in out and "env failures" not in out

@@ -13,7 +13,7 @@ from fakes import CharTokenizer, FakeBackend, local_run, run_to_end, virtual_tim
 from test_turns import PROMPT, Hangs, Raises, WrongType, core, ends, gen, run_cfg, tool_user
 
 from shunter.engine.config import ConfigError, from_dict
-from shunter.engine.environments import Calculator, StepResult, load_environment
+from shunter.engine.environments import Calculator, StepResult
 from shunter.engine.turns import batch_metrics
 from shunter.events import EnvFailed, Generate, SampleAborted, SampleEnd, SamplingSpec
 
@@ -182,24 +182,6 @@ def test_an_async_close_on_a_real_replica_runs_on_the_environment_loop():
         return samples
 
     assert len(asyncio.run(main())) == 2 and closed_on == ["shunter-env-loop"] * 2
-
-
-@pytest.mark.parametrize(
-    ("body", "message"),
-    [
-        ("def close(self, force): ...", r"WithClose.close cannot be called with \(self\)"),
-        ("async def close(self, force): ...", r"WithClose.close cannot be called with \(self\)"),
-    ],
-)
-def test_a_close_that_cannot_be_called_with_no_arguments_is_refused_at_load(body, message):
-    ns: dict = {}
-    exec(
-        f"class WithClose:\n    stop = ['=']\n    async def reset(self, prompt, transcript): ...\n"
-        f"    async def step(self, action): ...\n    {body}\n",
-        ns,
-    )
-    with pytest.raises(ValueError, match=message):
-        load_environment(ns["WithClose"])
 
 
 # -- config bounds -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import random
 import looptime
 import msgspec
 import pytest
+from test_bench_sim import SMALL
 
 from shunter.bench import bound
 from shunter.bench.analysis import Summary
@@ -22,15 +23,9 @@ from shunter.engine.backend import GenParams
 from shunter.engine.config import from_dict
 from shunter.events import SampleEnd, SampleResumed, StepEnd
 
-TURNS = CostModel(
-    prompt_tokens=16,
-    decode_step_s=0.01,
-    decode_step_s_per_seq=1e-4,
+TURNS = msgspec.structs.replace(  # the simulator tests' small cluster, with tool calls
+    SMALL,
     length_median=30,
-    length_sigma=0.8,
-    train_step_s=0.2,
-    train_s_per_token=1e-4,
-    weight_bytes=1e9,
     tool_calls_max=3,
     observation_tokens=8,
     env_latency_median_s=0.5,

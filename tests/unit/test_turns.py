@@ -454,6 +454,8 @@ def test_an_async_step_that_blocks_holds_its_own_loop_and_times_out():
         ("def __init__(self, url): ...", r"InitArgs\(\) cannot be called with no arguments"),
         ("async def reset(self): ...", r"InitArgs.reset cannot be called with \(self, prompt, transcript\)"),
         ("async def step(self, action, extra): ...", r"InitArgs.step cannot be called with \(self, action\)"),
+        ("def close(self, force): ...", r"InitArgs.close cannot be called with \(self\)"),
+        ("async def close(self, force): ...", r"InitArgs.close cannot be called with \(self\)"),
     ],
 )
 def test_an_environment_that_cannot_be_called_as_the_engine_calls_it_is_refused_at_load(body, message):

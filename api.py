@@ -111,9 +111,12 @@ class Engine:
 
             if self.cfg.task.environment:
                 raise EngineSetupError("environment and task.environment are both given: use one")
+            from shunter.engine.config import check_env_timeout
+
             try:
                 load_environment(environment)
-            except ValueError as e:
+                check_env_timeout(self.cfg.task.env_timeout_s, self.cfg.rollout.generate_timeout_s)
+            except ValueError as e:  # ConfigError too: the checks task.environment gets at load
                 raise EngineSetupError(str(e)) from None
         self._objects = {"train_data": train_data, "val_data": val_data, "environment": environment}
         self._resume: Found | None = resolve(resume) if resume else None

@@ -242,16 +242,17 @@ class RayExecutor(TaskExecutor):
             else:
                 h = self.replicas[target]
                 if isinstance(cmd, Generate):  # a stream: each sample's events as it ends
-                    try:
-                        async with asyncio.timeout(self.generate_timeout_s):
+                    try:  # bounds the time without progress: each item (events or a beat) renews it
+                        async with asyncio.timeout(self.generate_timeout_s) as silence:
                             async for ref in h.generate.remote(data):
                                 self._decoded(target, await ref)
+                                silence.reschedule(asyncio.get_running_loop().time() + self.generate_timeout_s)
                     except TimeoutError:  # hung: kill it so it can neither hold resources nor answer late
                         ray.kill(h)
                         self._replica_down(
                             target,
                             (
-                                f"no answer to {tag_of(cmd)} within rollout.generate_timeout_s"
+                                f"no progress on {tag_of(cmd)} for rollout.generate_timeout_s"
                                 f" = {self.generate_timeout_s:g}s; killed"
                             ),
                         )

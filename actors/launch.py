@@ -22,6 +22,7 @@ from shunter.actors.wire import root_cause
 from shunter.engine.checkpoint import Found
 from shunter.engine.config import EngineConfig
 from shunter.engine.errors import EngineSetupError
+from shunter.engine.heartbeat import every_for
 from shunter.engine.model_dir import check_model_dir
 from shunter.events import Codec, ComponentFailed, ComponentPlaced, ComponentReady, Message, ReplicaUp
 from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
@@ -401,6 +402,7 @@ class Launcher:
                 max_turns=cfg.task.max_turns,
                 env_timeout_s=cfg.task.env_timeout_s,
                 reward_pool=self.reward_pool,
+                progress_every_s=every_for(cfg.rollout.generate_timeout_s),
                 version=version,
                 mode=ROLLOUT if kind == STANDALONE else TRAINER,
                 seed=cfg.run.seed + rank,

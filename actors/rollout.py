@@ -49,6 +49,7 @@ class RolloutWorker:
         max_turns: int = 4,
         env_timeout_s: float = 30.0,
         reward_pool: list | None = None,
+        progress_every_s: float = 0.0,
     ) -> None:
         from shunter.policies.registry import use_import_paths
 
@@ -67,6 +68,7 @@ class RolloutWorker:
         self.reward_timeout_s, self.reward_threads = reward_timeout_s, reward_threads
         self.environment, self.max_turns, self.env_timeout_s = environment, max_turns, env_timeout_s
         self.reward_pool = list(reward_pool or [])  # the run's reward workers (empty: threads here)
+        self.progress_every_s = progress_every_s  # beats on long generation streams (engine.heartbeat)
         self.core = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -120,6 +122,7 @@ class RolloutWorker:
             env_timeout_s=self.env_timeout_s,
             env_thread=True,  # an async environment call that blocks holds its own loop, not vLLM's
             rewards=PoolRewards(self.reward_pool, timeout_s=self.reward_timeout_s) if self.reward_pool else None,
+            progress_every_s=self.progress_every_s,
         )
         return time.perf_counter() - t0
 

@@ -178,7 +178,7 @@ class TaskConfig(_Section):
     env_timeout_s: Annotated[
         float,
         _d(
-            f"Each environment call's limit (reset, step, close), in seconds, above 0 and at most {MAX_ENV_TIMEOUT_S:g}, below rollout.generate_timeout_s; a call that raises, returns junk or runs longer ends its trajectory (env/raised, env/returned, env/timeout).",
+            f"Each environment call's limit (reset, step, close), in seconds, above 0 and at most {MAX_ENV_TIMEOUT_S:g}, below 0.9 x rollout.generate_timeout_s; a call that raises, returns junk or runs longer ends its trajectory (env/raised, env/returned, env/timeout).",
             gt=0,
             le=MAX_ENV_TIMEOUT_S,
         ),
@@ -254,7 +254,7 @@ class RolloutConfig(_Section):
     generate_timeout_s: Annotated[
         PosFloat,
         _d(
-            "A replica that has not answered a generation call for this long is taken as hung: it is killed, reported down, and its samples resume elsewhere."
+            "A replica whose generation call has made no progress for this long (no turn generated, no environment call answered, no sample ended; it reports progress at most a tenth of this late) is taken as hung: it is killed, reported down, and its samples resume elsewhere. It bounds silence, not total time: a trajectory of many slow tool calls may run far longer."
         ),
     ] = 1800.0
     replica_restarts: Annotated[
@@ -538,12 +538,8 @@ def check(cfg: EngineConfig) -> None:
             f"rollout.max_in_flight_per_replica ({r.max_in_flight_per_replica}) is below "
             f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): no group would ever fit"
         )
-    if cfg.task.environment and cfg.task.env_timeout_s >= r.generate_timeout_s:
-        raise ConfigError(
-            f"task.env_timeout_s ({cfg.task.env_timeout_s:g}) must be below rollout.generate_timeout_s "
-            f"({r.generate_timeout_s:g}): a hanging environment call would get its replica killed as hung "
-            "instead of ending its trajectory (env/timeout)"
-        )
+    if cfg.task.environment:
+        check_env_timeout(cfg.task.env_timeout_s, r.generate_timeout_s)
     if r.cpu_bind and len(r.cpu_bind) != r.standalone_replicas + r.hybrid_replicas:
         raise ConfigError(
             f"rollout.cpu_bind has {len(r.cpu_bind)} entries for {r.standalone_replicas + r.hybrid_replicas} replicas"
@@ -605,3 +601,16 @@ def _check_task(cfg: EngineConfig) -> None:
 
 def schema() -> dict[str, Any]:
     return msgspec.json.schema(EngineConfig)
+
+
+def check_env_timeout(env_timeout_s: float, generate_timeout_s: float) -> None:
+    """An environment call must end (``env/timeout``) before its replica's silence is taken as a
+    hang: ``env_timeout_s`` below ``heartbeat.slack(generate_timeout_s)``."""
+    from shunter.engine.heartbeat import slack
+
+    if env_timeout_s >= slack(generate_timeout_s):
+        raise ConfigError(
+            f"task.env_timeout_s ({env_timeout_s:g}) must be below 0.9 x rollout.generate_timeout_s "
+            f"({generate_timeout_s:g} -> {slack(generate_timeout_s):g}): a hanging environment call would get its "
+            "replica killed as hung instead of ending its trajectory (env/timeout)"
+        )

@@ -64,7 +64,8 @@ class TaskExecutor:
 
     def _deliver(self, events: list[Message]) -> None:
         assert self._post is not None, "bind() was not called"
-        self._post(events)
+        if events:  # a replica's progress beat carries none: nothing to post
+            self._post(events)
 
     def pending(self) -> int:
         return len(self._tasks)

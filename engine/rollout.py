@@ -28,7 +28,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
@@ -37,9 +36,11 @@ import msgspec
 
 from shunter.engine import lengths, turns
 from shunter.engine.backend import Backend, GenParams, Tokenizer
-from shunter.engine.environments import EnvCalls, EnvLoop
+from shunter.engine.environments import EnvCalls
 from shunter.engine.errors import describe
-from shunter.engine.replica_modes import E, Running, WeightsAndModes, _now
+from shunter.engine.heartbeat import Heartbeat
+from shunter.engine.replica_envs import Environments
+from shunter.engine.replica_modes import E, Running, WeightsAndModes
 from shunter.engine.replica_validation import Validation
 from shunter.engine.rewards import InlineRewards, Rewards, ThreadRewards
 from shunter.engine.tasks import as_scorer
@@ -48,7 +49,6 @@ from shunter.events import (
     CutSamples,
     EnterRollout,
     EnterTrainer,
-    EnvFailed,
     Event,
     Generate,
     InstallWeights,
@@ -69,16 +69,17 @@ from shunter.events import (
     sample_id,
     tag_of,
 )
-from shunter.events.vocab import ROLLOUT, AbortReason, EnvFailure, ServingMode, WeightUpdate
+from shunter.events.vocab import ROLLOUT, AbortReason, ServingMode, WeightUpdate
 
 Reward = Callable[..., object]
 """A task's ``(prompt, response, answer)`` or verl's ``(data_source, solution_str, ground_truth,
 extra_info)``, returning a float (or verl's dict with ``"score"``): see ``shunter.engine.tasks.as_scorer``."""
 
 
-class RolloutCore(WeightsAndModes, Validation):
+class RolloutCore(WeightsAndModes, Validation, Environments):
     """One replica's sample loop; weight loads and mode switches are
-    ``engine.replica_modes``', validation ``engine.replica_validation``'s."""
+    ``engine.replica_modes``', validation ``engine.replica_validation``'s, environment calls
+    ``engine.replica_envs``'."""
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class RolloutCore(WeightsAndModes, Validation):
         max_turns: int = 4,
         env_thread: bool = False,
         rewards: Rewards | None = None,
+        progress_every_s: float = 0.0,
     ) -> None:
         """``reward_timeout_s > 0``: rewards run in ``reward_threads`` worker threads, each call
         bounded; 0: on this loop, unbounded (in-process fakes and the simulator).
@@ -110,13 +112,10 @@ class RolloutCore(WeightsAndModes, Validation):
         its ``async`` calls run on a loop of their own (``environments.EnvLoop``), so one that
         blocks never holds this replica's loop (real replicas; not under a virtual clock).
         ``rewards``: where the samples are scored instead (the run's reward workers,
-        ``actors.rewards.PoolRewards``)."""
-        self.environment, self.env_name = environment, env_name
-        self._env_loop = EnvLoop() if env_thread and environment is not None else None
-        self.env_timeout_s, self.max_turns = env_timeout_s, max_turns
-        self._envs: set[EnvCalls] = set()  # the trajectories' environments here, until closed
-        self._envs_closed = asyncio.Event()
-        self._envs_closed.set()
+        ``actors.rewards.PoolRewards``). ``progress_every_s > 0``: a generation stream reports
+        progress at least that often while it makes any (``engine.heartbeat``)."""
+        self.progress_every_s = progress_every_s
+        self._init_envs(environment, env_name, env_timeout_s, max_turns, env_thread)
         self.replica_id = replica_id
         self.backend = backend
         self.tok = tokenizer
@@ -232,34 +231,51 @@ class RolloutCore(WeightsAndModes, Validation):
                 )
                 for k in range(cmd.n)
             ]
-        tasks = [asyncio.ensure_future(self._run(s, cmd.prompt, cmd.sampling)) for s in samples]
-        failed = False
+        ends: asyncio.Queue[asyncio.Future[list[Event]] | None] = asyncio.Queue()  # None: a beat
+        beat = Heartbeat(self.progress_every_s, lambda: ends.put_nowait(None))
+        tasks = [asyncio.ensure_future(self._run(s, cmd.prompt, cmd.sampling, beat.progressed)) for s in samples]
+        for t in tasks:
+            t.add_done_callback(ends.put_nowait)
+        failed, left = False, len(tasks)
         try:
-            for done in asyncio.as_completed(tasks):
-                events = await done
+            while left:
+                done = await ends.get()
+                if done is None:  # progress, no sample ended: tell the executor this replica is not hung
+                    beat.sent()
+                    yield []
+                    continue
+                left -= 1
+                events = done.result()
                 out = [e for e in events if not isinstance(e, CommandFailed)]
                 if not failed and len(out) < len(events):
                     failed = True
                     out.append(next(e for e in events if isinstance(e, CommandFailed)))
-                if out:
-                    yield out
+                beat.sent()
+                yield out
         finally:  # the caller went away (its replica is cut off, say): nothing keeps generating
+            beat.cancel()
             for t in tasks:
                 t.cancel()
 
-    async def _run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec) -> list[Event]:
+    async def _run(
+        self, s: Sample, prompt: PromptSpec, sp: SamplingSpec, progressed: Callable[[], None] = lambda: None
+    ) -> list[Event]:
+        """One sample on this replica, to its end or its cut; ``progressed`` is called after each
+        environment call and each turn generated (``engine.heartbeat``)."""
         ev: list[Event] = []
         env: EnvCalls | None = None
         if self.environment is not None:
             s, env = await self._env_for(s, prompt, ev)
+            progressed()
         try:
-            s, cut = await self._turns(s, sp, env, ev)
+            s, cut = await self._turns(s, sp, env, ev, progressed)
         except (Exception, asyncio.CancelledError):  # cancelled (the caller went away) or failed
             if env is not None:
                 await self._close_env(env, s, [])  # closed all the same; nobody reads these events
             raise
         if env is not None:
             s = await self._close_env(env, s, ev)
+            progressed()
         if cut is not None:
             ev.append(self._aborted(s, cut, partial=True))
             return ev
@@ -268,7 +284,12 @@ class RolloutCore(WeightsAndModes, Validation):
         return ev + await self._finish(s, prompt)
 
     async def _turns(
-        self, s: Sample, sp: SamplingSpec, env: EnvCalls | None, ev: list[Event]
+        self,
+        s: Sample,
+        sp: SamplingSpec,
+        env: EnvCalls | None,
+        ev: list[Event],
+        progressed: Callable[[], None],
     ) -> tuple[Sample, AbortReason | None]:
         """Generate (and step the environment) until the sample ends here; returns it and, when it
         must leave this replica unfinished, why."""
@@ -296,6 +317,7 @@ class RolloutCore(WeightsAndModes, Validation):
                 marks = self._marks.pop(rid, [])
                 if not self._running:
                     self._drained.set()
+            progressed()
             if res.marks is not None:
                 marks = res.marks
             s = turns.add_generated(
@@ -322,6 +344,7 @@ class RolloutCore(WeightsAndModes, Validation):
             ):
                 break
             s, more = await self._step(env, s, ev)
+            progressed()
             if not more:
                 break
         return s, None
@@ -342,70 +365,6 @@ class RolloutCore(WeightsAndModes, Validation):
                 remaining_tokens=s.remaining_tokens,
                 version=self.version,
                 turn=len(s.turns),
-            )
-        )
-
-    # -- environments (multi-turn) ---------------------------------------------------------
-    async def _env_for(self, s: Sample, prompt: PromptSpec, ev: list[Event]) -> tuple[Sample, EnvCalls | None]:
-        """The trajectory's environment on this replica, reset with its transcript so far;
-        None (the trajectory goes on as a single turn) when it cannot be made or reset (then
-        closed already, if it was made)."""
-        assert self.environment is not None
-        env = EnvCalls(self.environment, self.env_name, self.env_timeout_s, self._env_loop)
-        self._envs.add(env)
-        self._envs_closed.clear()
-        try:
-            failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
-        except asyncio.CancelledError:
-            await self._close_env(env, s, [])
-            raise
-        if failure is None:
-            return s, env
-        s = self._env_fails(s, failure, error, ev)
-        return await self._close_env(env, s, ev), None
-
-    async def _close_env(self, env: EnvCalls, s: Sample, ev: list[Event]) -> Sample:
-        """The trajectory is done with its environment here: its ``close()``, once, contained like
-        any call (a failure is an ``EnvFailed``; the sample is scored or moved all the same)."""
-        try:
-            failure, error = await env.close()
-        finally:
-            self._envs.discard(env)
-            if not self._envs:
-                self._envs_closed.set()
-        return s if failure is None else self._env_fails(s, failure, error, ev)
-
-    def _env_fails(self, s: Sample, failure: EnvFailure, error: str, ev: list[Event]) -> Sample:
-        """Report a failed environment call; the sample carries it (``env/<failure>`` per step)."""
-        ev.append(self._env_failed(s, failure, error))
-        return turns.mark_failure(s, failure)
-
-    async def _step(self, env: EnvCalls, s: Sample, ev: list[Event]) -> tuple[Sample, bool]:
-        """Call the environment on the current turn's action and append its observation;
-        returns the sample and whether generation goes on."""
-        t0 = _now()
-        out, failure, error = await env.step(turns.action(s, self.tok.decode))
-        if out is None:
-            s = self._env_fails(s, failure or "raised", error, ev)
-            return msgspec.structs.replace(s, finish_reason="stop"), False
-        ids = self.tok.encode(out.observation) if out.observation else []
-        s = turns.add_observation(
-            s, ids, env_s=_now() - t0, reward=float(out.reward), metrics=out.metrics, version=self.version
-        )
-        if out.done or s.remaining_tokens == 0:
-            return msgspec.structs.replace(s, finish_reason="stop" if out.done else "length"), False
-        return s, True
-
-    def _env_failed(self, s: Sample, failure: EnvFailure, error: str) -> EnvFailed:
-        return self._stamp(
-            EnvFailed(
-                replica_id=self.replica_id,
-                sample_id=s.sample_id,
-                group_id=s.group_id,
-                failure=failure,
-                turn=len(s.turns),
-                error=error,
-                user_code=self.env_name,
             )
         )
 
@@ -505,12 +464,9 @@ class RolloutCore(WeightsAndModes, Validation):
     async def shutdown(self) -> list[Event]:
         self._evicting = True
         await self._cut("shutdown")
-        if not self._envs_closed.is_set():  # cut trajectories close their environments (a step, then close)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._envs_closed.wait(), 2 * self.env_timeout_s + 1.0)
+        await self._envs_done()
         self.rewards.close()
-        if self._env_loop is not None:
-            self._env_loop.close()
+        self._close_env_loop()
         return []
 
 

@@ -52,11 +52,11 @@ class Hangs:
 class StreamsThenHangs:
     """Ends one sample of the group at once and never the other (a long straggler)."""
 
-    async def generate(self, data: bytes):
-        from shunter.actors.wire import encode_events
-        from shunter.events import Sample, SampleEnd
+    @staticmethod
+    def first():
+        from shunter.events import Sample
 
-        first = Sample(
+        s = Sample(
             sample_id="0.0",
             group_id=0,
             prompt_id=0,
@@ -66,9 +66,27 @@ class StreamsThenHangs:
             versions=[0],
             max_tokens=4,
         )
-        yield encode_events([SampleEnd(replica_id="standalone-0", sample=first)])
+        return SampleEnd(replica_id="standalone-0", sample=s)
+
+    async def generate(self, data: bytes):
+        from shunter.actors.wire import encode_events
+
+        yield encode_events([self.first()])
         await asyncio.sleep(3600)
         yield b""
+
+
+class BeatsThenEnds:
+    """Reports progress (empty items, as ``RolloutCore``'s heartbeat) for four times the
+    executor's timeout, then ends a sample: a long trajectory, not a hung replica."""
+
+    async def generate(self, data: bytes):
+        from shunter.actors.wire import encode_events
+
+        for _ in range(20):
+            await asyncio.sleep(0.2)
+            yield encode_events([])
+        yield encode_events([StreamsThenHangs.first()])
 
 
 class Dies:
@@ -121,6 +139,14 @@ async def test_a_samples_end_is_posted_while_the_rest_of_its_group_generates(ray
     got = await run(ex, "standalone-0", GEN, timeout=30)  # the first post; the group is far from done
     assert [type(e) for e in got] == [SampleEnd] and got[0].sample.sample_id == "0.0"
     ray_cluster.kill(slow)
+
+
+async def test_generate_timeout_bounds_silence_not_time_a_replica_that_reports_progress_lives(ray_cluster):
+    beating = ray_cluster.remote(num_cpus=0)(BeatsThenEnds).remote()
+    ex = RayExecutor("t", None, {"standalone-0": beating}, timeout_s=5, generate_timeout_s=1.0)
+    got = await run(ex, "standalone-0", GEN, timeout=60)  # 4 s of beats under a 1 s timeout
+    assert [type(e) for e in got] == [SampleEnd]
+    ray_cluster.kill(beating)
 
 
 async def test_dead_replica_is_reported_down_not_dropped(ray_cluster):

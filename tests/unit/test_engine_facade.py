@@ -102,6 +102,9 @@ def test_data_and_environments_given_as_objects_are_checked_before_anything_star
         Engine(from_dict({}), environment=NoStop)
     with pytest.raises(EngineSetupError, match="is not a class"):
         Engine(from_dict({}), environment=Calculator())
+    slow = from_dict({"task": {"env_timeout_s": 100.0}, "rollout": {"generate_timeout_s": 100.0}})
+    with pytest.raises(EngineSetupError, match=r"env_timeout_s \(100\) must be below 0.9 x rollout.generate_timeout_s"):
+        Engine(slow, environment=Calculator)  # the check task.environment gets when the config loads
 
 
 def test_rows_given_as_objects_are_checked_like_a_files_rows():

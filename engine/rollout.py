@@ -388,7 +388,9 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
         text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
         scored = await self.rewards.score(prompt, text)  # off this loop, bounded (engine.rewards)
-        s = msgspec.structs.replace(s, reward=scored.reward + turns.env_reward(s), response_text=text)
+        s = msgspec.structs.replace(
+            s, reward=scored.reward + turns.env_reward(s), response_text=text, reward_failure=scored.failure
+        )
         out: list[Event] = []
         if scored.failure:
             out.append(

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from shunter.engine import rl, turns, weight_transport
+from shunter.engine import rl, weight_transport
+from shunter.engine.batch_stats import batch_metrics
 from shunter.engine.config import TrainerConfig
 from shunter.engine.loss import LossFn, LossInput, call_loss, load_loss
 from shunter.events import Sample
@@ -348,7 +349,6 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.step += 1
         self.steps_since_publish += 1
-        stale = [self.version - s.min_version for s in samples]
         lens = [len(s.token_ids) for s in samples]
         out = {f"trainer/{k}": float(v) for k, v in stats.items()}
         out.update(
@@ -357,17 +357,9 @@ class Trainer:
                 "trainer/grad_norm": grad_norm,
                 "trainer/step_s": time.perf_counter() - t0,
                 "trainer/tokens": float(sum(lens)),
-                "batch/reward_mean": float(rewards.mean()),
-                "batch/reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
-                "batch/response_len_mean": sum(lens) / len(lens),
-                "batch/staleness_mean": sum(stale) / len(stale),
-                "batch/staleness_max": float(max(stale)),
-                "batch/multi_version_samples": float(sum(len(set(s.versions)) > 1 for s in samples)),
             }
         )
-        out.update(turns.batch_metrics(samples))
-        for k in range(int(max(stale)) + 1):  # staleness histogram: samples per staleness
-            out[f"batch/staleness_{k}"] = float(sum(x == k for x in stale))
+        out.update(batch_metrics(samples, self.version))
         return out
 
     def _user_loss(self, spec: str) -> LossFn:

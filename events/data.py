@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from shunter.events.vocab import FinishReason
+from shunter.events.vocab import FinishReason, RewardFailure
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -112,6 +112,9 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     max_tokens: int = 0
     """The sample's whole token budget; a resumed sample may only use what is left."""
     reward: float = 0.0
+    reward_failure: RewardFailure = ""
+    """Set when the reward call failed and the sample was scored 0.0 for it (a ``RewardFailed``
+    event says why); counted per step as ``reward/<failure>``."""
     response_text: str = ""
     loss_mask: list[int] = []
     """Per token, 1: generated (trained on), 0: an environment's observation; empty: all 1."""

@@ -5,8 +5,8 @@
   the prefix), and ``load_weights`` changes what it generates next;
 - ``CharTokenizer`` replaces the HF tokenizer (one id per character, 0 = eos);
 - ``FakeTrainerCore`` replaces the torch ``Trainer``: it counts steps and versions, checks
-  the samples it is given, reports metrics from them, and runs a user loss by its spec
-  through the real loss protocol (``shunter.engine.loss``) on small stand-in tensors.
+  the samples it is given, reports the real trainer's batch metrics (``engine.batch_stats``),
+  and runs a user loss by its spec through the real loss protocol (``shunter.engine.loss``) on small stand-in tensors.
 
 Everything else under test — coordinator, policies, buffer, dispatcher, rollout core,
 trainer host, executor contract — is the real code. ``local_run`` runs on the event loop's
@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from shunter.engine.backend import EngineDead, GenParams, GenResult
+from shunter.engine.batch_stats import batch_metrics
 from shunter.events import Sample
 
 T = TypeVar("T")
@@ -186,12 +187,7 @@ class FakeTrainerCore:
             await asyncio.sleep(self.step_s)
         self.step += 1
         self.seen.append(samples)
-        stale = [self.version - s.min_version for s in samples]
-        return {
-            "batch/reward_mean": sum(s.reward for s in samples) / len(samples),
-            "batch/staleness_mean": sum(stale) / len(stale),
-            "batch/staleness_max": float(max(stale)),
-        }
+        return batch_metrics(samples, self.version)  # the real trainer's batch/*, env/*, reward/* figures
 
     def publish(self) -> bytes:
         self.version += 1

@@ -375,3 +375,22 @@ async def test_a_consolidate_from_outside_is_checked_and_the_run_goes_on():
     assert coord.dispatcher.lane("standalone-1") in ("tail", None)  # the lane stands (None: it left at the end)
     s = ended.summary
     assert s["buffer/dispatched_groups"] == s["buffer/trained_groups"] + s["buffer/dropped_groups"]
+
+
+@virtual_time
+async def test_reward_failures_are_counted_per_step_and_sum_to_the_summarys():
+    from shunter.events import RewardFailed, StepEnd
+
+    def picky_reward(prompt, response, answer):
+        if "7" in prompt:
+            raise ValueError("sevens are not supported")
+        return 1.0
+
+    coord, _, trainer = local_run(cfg(), reward=picky_reward)
+    ended, seen = await run(coord)
+    steps = [e for e in seen if isinstance(e, StepEnd)]
+    failed = {e.sample_id for e in seen if isinstance(e, RewardFailed)}
+    trained_failed = {s.sample_id for b in trainer.seen for s in b if s.reward_failure == "raised"}
+    assert ended.reason == "completed" and trained_failed and trained_failed <= failed
+    assert sum(e.metrics["reward/raised"] for e in steps) == len(trained_failed)
+    assert all(e.metrics["reward/timeout"] == 0 == e.metrics["reward/returned"] for e in steps)

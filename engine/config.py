@@ -137,7 +137,7 @@ class TaskConfig(_Section):
     reward: Annotated[
         str,
         _d(
-            "Reward override 'module:function': (prompt, response, answer) or verl's (data_source, solution_str, ground_truth, extra_info), returning a float or a dict with 'score'; empty: the task's own."
+            "Reward override: a built-in ('math': the last \\boxed{} or number against the ground truth, by math-verify) or 'module:function': (prompt, response, answer) or verl's (data_source, solution_str, ground_truth, extra_info), returning a float or a dict with 'score'; empty: the task's own."
         ),
     ] = ""
     reward_timeout_s: Annotated[

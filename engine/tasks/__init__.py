@@ -5,6 +5,7 @@ are resolved only from names the user gives (built-in short names or "module:att
 """
 
 from .base import (
+    BUILTIN_REWARDS,
     BUILTIN_TASKS,
     RewardFn,
     Scorer,
@@ -19,6 +20,7 @@ from .base import (
 from .sort_digits import SortDigitsTask
 
 __all__ = [
+    "BUILTIN_REWARDS",
     "BUILTIN_TASKS",
     "RewardFn",
     "Scorer",

@@ -114,10 +114,18 @@ def load_task(name_or_import: str) -> Task:
     return task
 
 
+BUILTIN_REWARDS: dict[str, str] = {"math": "shunter.engine.math_reward:compute_score"}
+
+
 def load_reward(spec: str) -> Callable[..., object]:
-    """Import a reward function by ``"module:function"``: a task's ``(prompt, response, answer)``
-    or verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``."""
-    fn = import_object(spec, "reward")
+    """A reward function by built-in name (``"math"``) or ``"module:function"``: a task's
+    ``(prompt, response, answer)`` or verl's ``compute_score(data_source, solution_str,
+    ground_truth, extra_info)``."""
+    target = BUILTIN_REWARDS.get(spec, spec)
+    if ":" not in target:
+        known = ", ".join(sorted(BUILTIN_REWARDS))
+        raise ValueError(f"unknown reward {spec!r}: not a built-in ({known}) nor 'module:function'")
+    fn = import_object(target, "reward")
     if not callable(fn) or isinstance(fn, type):
         raise ValueError(f"reward spec {spec!r}: {fn!r} is not a callable function")
     as_scorer(fn)  # the signature is one of the two

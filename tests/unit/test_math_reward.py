@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from shunter.engine.config import from_dict
+from shunter.engine.config import ConfigError, from_dict
 from shunter.engine.math_reward import MAX_DEPTH, compute_score
 from shunter.engine.rewards import Scored, ThreadRewards, score_one
 from shunter.engine.tasks import as_scorer, load_reward
@@ -94,7 +94,10 @@ def test_a_ground_truth_it_cannot_read_raises_and_the_engine_scores_0_naming_it(
 
 
 def test_it_is_named_in_the_config_and_called_with_verls_arguments():
-    assert load_reward(NAME) is compute_score
+    assert load_reward(NAME) is compute_score is load_reward("math")  # its built-in short name
+    assert from_dict({"task": {"reward": "math"}}).task.reward == "math"
+    with pytest.raises(ConfigError, match=r"unknown reward 'maths': not a built-in \(math\) nor 'module:function'"):
+        from_dict({"task": {"reward": "maths"}})
     cfg = from_dict({"task": {"reward": NAME}})  # checked at load: it imports, its signature is verl's
     assert cfg.task.reward == NAME
     scorer = as_scorer(load_reward(cfg.task.reward))

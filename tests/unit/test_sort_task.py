@@ -97,7 +97,7 @@ def test_load_reward_ok() -> None:
         ("shunter.engine.tasks.no_such_module:reward", "cannot import module 'shunter.engine.tasks.no_such_module'"),
         ("shunter.engine.tasks.sort_digits:no_such_fn", "has no attribute 'no_such_fn'"),
         ("shunter.engine.tasks.sort_digits:SEPARATOR", "not a callable"),
-        ("shunter.engine.tasks.sort_digits", "must look like"),
+        ("shunter.engine.tasks.sort_digits", "not a built-in (math) nor 'module:function'"),
         ("shunter.engine.tasks.sort_digits:", "must look like"),
     ],
 )

@@ -209,12 +209,13 @@ def write_report(results: list[Path], out: Path) -> Path:
             print(f"report: skipping {path}: not a bench scenario result")
             continue
         sc = r["scenario"]["scenario"]
+        default_command = f"python -m shunter.bench run bench/scenarios/{sc['name']}.toml"  # results before 'command'
         parts += [
             f"## {sc['name']}",
             "",
             sc.get("description", ""),
             "",
-            f"`python -m shunter.bench run bench/scenarios/{sc['name']}.toml` — commit {r.get('commit', '?')}, "
+            f"`{r.get('command') or default_command}` — commit {r.get('commit', '?')}, "
             f"{r['machine'].get('cpus')} CPUs, {r['machine'].get('platform', '')}, seeds {sc.get('seeds')}, "
             f"results: `{path.as_posix()}`",
             "",

@@ -7,6 +7,7 @@ reads them all the same way.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import msgspec
@@ -33,4 +34,15 @@ def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = Non
         result = run_real(sc)
     else:
         raise ValueError(f"scenario {path}: unknown kind {sc.scenario.kind!r} (sim, overhead, real)")
+    result["command"] = command_line(path, seeds)
     return sc_mod.write(result, target)
+
+
+def command_line(path: str, seeds: list[int] | None) -> str:
+    """The command that reproduces a result, naming the scenario file as it was run (relative
+    to the working directory where it lies below it) — the report quotes it."""
+    p = Path(path)
+    with contextlib.suppress(ValueError):
+        p = p.resolve().relative_to(Path.cwd().resolve())
+    seeds_arg = " --seeds " + " ".join(map(str, seeds)) if seeds else ""
+    return f"python -m shunter.bench run {p.as_posix()}{seeds_arg}"

@@ -6,6 +6,7 @@ bound — which counts each trajectory's tool calls on its own critical path."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import looptime
@@ -14,9 +15,11 @@ import pytest
 from test_bench_sim import SMALL
 
 from shunter.bench import bound
+from shunter.bench.__main__ import main as bench_main
 from shunter.bench.analysis import Summary
 from shunter.bench.cluster import run_sim
-from shunter.bench.scenario import Scenario, load, run_scenario, variant_setup
+from shunter.bench.report import write_report
+from shunter.bench.scenario import load, variant_setup
 from shunter.bench.sim import CostModel, LengthSampler, SimBackend, SimTokenizer
 from shunter.bench.sim_turns import CALL, CALL_TEXT, FILL, KEY0, OBS, Plans, SimTool, spell
 from shunter.engine.backend import GenParams
@@ -186,7 +189,7 @@ def test_the_sample_work_of_a_turn_counts_generated_tokens_and_its_tool_time():
     assert rate.load([bound.SampleWork(0, 60, 20, 5.0)]).alone_s == pytest.approx(4 + 5)
 
 
-def test_the_agentic_scenario_runs_and_a_variant_cost_typo_names_the_variant(tmp_path):
+def test_the_agentic_scenario_runs_and_a_variant_cost_typo_names_the_variant(tmp_path, monkeypatch):
     from pathlib import Path
 
     sc = load(Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "agentic.toml")
@@ -195,27 +198,44 @@ def test_the_agentic_scenario_runs_and_a_variant_cost_typo_names_the_variant(tmp
     bad = msgspec.structs.replace(twin, cost={"tool_calls_mux": 1})
     with pytest.raises(ValueError, match="single-turn.*tool_calls_mux"):
         variant_setup(sc, bad)
-    # a small copy of it, end to end: every figure the report reads is there
-    small = msgspec.convert(
-        {
-            **msgspec.to_builtins(sc),
-            "scenario": {**msgspec.to_builtins(sc.scenario), "seeds": [1], "pairs": []},
-            "cluster": {"gpus": 4, "gpus_per_replica": 1},
-            "engine": {
-                **sc.engine,
-                "run": {"total_steps": 2},
-                "trainer": {"ppo_mini_batch_size": 32, "train_batch_size": 32, "parameter_sync_step": 1},
-            },
-            "variant": [
-                {"name": "colocated", "policy": "colocated", "max_staleness": 0},
-                {"name": "separate", "policy": "separate", "trainer_gpus": 2, "max_staleness": 2},
-            ],
-        },
-        Scenario,
-    )
-    out = run_scenario(small, log=lambda *_: None)
+    # a small copy of it, end to end through the CLI: every figure the report reads is there,
+    # and the report quotes the command that ran it, with the scenario file's own path
+    text = (Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "agentic.toml").read_text()
+    text = text[: text.index("[[variant]]")]
+    for old, new in [
+        ("seeds = [1, 2, 3]", "seeds = [1]"),
+        ("gpus = 16", "gpus = 4"),
+        ("total_steps = 24", "total_steps = 2"),
+        (
+            "ppo_mini_batch_size = 512, parameter_sync_step = 1, train_batch_size = 512",
+            "ppo_mini_batch_size = 32, parameter_sync_step = 1, train_batch_size = 32",
+        ),
+    ]:
+        assert old in text
+        text = text.replace(old, new)
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("pairs = "))
+    text += """
+[[variant]]
+name = "colocated"
+policy = "colocated"
+max_staleness = 0
+
+[[variant]]
+name = "separate"
+policy = "separate"
+trainer_gpus = 2
+max_staleness = 2
+"""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "small agentic.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert bench_main(["run", "mine/small agentic.toml", "--out", "results/small.json", "--seeds", "1"]) == 0
+    out = json.loads((tmp_path / "results" / "small.json").read_text())
     sep = out["metrics"]["separate"]
     assert 0 < sep["frac_of_bound"]["max"] <= 1.001 and sep["speedup_vs_colocated"]["median"] > 0
+    assert out["command"] == "python -m shunter.bench run mine/small agentic.toml --seeds 1"
+    report = write_report([tmp_path / "results" / "small.json"], tmp_path / "REPORT.md").read_text()
+    assert "`python -m shunter.bench run mine/small agentic.toml --seeds 1`" in report
 
 
 def test_one_seed_replays_identically():

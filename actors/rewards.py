@@ -15,13 +15,21 @@ Invariants:
   answer within ``GRACE_S`` is killed) is started again by Ray, and every call it held is tried
   once more alone, once the worker is up: the sample that kills or hangs it again is the one
   that scores 0.0 (``raised`` or ``timeout``, naming the worker and the cause); the others are
-  scored. The replica, its samples and the run go on.
+  scored. The replica, its samples and the run go on;
+- "alone" holds across replicas: a call tried again first *holds* the worker (``hold``: it
+  waits until no other call runs there and lets none start), then runs (``score_held``). A
+  worker that dies while a call holds it was killed by that call; one that dies while the call
+  waits to hold it was killed by another, so the call waits again (``ALONE_TRIES`` times at
+  most) — another replica's culprit never takes a retry with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from shunter.engine.errors import bounded
@@ -31,14 +39,59 @@ from shunter.events import PromptSpec
 MAX_BATCH = 64
 GRACE_S = 30.0
 """A batch outstanding this long makes the replica ping its worker; a worker that does not
-answer the ping within this long is taken for hung (its interpreter held) and killed. Also how
-long a worker Ray is starting again may take to come up."""
+answer the ping within this long is taken for hung (its interpreter held) and killed."""
+RESTART_S = 60.0
+"""How long a worker Ray is starting again may take to come up (a new process that imports the
+reward, a verifier's models, ...)."""
 RESTART_POLL_S = 0.2
 """How often a worker Ray is starting again is asked whether it is up."""
+ALONE_TRIES = 3
+"""How many times a call tried again alone waits to hold its worker when the worker dies while
+it waits (killed by another replica's call)."""
 
 
 class _Lost(Scored, frozen=True):
     """The failure of a call whose worker died or hung under it (tried again alone)."""
+
+
+class _Gate:
+    """A worker's calls: batches share it; a call tried again alone holds it by itself. Waiting
+    holders go first (no batch starts while one waits), so a retry is never starved."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self.shared = 0
+        self.held: int | None = None  # the holder's token
+        self.waiting = 0
+        self._tokens = itertools.count(1)
+
+    @contextlib.asynccontextmanager
+    async def share(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.held is None and not self.waiting)
+            self.shared += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self.shared -= 1
+                self._cond.notify_all()
+
+    async def hold(self) -> int:
+        async with self._cond:
+            self.waiting += 1
+            try:
+                await self._cond.wait_for(lambda: self.held is None and not self.shared)
+            finally:
+                self.waiting -= 1
+            self.held = token = next(self._tokens)
+            return token
+
+    async def release(self, token: int) -> None:
+        async with self._cond:
+            if self.held == token:
+                self.held = None
+                self._cond.notify_all()
 
 
 class RewardWorker:
@@ -54,9 +107,35 @@ class RewardWorker:
         use_import_paths(import_paths or [])
         fn = load_reward(reward) if reward else load_task(task).reward
         self.rewards = ThreadRewards(as_scorer(fn), timeout_s=timeout_s, threads=threads)
+        self.gate = _Gate()
+        self.leases: dict[int, asyncio.TimerHandle] = {}
 
     async def score(self, items: list[tuple[PromptSpec, str]]) -> list[Scored]:
+        async with self.gate.share():
+            return await self._score(items)
+
+    async def _score(self, items: list[tuple[PromptSpec, str]]) -> list[Scored]:
         return list(await asyncio.gather(*(self.rewards.score(p, r) for p, r in items)))
+
+    async def hold(self, lease_s: float = GRACE_S) -> int:
+        """Wait until no call runs here and hold the worker for one caller's ``score_held``;
+        released by it, or after ``lease_s`` if it never comes (its replica died)."""
+        token = await self.gate.hold()
+        self.leases[token] = asyncio.get_running_loop().call_later(
+            lease_s, lambda: asyncio.ensure_future(self.gate.release(token))
+        )
+        return token
+
+    async def score_held(self, token: int, items: list[tuple[PromptSpec, str]]) -> list[Scored]:
+        """Score while holding the worker (a lease that ran out: as a batch)."""
+        lease = self.leases.pop(token, None)
+        if lease is None or self.gate.held != token:
+            return await self.score(items)
+        lease.cancel()
+        try:
+            return await self._score(items)
+        finally:
+            await self.gate.release(token)
 
     async def pid(self) -> int:
         return os.getpid()
@@ -71,10 +150,13 @@ def remote_class(num_cpus: float) -> Any:
 class PoolRewards:
     """A replica's client of the run's reward workers (the ``engine.rewards.Rewards`` protocol)."""
 
-    def __init__(self, workers: list[Any], *, timeout_s: float, grace_s: float = GRACE_S) -> None:
+    def __init__(
+        self, workers: list[Any], *, timeout_s: float, grace_s: float = GRACE_S, restart_s: float = RESTART_S
+    ) -> None:
         if not workers:
             raise ValueError("a reward pool needs at least one worker")
         self.workers, self.timeout_s, self.grace_s = list(workers), timeout_s, grace_s
+        self.restart_s = restart_s
         self.outstanding = [0] * len(self.workers)
         self.batches = 0  # Ray calls made
         self._queue: list[tuple[PromptSpec, str, asyncio.Future[Scored]]] = []
@@ -118,18 +200,29 @@ class PoolRewards:
             self.outstanding[w] -= len(batch)
 
     async def _alone(self, w: int, prompt: PromptSpec, response: str) -> Scored:
-        """A call lost with its worker, tried again alone — one at a time per worker from this
-        replica, so the one that kills the worker again takes no other retry with it."""
-        async with self._retries.setdefault(w, asyncio.Lock()):
-            got = await self._ask(w, [(prompt, response)])
-        return got[0] if isinstance(got, list) else got
+        """A call lost with its worker, tried again alone: it holds the worker (no other call
+        of any replica runs there meanwhile), so if the worker dies now this call killed it;
+        if it died while the call waited to hold it, the call waits again."""
+        async with self._retries.setdefault(w, asyncio.Lock()):  # this replica's retries: one at a time
+            items = [(prompt, response)]
+            for _ in range(ALONE_TRIES):
+                held = await self._call(w, lambda h: h.hold.remote(self.grace_s))
+                if isinstance(held, _Lost):  # it died while this call waited: another call killed it
+                    continue
+                if isinstance(held, Scored):
+                    return held
+                got = self._checked(w, 1, await self._call(w, lambda h, t=held: h.score_held.remote(t, items)))
+                return got[0] if isinstance(got, list) else got
+            return Scored(
+                0.0, held.failure, f"{held.error} (while the call waited to score alone, {ALONE_TRIES} times)"
+            )
 
     async def _ready(self, w: int) -> bool:
         """Wait for a worker Ray is starting again (calls fail while it restarts)."""
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.grace_s
+        deadline = loop.time() + self.restart_s
         while (left := deadline - loop.time()) > 0:
             try:
                 await asyncio.wait_for(self.workers[w].pid.remote(), left)
@@ -142,15 +235,27 @@ class PoolRewards:
         return False
 
     async def _ask(self, w: int, items: list[tuple[PromptSpec, str]]) -> list[Scored] | Scored:
-        """One Ray call: the scores, or the one failure every item of it shares."""
+        """One batch: the scores, or the one failure every item of it shares."""
+        return self._checked(w, len(items), await self._call(w, lambda h: h.score.remote(items)))
+
+    def _checked(self, w: int, n: int, got: Any) -> list[Scored] | Scored:
+        if isinstance(got, Scored):
+            return got
+        if isinstance(got, list) and len(got) == n and all(isinstance(x, Scored) for x in got):
+            return got
+        return Scored(0.0, "raised", bounded(f"reward worker {w} answered {n} calls with {got!r}", 300))
+
+    async def _call(self, w: int, remote: Callable[[Any], Any]) -> Any:
+        """One Ray call to worker ``w`` (``remote(handle)`` makes it): its answer, or a ``Scored``
+        failure — ``_Lost`` when the worker died or hung under it (it is then restarting)."""
         import ray
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         h = self.workers[w]
         if w in self._restarting and not await self._ready(w):
-            return Scored(0.0, "timeout", f"reward worker {w} did not come back within {self.grace_s:g} s")
+            return Scored(0.0, "timeout", f"reward worker {w} did not come back within {self.restart_s:g} s")
         self.batches += 1
-        fut = asyncio.ensure_future(_awaited(h.score.remote(items)))
+        fut = asyncio.ensure_future(_awaited(remote(h)))
         try:
             while not (await asyncio.wait({fut}, timeout=self.grace_s))[0]:
                 if not await self._answers(h):  # hung (its interpreter held): Ray starts it again
@@ -165,7 +270,7 @@ class PoolRewards:
                         f"reward worker {w} stopped answering (a reward holding the interpreter?): no answer to "
                         f"a ping within {self.grace_s:g} s; killed, Ray starts it again",
                     )
-            got = fut.result()
+            return fut.result()
         except (ActorUnavailableError, RayActorError) as e:
             self._restarting.add(w)
             return _Lost(0.0, "raised", bounded(f"reward worker {w} died while scoring: {e}", 500))
@@ -173,9 +278,6 @@ class PoolRewards:
             return Scored(0.0, "raised", bounded(f"reward worker {w}: {type(e).__name__}: {e}", 500))
         finally:
             fut.cancel()
-        if isinstance(got, list) and len(got) == len(items) and all(isinstance(x, Scored) for x in got):
-            return got
-        return Scored(0.0, "raised", bounded(f"reward worker {w} answered {len(items)} calls with {got!r}", 300))
 
     async def _answers(self, h: Any) -> bool:
         """Whether a worker whose batch is slow still turns its loop (or is being restarted)."""

@@ -108,3 +108,18 @@ async def test_a_call_in_flight_when_another_kills_the_worker_is_tried_again_and
     killed = await pool.score(P(1), "exit")
     assert killed.failure == "raised" and "died" in killed.error
     assert (await slow).reward == 0.04 and pool.batches >= 4
+
+
+async def test_another_replicas_culprit_never_takes_a_retry_with_it(pool_of):
+    """Was: calls of two replicas lost with one worker were each tried again alone per replica,
+    so replica A's culprit, retried at the same moment as replica B's innocent calls, killed
+    them again and they scored 0. Now a retry holds the worker across replicas."""
+    a = await pool_of(1)
+    b = PoolRewards(a.workers, timeout_s=a.timeout_s, grace_s=a.grace_s)  # a second replica, same worker
+    innocent = [asyncio.ensure_future(b.score(P(i), "slow" + "x" * i)) for i in range(3)]
+    await asyncio.sleep(0)  # B's batch goes out first: three 1 s calls on the worker's two threads
+    await asyncio.sleep(0)
+    culprit = await a.score(P(9), "exit")  # kills the worker under B's batch; both retry alone
+    assert culprit.failure == "raised" and "died" in culprit.error
+    assert [s.reward for s in await asyncio.gather(*innocent)] == [0.04, 0.05, 0.06]  # all scored, none lost
+    assert (await b.score(P(10), "after")).reward == 0.05

@@ -105,6 +105,12 @@ async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
             )
         elif isinstance(ev, ValidateEnd):
             val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
+            for err in ev.errors:  # the user's reward / environment failed on held-out prompts
+                line = f"{tag_of(ev)}: version {ev.version}: {err[:300]}"
+                key = f"{tag_of(ev)}: {err.partition(' failed on ')[0][:160]}"  # per piece of user code
+                n = repeats[key] = repeats.get(key, 0) + 1
+                if n in (1, 10, 100, 1000, 10_000):
+                    tqdm.write(line + (f" (x{n})" if n > 1 else ""), file=sys.stderr)
         elif isinstance(ev, RunResumed):
             tqdm.write(
                 f"resumed from {ev.checkpoint} at step {ev.step}"

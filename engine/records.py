@@ -121,6 +121,8 @@ class LogSink:
             if k in ("run_id", "wall_time", "samples", "prompts", "resume"):
                 continue
             v = getattr(msg, k)
+            if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+                v = [bounded(x) for x in v[:8]]  # ValidateEnd.errors and the like
             fields[k] = bounded(v) if isinstance(v, str) else v
         if "partial" in fields:
             fields["partial"] = fields["partial"] is not None
@@ -135,7 +137,7 @@ class LogSink:
                 fields["repeats"] = n
         level = (
             "warning"
-            if tag.endswith("slow")
+            if tag.endswith("slow") or fields.get("errors")
             else "error"
             if tag.endswith(("failed", "rejected")) or fields.get("reason") == "error"
             else "info"

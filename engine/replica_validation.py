@@ -5,7 +5,8 @@ environment is set. The core provides the state declared below.
 Invariants: a validation holds ``_stable``, so no weight load lands while it runs and its
 ``ValidateEnd.version`` is the version every answer came from; a held-out prompt that cannot
 be tokenized, a reward or an environment that fails scores 0 (or as the trajectory stood)
-and is counted, and one ``CommandFailed`` per kind names the user's code and the first cause.
+and is counted, and ``ValidateEnd.errors`` has one line per kind naming the user's code and
+the first cause (the validation itself succeeded: no ``CommandFailed``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from shunter.engine.errors import describe
 from shunter.engine.replica_modes import E, _now
 from shunter.engine.rewards import Rewards
 from shunter.events import (
-    CommandFailed,
     EnvFailed,
     Event,
     PromptSpec,
@@ -30,7 +30,6 @@ from shunter.events import (
     SamplingSpec,
     ValidateBegin,
     ValidateEnd,
-    tag_of,
 )
 
 
@@ -90,23 +89,16 @@ class Validation:
             metrics["reward_errors"] = float(len(errors))
         if env_errors:
             metrics["env_errors"] = float(len(env_errors))
-        out = [begin, self._stamp(ValidateEnd(version=version, duration_s=_now() - t0, metrics=metrics))]
-        for user_code, failed, what, scored in (
-            (self.reward_name, errors, f"reward function {self.reward_name}", "scored 0"),
-            (self.env_name, env_errors, f"environment {self.env_name}", "scored as they stood"),
-        ):
-            if failed:
-                out.append(
-                    self._stamp(
-                        CommandFailed(
-                            command_kind=tag_of(RunValidation),
-                            target=self.replica_id,
-                            user_code=user_code,
-                            error=f"{what} failed on {len(failed)} held-out prompts ({scored}), first: {failed[0]}",
-                        )
-                    )
-                )
-        return out
+        failures = [
+            f"{what} failed on {len(failed)} held-out prompts ({scored}), first: {failed[0]}"
+            for failed, what, scored in (
+                (errors, f"reward function {self.reward_name}", "scored 0"),
+                (env_errors, f"environment {self.env_name}", "scored as they stood"),
+            )
+            if failed
+        ]
+        end = ValidateEnd(version=version, duration_s=_now() - t0, metrics=metrics, errors=failures)
+        return [begin, self._stamp(end)]
 
     async def _validate_turns(self, p: PromptSpec, max_tokens: int, errors: list[str], env_errors: list[str]) -> float:
         """A held-out prompt's greedy multi-turn trajectory, through the sample loop itself."""

@@ -23,3 +23,8 @@ class ValidateEnd(Event, frozen=True, kw_only=True, tag="validate.end"):
     version: int
     duration_s: float
     metrics: dict[str, float] = {}
+    errors: list[str] = []
+    """One line per piece of the user's code that failed on held-out prompts (the reward, the
+    environment): what, on how many (``metrics`` counts them: ``reward_errors``,
+    ``env_errors``; those prompts are scored 0 or as they stood), and the first cause. The
+    validation itself succeeded: a failed validation command is a ``CommandFailed``."""

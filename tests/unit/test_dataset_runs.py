@@ -101,3 +101,29 @@ async def test_a_resumed_run_continues_the_epoch_where_its_checkpoint_left_it(tm
     expected = {p.prompt_id: p.answer for p in islice(PromptStream(data, 5), 24)}
     got = {e.sample.prompt_id: e.sample.response_text for e in seen + seen2 if isinstance(e, SampleEnd)}
     assert got and all(expected[pid] == text for pid, text in got.items())
+
+
+@virtual_time
+async def test_a_reward_failing_on_held_out_prompts_is_said_in_validate_end_not_as_a_failed_command(tmp_path):
+    """Was: the validation succeeded, yet it reported its reward failures as a ``CommandFailed``
+    of ``rollout.run_validation`` (printed ``command.failed``, as if validation had failed)."""
+    from shunter.events import CommandFailed, ValidateEnd
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        if extra_info["index"] % 2:
+            raise KeyError("units")
+        return float(solution_str == ground_truth)
+
+    data = dataset(tmp_path, 40)
+    c = cfg()
+    coord, _, _ = local_run(
+        c, reward=compute_score, prompts=(PromptStream(data, c.run.seed), validation_specs(data, 8))
+    )
+    ended, seen = await run_to_end(coord, 3600)
+    assert ended.reason == "completed"
+    assert not [e for e in seen if isinstance(e, CommandFailed)]
+    vals = [e for e in seen if isinstance(e, ValidateEnd)]
+    assert vals and all(v.metrics["reward_errors"] == 4 and v.metrics["exact"] == 0.5 for v in vals)
+    first = "reward function compute_score failed on 4 held-out prompts (scored 0), first: "
+    assert all(len(v.errors) == 1 and v.errors[0].startswith(first) for v in vals)
+    assert "KeyError" in vals[0].errors[0] and "units" in vals[0].errors[0]

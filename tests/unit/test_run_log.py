@@ -80,3 +80,34 @@ def test_the_printed_summary_says_how_many_reward_calls_failed(capsys):
     print_summary(RunEnded(reason="completed", steps=8, summary=summary, **ENV))
     out = capsys.readouterr().out
     assert "reward failures  raised 0, returned 1, timeout 581" in out and "env failures" not in out
+
+
+def test_a_validation_whose_reward_failed_is_a_warning_line_and_a_printed_line_not_a_failed_command(tmp_path, capsys):
+    import asyncio
+
+    from tqdm import tqdm
+
+    from shunter.events import RunEnded, ValidateEnd
+    from shunter.progress import _follow
+
+    err = "reward function m:f failed on 4 held-out prompts (scored 0), first: raised KeyError: " + "x" * 5000
+    vals = [
+        ValidateEnd(version=v, duration_s=1.0, metrics={"reward_errors": 4.0}, errors=[err], **ENV) for v in range(12)
+    ]
+    sink = LogSink(make_logger(tmp_path / "run.log"))
+    sink(vals[0])
+    [line] = lines(tmp_path / "run.log")
+    assert line["event"] == "validate.end" and line["level"] == "warning" and len(line["errors"][0]) < 2100
+
+    class Run:  # what _follow reads of an Engine: its events, then how it ended
+        ended = RunEnded(reason="completed", steps=1, **ENV)
+
+        async def events(self):
+            for v in vals:
+                yield v
+
+    asyncio.run(_follow(Run(), tqdm(disable=True)))
+    printed = [x for x in capsys.readouterr().err.splitlines() if x.startswith("validate.end")]
+    assert printed[0].startswith("validate.end: version 0: reward function m:f failed on 4 held-out prompts")
+    assert len(printed) == 2 and printed[1].endswith("(x10)")  # the 1st and the 10th of 12
+    assert "command.failed" not in capsys.readouterr().err

@@ -36,6 +36,14 @@ class Echo:
         return StepResult(observation="ab", metrics={"calls": float(self.calls)})
 
 
+class Slow(Echo):
+    """A tool that takes 4 s a call: three calls outlast rollout.generate_timeout_s = 10."""
+
+    async def step(self, action):
+        await asyncio.sleep(4.0)
+        return await super().step(action)
+
+
 class Broken(Echo):
     async def step(self, action):
         raise RuntimeError("the tool server is down")
@@ -168,3 +176,35 @@ def test_the_embedding_api_takes_rows_and_an_environment_class_as_objects(ray_cl
     assert len([e for e in events if isinstance(e, StepEnd)]) == 3
     ends = [e.sample for e in events if isinstance(e, SampleEnd)]
     assert any(s.turns for s in ends) and ended.summary["data/rows"] == 6
+
+
+def test_trajectories_longer_than_generate_timeout_s_live_while_they_make_progress(
+    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch
+):
+    """Was: ``rollout.generate_timeout_s`` bounded a group's whole generation, so trajectories
+    of slow tool calls (here 3 x 4 s against 10 s) got their replica killed as hung. It bounds
+    silence now: the replica reports progress (a turn, a tool answer) and lives."""
+    from shunter.cli import main
+    from shunter.events import ReplicaDown, SampleBegin
+
+    job = tmp_path / "job"
+    shutil.copytree(ROOT / "examples", job)
+    (job / "echo_env.py").write_text(ENV)
+    monkeypatch.syspath_prepend(str(job))
+    __import__("make_sort_parquet").main(str(job / "data"), train=400, val=16)
+    sys.modules.pop("make_sort_parquet", None)
+    monkeypatch.chdir(tmp_path)
+    cfg = job_config(job, tiny_model, tmp_path, "echo_env:Slow")
+    text = cfg.read_text().replace("total_steps = 8", "total_steps = 2")
+    text = text.replace("max_turns = 3", "max_turns = 3\nenv_timeout_s = 8")
+    cfg.write_text(text.replace("max_staleness = 2", "max_staleness = 2\ngenerate_timeout_s = 10"))
+    rc = main(["run", str(cfg), "--no-progress", "--run-id", "slow"])
+    err = capsys.readouterr().err
+    assert rc == 0, err[-3000:]
+    events = list(read_log(tmp_path / "runs" / "slow" / "events.bin"))
+    assert not [e for e in events if isinstance(e, ReplicaDown)], err[-3000:]
+    began = {e.sample_id: e.wall_time for e in events if isinstance(e, SampleBegin)}
+    spans = [
+        e.wall_time - began[e.sample.sample_id] for e in events if isinstance(e, SampleEnd) and len(e.sample.turns) == 3
+    ]
+    assert spans and max(spans) > 10.0  # trajectories outlived the timeout, and nothing was killed

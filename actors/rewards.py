@@ -121,9 +121,12 @@ class RewardWorker:
         """Wait until no call runs here and hold the worker for one caller's ``score_held``;
         released by it, or after ``lease_s`` if it never comes (its replica died)."""
         token = await self.gate.hold()
-        self.leases[token] = asyncio.get_running_loop().call_later(
-            lease_s, lambda: asyncio.ensure_future(self.gate.release(token))
-        )
+
+        def expire() -> None:
+            self.leases.pop(token, None)
+            asyncio.ensure_future(self.gate.release(token))
+
+        self.leases[token] = asyncio.get_running_loop().call_later(lease_s, expire)
         return token
 
     async def score_held(self, token: int, items: list[tuple[PromptSpec, str]]) -> list[Scored]:

@@ -261,6 +261,9 @@ def build_tiny_model(
     build_config(preset)  # an unknown preset fails here, naming the known ones
     arch = PRESETS[preset]
     params = {"format": FORMAT_VERSION, "task": task, "seed": int(seed), "sft_steps": int(sft_steps), "arch": arch}
+    revision = getattr(load_task(task), "revision", None)  # a task whose problems changed says so
+    if revision is not None:
+        params["task_revision"] = revision
     if not force and _is_built(out_dir, params):
         return out_dir
     _check_replaceable(out_dir)

@@ -1,9 +1,15 @@
 """Built-in verifiable task: arithmetic word problems, with or without a calculator tool.
 
-``"ann,has,12,pens,and,buys,7,more,how,many,pens>"`` -> ``"19"``. The tiny model's 42-symbol
+``"ann,has,5,pens,and,buys,7,more,how,many,pens>"`` -> ``"12"``. The tiny model's 42-symbol
 vocabulary has no space, so words are joined by commas; the numbers add (two or three
-addends, 1-20 each). The prompts are a pure function of the seed, so the offline generator
-(``examples/make_word_problems.py``) writes the same problems as a verl parquet dataset.
+addends, 1-9 each, so sums 2-27). The prompts are a pure function of the seed, so the offline
+generator (``examples/make_word_problems.py``) writes the same problems as a verl parquet dataset.
+
+Single-digit addends are the difficulty the CPU tiny model (2 layers, ~0.5M parameters) can
+learn in its head: with addends up to 20 (sums to 60) it stayed at 0.15 greedy exact through
+300 SFT and 300 GRPO steps, while the calculator variant learned (README, "Multi-turn rollouts").
+``REVISION`` names this distribution; the tiny model's build marker records it, so a model
+warm-started on an older revision is rebuilt rather than reused.
 
 Invariants:
 
@@ -13,7 +19,7 @@ Invariants:
   ``0.5 * (digits in place) / max(len)``, and 0.0 with no number at all;
 - ``word_problems_tool`` differs only in its warm start: one prompt in three is demonstrated
   as a calculator call (``12+7=19``) instead of the bare answer, so the tiny model starts out
-  calling the tool now and then, and RL can raise that share (``env/tool_ok``).
+  calling the tool now and then, and RL can raise or lower that share (``env/tool_ok``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from .base import Task, TaskPrompt
 
 NAMES = ("ann", "bob", "cat", "dan", "eve", "fay", "gus", "ivy", "jon", "kim", "lee", "max", "ned", "oli")
 ITEMS = ("pens", "apples", "cards", "coins", "books", "shells", "stamps", "marbles")
-LOW, HIGH = 1, 20
+LOW, HIGH = 1, 9
+REVISION = 2  # 1: addends 1-20; 2: addends 1-9
 _NUMBER = re.compile(r"\d+")
 
 
@@ -61,9 +68,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 
 class WordProblemsTask(Task):
-    """Two or three addends of 1-20; the answer is their sum."""
+    """Two or three addends of 1-9; the answer is their sum."""
 
     name: ClassVar[str] = "word_problems"
+    revision: ClassVar[int] = REVISION
+    """The problem distribution's revision, recorded in the tiny model's build marker."""
     tool_share: ClassVar[float] = 0.0
     """Share of warm-start demonstrations written as a calculator call."""
 

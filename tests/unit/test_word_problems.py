@@ -9,7 +9,7 @@ from itertools import islice
 import pytest
 
 from shunter.engine.tasks import as_scorer, load_task
-from shunter.engine.tasks.word_problems import compute_score, problem, score
+from shunter.engine.tasks.word_problems import HIGH, LOW, compute_score, problem, score
 from shunter.events import PromptSpec
 
 
@@ -39,6 +39,13 @@ def test_both_tasks_pose_the_same_problems_and_only_the_tool_task_demonstrates_c
         assert all(n in p.text.split(",") or n + ">" in p.text for n in expr.split("+"))
 
 
+def test_the_addends_are_single_digits_so_the_tiny_model_can_add_them_in_its_head():
+    # revision 2: addends 1-9 (sums 2-27); with 1-20 the single-turn tiny model did not learn
+    assert (LOW, HIGH) == (1, 9)
+    sums = {int(p.answer) for p in islice(load_task("word_problems").train_prompts(0), 2000)}
+    assert min(sums) >= 2 and max(sums) <= 27 and len(sums) > 20
+
+
 def test_problems_use_only_the_tiny_vocabulary_and_fit_the_example_context():
     from shunter.engine.tiny_model import SYMBOLS
 
@@ -46,6 +53,7 @@ def test_problems_use_only_the_tiny_vocabulary_and_fit_the_example_context():
     for _ in range(500):
         words, terms = problem(rng)
         assert set(words) <= set(SYMBOLS) and 2 <= len(terms) <= 3
+        assert all(LOW <= t <= HIGH for t in terms) and all(str(t) in words.split(",") for t in terms)
         assert len(words) + 1 + 16 <= 96  # examples/word_problems*.toml: max_model_len 96, max_tokens 16
 
 

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -63,7 +64,9 @@ class _Gate:
         self.shared = 0
         self.held: int | None = None  # the holder's token
         self.waiting = 0
-        self._tokens = itertools.count(1)
+        # random, not from 1: a worker Ray started again must not hand out a token a caller still
+        # holds from its previous process (that caller's score_held would take the new holder's hold)
+        self._tokens = itertools.count(secrets.randbits(62))
 
     @contextlib.asynccontextmanager
     async def share(self) -> AsyncIterator[None]:

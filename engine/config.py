@@ -254,7 +254,7 @@ class RolloutConfig(_Section):
     generate_timeout_s: Annotated[
         PosFloat,
         _d(
-            "A replica whose generation call has made no progress for this long (no turn generated, no environment call answered, no sample ended; it reports progress at most a tenth of this late) is taken as hung: it is killed, reported down, and its samples resume elsewhere. It bounds silence, not total time: a trajectory of many slow tool calls may run far longer."
+            "A replica whose generation call has made no progress for this long (no turn generated, no environment call answered, no sample ended; a sample whose reward is being scored counts as progress; it reports progress at most a tenth of this late) is taken as hung: it is killed, reported down, and its samples resume elsewhere. It bounds silence, not total time: a trajectory of many slow tool calls may run far longer."
         ),
     ] = 1800.0
     replica_restarts: Annotated[

@@ -5,19 +5,27 @@ A group's generation stream hands over each sample's events as the sample ends; 
 ends, a long trajectory (many turns, slow tools) can go on for longer than the executor's
 ``rollout.generate_timeout_s``, which bounds the time a stream goes **without progress** —
 not its total time. Progress is a turn generated, an environment call answered, a sample
-ended; the stream reports it with an empty item (a beat).
+ended; the stream reports it with an empty item (a beat). A sample waiting for its reward
+(bounded by the reward's own limits, but possibly longer than the timeout: a slow reward, a
+queue of samples before it, a reward worker starting again) beats as it waits
+(:func:`beating`): the replica's loop is turning, and killing it would not unstick a reward.
 
 Invariants: progress at loop time ``p`` reaches the stream by ``p + every_s`` at the latest
-(a beat, or a sample's events); at most one beat per ``every_s``; ``every_s = 0`` never beats
-(in-process fakes and the simulator keep their streams as they were). Timers are the loop's
-(``call_later``), so a virtual clock drives them like the real one.
+(a beat, or a sample's events); at most one beat per ``every_s``, none within ``every_s`` of
+the stream's start (the executor's clock starts with the call: a group that ends sooner streams
+no beat); ``every_s = 0`` never beats (in-process fakes and the simulator keep their streams as
+they were). Timers are the loop's (``call_later``), so a virtual clock drives them like the
+real one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Heartbeat:
@@ -27,7 +35,8 @@ class Heartbeat:
     def __init__(self, every_s: float, beat: Callable[[], None]) -> None:
         self.every_s = every_s
         self._beat = beat
-        self._last = -math.inf  # loop time of the last item handed over
+        # loop time of the last item handed over; at first the stream's start (the executor's deadline began then)
+        self._last = asyncio.get_running_loop().time() if every_s > 0 else -math.inf
         self._timer: asyncio.TimerHandle | None = None
         self._queued = False
 
@@ -57,6 +66,20 @@ class Heartbeat:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+async def beating(aw: Awaitable[T], progressed: Callable[[], None], every_s: float) -> T:
+    """Await ``aw`` — a wait that ends on its own but may outlast the timeout (a reward) — calling
+    ``progressed`` every ``every_s`` meanwhile, so the stream beats at least every ``2 * every_s``."""
+    if every_s <= 0:
+        return await aw
+    task = asyncio.ensure_future(aw)
+    try:
+        while not (await asyncio.wait({task}, timeout=every_s))[0]:
+            progressed()
+        return task.result()
+    finally:
+        task.cancel()
 
 
 BEATS_PER_TIMEOUT = 10

@@ -38,7 +38,7 @@ from shunter.engine import lengths, turns
 from shunter.engine.backend import Backend, GenParams, Tokenizer
 from shunter.engine.environments import EnvCalls
 from shunter.engine.errors import describe
-from shunter.engine.heartbeat import Heartbeat
+from shunter.engine.heartbeat import Heartbeat, beating
 from shunter.engine.replica_envs import Environments
 from shunter.engine.replica_modes import E, Running, WeightsAndModes
 from shunter.engine.replica_validation import Validation
@@ -261,7 +261,8 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
         self, s: Sample, prompt: PromptSpec, sp: SamplingSpec, progressed: Callable[[], None] = lambda: None
     ) -> list[Event]:
         """One sample on this replica, to its end or its cut; ``progressed`` is called after each
-        environment call and each turn generated (``engine.heartbeat``)."""
+        environment call and each turn generated, and while its reward is scored
+        (``engine.heartbeat``)."""
         ev: list[Event] = []
         env: EnvCalls | None = None
         if self.environment is not None:
@@ -281,7 +282,7 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
             return ev
         if s.finish_reason == "abort":
             s = msgspec.structs.replace(s, finish_reason="length")
-        return ev + await self._finish(s, prompt)
+        return ev + await self._finish(s, prompt, progressed)
 
     async def _turns(
         self,
@@ -384,10 +385,11 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
             stop_token_ids=(self.tok.eos_token_id,),
         )
 
-    async def _finish(self, s: Sample, prompt: PromptSpec) -> list[Event]:
+    async def _finish(self, s: Sample, prompt: PromptSpec, progressed: Callable[[], None]) -> list[Event]:
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
         text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
-        scored = await self.rewards.score(prompt, text)  # off this loop, bounded (engine.rewards)
+        # off this loop, bounded (engine.rewards), but it may outlast rollout.generate_timeout_s: beat meanwhile
+        scored = await beating(self.rewards.score(prompt, text), progressed, self.progress_every_s)
         s = msgspec.structs.replace(
             s, reward=scored.reward + turns.env_reward(s), response_text=text, reward_failure=scored.failure
         )

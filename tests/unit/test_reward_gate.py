@@ -47,3 +47,12 @@ async def test_two_holders_never_overlap_and_a_forgotten_hold_is_released_by_its
     second = await w.hold(lease_s=5.0)
     assert second != token and loop.time() - t0 == 5.0  # waited for the first lease to run out
     assert w.leases.keys() == {second} and w.gate.held == second
+
+
+@virtual_time
+async def test_a_worker_started_again_never_hands_out_a_token_its_previous_process_did():
+    """A caller that held the old process's worker (token in hand, score_held on its way) must not
+    find the new process's holder under the same token: its score_held would run as that holder
+    and release its hold, so two calls would run at once on a worker meant to be held."""
+    old, new = _Gate(), _Gate()  # one worker's gate before and after Ray starts it again
+    assert await old.hold() != await new.hold()

@@ -8,6 +8,7 @@ reads them all the same way.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from pathlib import Path
 
 import msgspec
@@ -40,9 +41,9 @@ def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = Non
 
 def command_line(path: str, seeds: list[int] | None) -> str:
     """The command that reproduces a result, naming the scenario file as it was run (relative
-    to the working directory where it lies below it) — the report quotes it."""
+    to the working directory where it lies below it, quoted for the shell) — the report quotes it."""
     p = Path(path)
     with contextlib.suppress(ValueError):
         p = p.resolve().relative_to(Path.cwd().resolve())
     seeds_arg = " --seeds " + " ".join(map(str, seeds)) if seeds else ""
-    return f"python -m shunter.bench run {p.as_posix()}{seeds_arg}"
+    return f"python -m shunter.bench run {shlex.quote(p.as_posix())}{seeds_arg}"  # a path with a space: one argument

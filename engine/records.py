@@ -122,7 +122,8 @@ class LogSink:
                 continue
             v = getattr(msg, k)
             if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
-                v = [bounded(x) for x in v[:8]]  # ValidateEnd.errors and the like
+                # ValidateEnd.errors, replica ids and the like: the first 8, and how many more (never dropped unsaid)
+                v = [bounded(x) for x in v[:8]] + ([f"... {len(v) - 8} more"] if len(v) > 8 else [])
             fields[k] = bounded(v) if isinstance(v, str) else v
         if "partial" in fields:
             fields["partial"] = fields["partial"] is not None

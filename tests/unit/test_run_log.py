@@ -111,3 +111,15 @@ def test_a_validation_whose_reward_failed_is_a_warning_line_and_a_printed_line_n
     assert printed[0].startswith("validate.end: version 0: reward function m:f failed on 4 held-out prompts")
     assert len(printed) == 2 and printed[1].endswith("(x10)")  # the 1st and the 10th of 12
     assert "command.failed" not in capsys.readouterr().err
+
+
+def test_a_long_list_of_names_in_a_log_line_says_how_many_it_leaves_out(tmp_path):
+    """A list of strings is cut to its first 8 in a log line (long ValidateEnd.errors); one of a
+    large fleet's replica ids must say it was cut, not read as the whole fleet."""
+    from shunter.events import ValidateBegin
+
+    sink = LogSink(make_logger(tmp_path / "run.log"))
+    sink(ValidateBegin(version=1, prompts=4, replica_ids=[f"standalone-{i}" for i in range(10)], **ENV))
+    [line] = lines(tmp_path / "run.log")
+    ids = line["replica_ids"]
+    assert ids[:8] == [f"standalone-{i}" for i in range(8)] and ids[8:] == ["... 2 more"]

@@ -233,9 +233,9 @@ max_staleness = 2
     out = json.loads((tmp_path / "results" / "small.json").read_text())
     sep = out["metrics"]["separate"]
     assert 0 < sep["frac_of_bound"]["max"] <= 1.001 and sep["speedup_vs_colocated"]["median"] > 0
-    assert out["command"] == "python -m shunter.bench run mine/small agentic.toml --seeds 1"
+    assert out["command"] == "python -m shunter.bench run 'mine/small agentic.toml' --seeds 1"  # runs as quoted
     report = write_report([tmp_path / "results" / "small.json"], tmp_path / "REPORT.md").read_text()
-    assert "`python -m shunter.bench run mine/small agentic.toml --seeds 1`" in report
+    assert "`python -m shunter.bench run 'mine/small agentic.toml' --seeds 1`" in report
 
 
 def test_one_seed_replays_identically():

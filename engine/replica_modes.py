@@ -21,6 +21,7 @@ import itertools
 from typing import Literal, TypeVar
 
 from shunter.engine.backend import Backend
+from shunter.engine.heartbeat import beating
 from shunter.events import Event, ModeChanged, WeightsLoaded
 from shunter.events.vocab import ROLLOUT, TRAINER, ServingMode, WeightUpdate
 
@@ -50,10 +51,15 @@ class WeightsAndModes:
     _evicting: bool
     _req: itertools.count[int]
 
+    progress_every_s: float
+
     def _stamp(self, e: E) -> E:
         raise NotImplementedError
 
     async def _cut(self, reason: Running) -> int:
+        raise NotImplementedError
+
+    def _streams_progressed(self) -> None:
         raise NotImplementedError
 
     async def _consume(self, blob: bytes | None) -> None:
@@ -80,17 +86,11 @@ class WeightsAndModes:
         t0 = _now()
         await self._stable.acquire()  # a validation in progress finishes on the weights it began with
         self._open.clear()
-        cut = kept = 0
         try:
             t1 = _now()
-            if self.weight_update == "keep":
-                kept = await self._swap_in_place(version, blob)
-                t2 = t1
-            else:
-                cut = await self._cut("weights_update")
-                t2 = _now()
-                await self.backend.load_weights(blob)
-                self.version = version
+            # every stream's samples wait for the load (cut, or paused): it is their progress, bounded
+            # by its own command's timeout (run.timeout_s), so their streams beat meanwhile
+            cut, kept, t2 = await beating(self._swap(version, blob), self._streams_progressed, self.progress_every_s)
         finally:
             self._open.set()
             self._stable.release()
@@ -112,6 +112,17 @@ class WeightsAndModes:
                 )
             )
         ]
+
+    async def _swap(self, version: int, blob: bytes) -> tuple[int, int, float]:
+        """The weights swapped, running requests cut first or kept paused; returns how many were
+        cut, how many kept, and when the cut was done."""
+        if self.weight_update == "keep":
+            return 0, await self._swap_in_place(version, blob), _now()
+        cut = await self._cut("weights_update")
+        t2 = _now()
+        await self.backend.load_weights(blob)
+        self.version = version
+        return cut, 0, t2
 
     async def _swap_in_place(self, version: int, blob: bytes) -> int:
         """Pause the running requests with their KV cache, swap the weights, let them go on;

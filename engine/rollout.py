@@ -115,6 +115,7 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
         ``actors.rewards.PoolRewards``). ``progress_every_s > 0``: a generation stream reports
         progress at least that often while it makes any (``engine.heartbeat``)."""
         self.progress_every_s = progress_every_s
+        self._beats: set[Heartbeat] = set()  # the open generation streams' heartbeats
         self._init_envs(environment, env_name, env_timeout_s, max_turns, env_thread)
         self.replica_id = replica_id
         self.backend = backend
@@ -233,6 +234,7 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
             ]
         ends: asyncio.Queue[asyncio.Future[list[Event]] | None] = asyncio.Queue()  # None: a beat
         beat = Heartbeat(self.progress_every_s, lambda: ends.put_nowait(None))
+        self._beats.add(beat)
         tasks = [asyncio.ensure_future(self._run(s, cmd.prompt, cmd.sampling, beat.progressed)) for s in samples]
         for t in tasks:
             t.add_done_callback(ends.put_nowait)
@@ -253,6 +255,7 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
                 beat.sent()
                 yield out
         finally:  # the caller went away (its replica is cut off, say): nothing keeps generating
+            self._beats.discard(beat)
             beat.cancel()
             for t in tasks:
                 t.cancel()
@@ -424,6 +427,11 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
 
     def _stamp(self, e: E) -> E:
         return self.stamp(e)
+
+    def _streams_progressed(self) -> None:
+        """Every open stream makes progress (its samples wait on a weight load)."""
+        for b in self._beats:
+            b.progressed()
 
     async def _cut(self, reason: Running) -> int:
         """Abort every running request with ``reason`` and wait until all have returned."""

@@ -2,14 +2,21 @@
 
 ``"ann,has,5,pens,and,buys,7,more,how,many,pens>"`` -> ``"12"``. The tiny model's 42-symbol
 vocabulary has no space, so words are joined by commas; the numbers add (two or three
-addends, 1-9 each, so sums 2-27). The prompts are a pure function of the seed, so the offline
-generator (``examples/make_word_problems.py``) writes the same problems as a verl parquet dataset.
+addends). The prompts are a pure function of the seed, so the offline generator
+(``examples/make_word_problems.py``) writes the same problems as verl parquet datasets.
 
-Single-digit addends are the difficulty the CPU tiny model (2 layers, ~0.5M parameters) can
-learn in its head: with addends up to 20 (sums to 60) it stayed at 0.15 greedy exact through
-300 SFT and 300 GRPO steps, while the calculator variant learned (README, "Multi-turn rollouts").
-``REVISION`` names this distribution; the tiny model's build marker records it, so a model
-warm-started on an older revision is rebuilt rather than reused.
+The two variants pose problems of the difficulty that shows what each can learn on CPU:
+
+- ``word_problems`` (single turn): addends 1-9 (sums 2-27), what the tiny model (2 layers,
+  ~0.5M parameters) can learn to add in its head; with addends up to 20 (sums to 60) it stayed
+  at 0.15 greedy exact through 300 SFT and 300 GRPO steps;
+- ``word_problems_tool`` (the calculator): addends 1-20, which the model cannot add in its head
+  but can learn to copy into a calculator call. On 1-9 problems RL moved it *away* from the
+  tool (its mental answers were right more often than its early calls), so the tool variant
+  keeps the harder problems, where calling the tool is what pays.
+
+``revision`` names a variant's distribution; the tiny model's build marker records it, so a
+model warm-started on an older revision is rebuilt rather than reused.
 
 Invariants:
 
@@ -17,9 +24,9 @@ Invariants:
   the response's **last number** is the answer: a plain answer (``19``) and a calculator
   trajectory (``12+7=19``, the ``19`` being the tool's) score alike; otherwise partial credit,
   ``0.5 * (digits in place) / max(len)``, and 0.0 with no number at all;
-- ``word_problems_tool`` differs only in its warm start: one prompt in three is demonstrated
-  as a calculator call (``12+7=19``) instead of the bare answer, so the tiny model starts out
-  calling the tool now and then, and RL can raise or lower that share (``env/tool_ok``).
+- ``word_problems_tool``'s warm start demonstrates one prompt in three as a calculator call
+  (``12+7=19``) instead of the bare answer, so the tiny model starts out calling the tool now
+  and then, and RL can raise that share (``env/tool_ok``).
 """
 
 from __future__ import annotations
@@ -32,20 +39,19 @@ from .base import Task, TaskPrompt
 
 NAMES = ("ann", "bob", "cat", "dan", "eve", "fay", "gus", "ivy", "jon", "kim", "lee", "max", "ned", "oli")
 ITEMS = ("pens", "apples", "cards", "coins", "books", "shells", "stamps", "marbles")
-LOW, HIGH = 1, 9
-REVISION = 2  # 1: addends 1-20; 2: addends 1-9
+LOW = 1
 _NUMBER = re.compile(r"\d+")
 
 
-def problem(rng: random.Random) -> tuple[str, list[int]]:
-    """One problem's words (comma-joined, without the separator) and its addends."""
+def problem(rng: random.Random, high: int) -> tuple[str, list[int]]:
+    """One problem's words (comma-joined, without the separator) and its addends (``LOW``-``high``)."""
     item = rng.choice(ITEMS)
-    a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+    a, b = rng.randint(LOW, high), rng.randint(LOW, high)
     if rng.random() < 0.5:
         name = rng.choice(NAMES)
         return f"{name},has,{a},{item},and,buys,{b},more,how,many,{item}", [a, b]
     x, y, z = rng.sample(NAMES, 3)
-    c = rng.randint(LOW, HIGH)
+    c = rng.randint(LOW, high)
     return f"{x},has,{a},{item},{y},has,{b},and,{z},has,{c},how,many,in,all", [a, b, c]
 
 
@@ -71,13 +77,15 @@ class WordProblemsTask(Task):
     """Two or three addends of 1-9; the answer is their sum."""
 
     name: ClassVar[str] = "word_problems"
-    revision: ClassVar[int] = REVISION
-    """The problem distribution's revision, recorded in the tiny model's build marker."""
+    high: ClassVar[int] = 9
+    """The largest addend."""
+    revision: ClassVar[int] = 2
+    """The problem distribution's revision, recorded in the tiny model's build marker (1: addends 1-20)."""
     tool_share: ClassVar[float] = 0.0
     """Share of warm-start demonstrations written as a calculator call."""
 
     def sample(self, rng: random.Random) -> TaskPrompt:
-        words, terms = problem(rng)
+        words, terms = problem(rng, self.high)
         answer = str(sum(terms))
         call = rng.random() < self.tool_share
         return TaskPrompt(
@@ -90,8 +98,11 @@ class WordProblemsTask(Task):
 
 
 class WordProblemsToolTask(WordProblemsTask):
-    """The same problems; one warm-start demonstration in three calls the calculator."""
+    """Two or three addends of 1-20, for the calculator; one warm-start demonstration in three
+    calls it. Its prompts are drawn like ``word_problems``' revision 1 (the same seeds)."""
 
     name: ClassVar[str] = "word_problems_tool"
     stream: ClassVar[str] = "word_problems"
+    high: ClassVar[int] = 20
+    revision: ClassVar[int] = 1
     tool_share: ClassVar[float] = 1 / 3

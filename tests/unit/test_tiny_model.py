@@ -90,13 +90,14 @@ def test_a_tasks_revision_is_in_the_marker_and_a_changed_one_rebuilds(
 ) -> None:
     from shunter.engine.tasks import word_problems
 
+    rev = word_problems.WordProblemsTask.revision
     out = build_tiny_model(tmp_path / "m", "word_problems", sft_steps=0)
     first = read_marker(out)
-    assert first["params"]["task_revision"] == word_problems.REVISION
+    assert first["params"]["task_revision"] == rev
     assert read_marker(build_tiny_model(out, "word_problems", sft_steps=0))["built_at"] == first["built_at"]
-    monkeypatch.setattr(word_problems.WordProblemsTask, "revision", word_problems.REVISION + 1)
+    monkeypatch.setattr(word_problems.WordProblemsTask, "revision", rev + 1)
     again = read_marker(build_tiny_model(out, "word_problems", sft_steps=0))
-    assert again["built_at"] != first["built_at"] and again["params"]["task_revision"] == word_problems.REVISION + 1
+    assert again["built_at"] != first["built_at"] and again["params"]["task_revision"] == rev + 1
     # a task without a revision (sort_digits) keeps the marker it always had
     assert "task_revision" not in read_marker(build_tiny_model(tmp_path / "s", sft_steps=0))["params"]
 

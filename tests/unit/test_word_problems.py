@@ -9,7 +9,14 @@ from itertools import islice
 import pytest
 
 from shunter.engine.tasks import as_scorer, load_task
-from shunter.engine.tasks.word_problems import HIGH, LOW, compute_score, problem, score
+from shunter.engine.tasks.word_problems import (
+    LOW,
+    WordProblemsTask,
+    WordProblemsToolTask,
+    compute_score,
+    problem,
+    score,
+)
 from shunter.events import PromptSpec
 
 
@@ -26,10 +33,9 @@ def test_the_verl_reward_is_called_by_the_engine_with_the_row():
     assert scorer(PromptSpec(prompt_id=0, answer="19", data_source="word_problems"), "12+7=19") == 1.0
 
 
-def test_both_tasks_pose_the_same_problems_and_only_the_tool_task_demonstrates_calls():
+def test_only_the_tool_task_demonstrates_calls_and_its_problems_are_the_harder_ones():
     plain, tool = load_task("word_problems"), load_task("word_problems_tool")
     a, b = list(islice(plain.train_prompts(0), 300)), list(islice(tool.train_prompts(0), 300))
-    assert [p.text for p in a] == [p.text for p in b] and [p.answer for p in a] == [p.answer for p in b]
     assert not any(p.demo for p in a)
     calls = [p for p in b if p.demo]
     assert 0.25 < len(calls) / len(b) < 0.42
@@ -37,23 +43,32 @@ def test_both_tasks_pose_the_same_problems_and_only_the_tool_task_demonstrates_c
         expr, _, value = p.demo.partition("=")
         assert value == p.answer and sum(map(int, expr.split("+"))) == int(p.answer)
         assert all(n in p.text.split(",") or n + ">" in p.text for n in expr.split("+"))
+    assert max(int(p.answer) for p in b) > 27  # two-digit addends: beyond the single-turn task's sums
 
 
-def test_the_addends_are_single_digits_so_the_tiny_model_can_add_them_in_its_head():
-    # revision 2: addends 1-9 (sums 2-27); with 1-20 the single-turn tiny model did not learn
-    assert (LOW, HIGH) == (1, 9)
-    sums = {int(p.answer) for p in islice(load_task("word_problems").train_prompts(0), 2000)}
-    assert min(sums) >= 2 and max(sums) <= 27 and len(sums) > 20
+@pytest.mark.parametrize(
+    ("task", "high", "sums"),
+    [
+        ("word_problems", 9, (2, 27)),  # revision 2: what the tiny model can add in its head
+        ("word_problems_tool", 20, (2, 60)),  # revision 1's problems: for the calculator
+    ],
+)
+def test_each_variant_poses_its_difficulty(task, high, sums):
+    t = load_task(task)
+    assert t.high == high
+    got = {int(p.answer) for p in islice(t.train_prompts(0), 2000)}
+    assert sums[0] <= min(got) and max(got) <= sums[1] and len(got) > 20
 
 
-def test_problems_use_only_the_tiny_vocabulary_and_fit_the_example_context():
+@pytest.mark.parametrize("cls", [WordProblemsTask, WordProblemsToolTask])
+def test_problems_use_only_the_tiny_vocabulary_and_fit_the_example_context(cls):
     from shunter.engine.tiny_model import SYMBOLS
 
     rng = random.Random(0)
     for _ in range(500):
-        words, terms = problem(rng)
+        words, terms = problem(rng, cls.high)
         assert set(words) <= set(SYMBOLS) and 2 <= len(terms) <= 3
-        assert all(LOW <= t <= HIGH for t in terms) and all(str(t) in words.split(",") for t in terms)
+        assert all(LOW <= t <= cls.high for t in terms) and all(str(t) in words.split(",") for t in terms)
         assert len(words) + 1 + 16 <= 96  # examples/word_problems*.toml: max_model_len 96, max_tokens 16
 
 
@@ -68,6 +83,8 @@ def test_the_generator_writes_a_verl_parquet_the_engine_loads(tmp_path, monkeypa
     sys.modules.pop("make_word_problems", None)
     rows = read_rows(tmp_path / "word_train.parquet")
     assert len(rows) == 50 and rows[0].data_source == "word_problems"
+    tool_rows = read_rows(tmp_path / "word_tool_train.parquet")
+    assert len(tool_rows) == 50 and max(int(r.ground_truth) for r in tool_rows) > 27
     assert rows[0].messages and rows[0].messages[0].role == "user" and rows[0].ground_truth.isdigit()
     held = {r.messages[0].content for r in read_rows(tmp_path / "word_val.parquet")}
     assert not held & {r.messages[0].content for r in rows}

@@ -5,10 +5,12 @@ A group's generation stream hands over each sample's events as the sample ends; 
 ends, a long trajectory (many turns, slow tools) can go on for longer than the executor's
 ``rollout.generate_timeout_s``, which bounds the time a stream goes **without progress** —
 not its total time. Progress is a turn generated, an environment call answered, a sample
-ended; the stream reports it with an empty item (a beat). A sample waiting for its reward
-(bounded by the reward's own limits, but possibly longer than the timeout: a slow reward, a
-queue of samples before it, a reward worker starting again) beats as it waits
-(:func:`beating`): the replica's loop is turning, and killing it would not unstick a reward.
+ended; the stream reports it with an empty item (a beat). A wait bounded elsewhere — a sample
+waiting for its reward (the reward's own limits; possibly longer than the timeout: a slow
+reward, a queue of samples before it, a reward worker starting again), the stream's samples
+waiting on a weight load (``run.timeout_s``) — beats every ``every_s`` while it lasts
+(:meth:`Heartbeat.wait_begins` / :meth:`Heartbeat.wait_ends`, a counter: no task or timer per
+sample): the replica's loop is turning, and killing it would unstick nothing.
 
 Invariants: progress at loop time ``p`` reaches the stream by ``p + every_s`` at the latest
 (a beat, or a sample's events); at most one beat per ``every_s``, none within ``every_s`` of
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -39,6 +41,7 @@ class Heartbeat:
         self._last = asyncio.get_running_loop().time() if every_s > 0 else -math.inf
         self._timer: asyncio.TimerHandle | None = None
         self._queued = False
+        self._waits = 0  # waits bounded elsewhere in progress (rewards, a weight load)
 
     def progressed(self) -> None:
         """Something moved: beat now, or once ``every_s`` has passed since the last item."""
@@ -61,25 +64,27 @@ class Heartbeat:
         self._queued = False
         self._last = asyncio.get_running_loop().time()
         self.cancel()
+        if self._waits:  # still waiting on something bounded elsewhere: the next beat in every_s
+            self.progressed()
+
+    def wait_begins(self) -> None:
+        """A wait bounded elsewhere begins: the stream beats every ``every_s`` until it ends."""
+        self._waits += 1
+        self.progressed()
+
+    def wait_ends(self) -> None:
+        self._waits -= 1
+        self.progressed()
+
+    def close(self) -> None:
+        """The stream ended: no beat from here on (a sample's late ``wait_ends`` makes none)."""
+        self.every_s = 0.0
+        self.cancel()
 
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-async def beating(aw: Awaitable[T], progressed: Callable[[], None], every_s: float) -> T:
-    """Await ``aw`` — a wait that ends on its own but may outlast the timeout (a reward) — calling
-    ``progressed`` every ``every_s`` meanwhile, so the stream beats at least every ``2 * every_s``."""
-    if every_s <= 0:
-        return await aw
-    task = asyncio.ensure_future(aw)
-    try:
-        while not (await asyncio.wait({task}, timeout=every_s))[0]:
-            progressed()
-        return task.result()
-    finally:
-        task.cancel()
 
 
 BEATS_PER_TIMEOUT = 10

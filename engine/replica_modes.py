@@ -17,11 +17,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import Literal, TypeVar
 
 from shunter.engine.backend import Backend
-from shunter.engine.heartbeat import beating
 from shunter.events import Event, ModeChanged, WeightsLoaded
 from shunter.events.vocab import ROLLOUT, TRAINER, ServingMode, WeightUpdate
 
@@ -51,15 +51,13 @@ class WeightsAndModes:
     _evicting: bool
     _req: itertools.count[int]
 
-    progress_every_s: float
-
     def _stamp(self, e: E) -> E:
         raise NotImplementedError
 
     async def _cut(self, reason: Running) -> int:
         raise NotImplementedError
 
-    def _streams_progressed(self) -> None:
+    def _streams_wait(self) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
 
     async def _consume(self, blob: bytes | None) -> None:
@@ -90,7 +88,8 @@ class WeightsAndModes:
             t1 = _now()
             # every stream's samples wait for the load (cut, or paused): it is their progress, bounded
             # by its own command's timeout (run.timeout_s), so their streams beat meanwhile
-            cut, kept, t2 = await beating(self._swap(version, blob), self._streams_progressed, self.progress_every_s)
+            with self._streams_wait():
+                cut, kept, t2 = await self._swap(version, blob)
         finally:
             self._open.set()
             self._stable.release()

@@ -28,8 +28,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Literal
 
 import msgspec
@@ -38,7 +39,7 @@ from shunter.engine import lengths, turns
 from shunter.engine.backend import Backend, GenParams, Tokenizer
 from shunter.engine.environments import EnvCalls
 from shunter.engine.errors import describe
-from shunter.engine.heartbeat import Heartbeat, beating
+from shunter.engine.heartbeat import Heartbeat
 from shunter.engine.replica_envs import Environments
 from shunter.engine.replica_modes import E, Running, WeightsAndModes
 from shunter.engine.replica_validation import Validation
@@ -235,7 +236,7 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
         ends: asyncio.Queue[asyncio.Future[list[Event]] | None] = asyncio.Queue()  # None: a beat
         beat = Heartbeat(self.progress_every_s, lambda: ends.put_nowait(None))
         self._beats.add(beat)
-        tasks = [asyncio.ensure_future(self._run(s, cmd.prompt, cmd.sampling, beat.progressed)) for s in samples]
+        tasks = [asyncio.ensure_future(self._run(s, cmd.prompt, cmd.sampling, beat)) for s in samples]
         for t in tasks:
             t.add_done_callback(ends.put_nowait)
         failed, left = False, len(tasks)
@@ -256,16 +257,15 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
                 yield out
         finally:  # the caller went away (its replica is cut off, say): nothing keeps generating
             self._beats.discard(beat)
-            beat.cancel()
+            beat.close()
             for t in tasks:
                 t.cancel()
 
-    async def _run(
-        self, s: Sample, prompt: PromptSpec, sp: SamplingSpec, progressed: Callable[[], None] = lambda: None
-    ) -> list[Event]:
-        """One sample on this replica, to its end or its cut; ``progressed`` is called after each
-        environment call and each turn generated, and while its reward is scored
-        (``engine.heartbeat``)."""
+    async def _run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec, beat: Heartbeat | None = None) -> list[Event]:
+        """One sample on this replica, to its end or its cut; ``beat`` (its stream's) hears of
+        each environment call, each turn generated and the wait for the reward (``engine.heartbeat``)."""
+        beat = beat or Heartbeat(0.0, _still)
+        progressed = beat.progressed
         ev: list[Event] = []
         env: EnvCalls | None = None
         if self.environment is not None:
@@ -285,7 +285,7 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
             return ev
         if s.finish_reason == "abort":
             s = msgspec.structs.replace(s, finish_reason="length")
-        return ev + await self._finish(s, prompt, progressed)
+        return ev + await self._finish(s, prompt, beat)
 
     async def _turns(
         self,
@@ -388,11 +388,15 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
             stop_token_ids=(self.tok.eos_token_id,),
         )
 
-    async def _finish(self, s: Sample, prompt: PromptSpec, progressed: Callable[[], None]) -> list[Event]:
+    async def _finish(self, s: Sample, prompt: PromptSpec, beat: Heartbeat) -> list[Event]:
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
         text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
         # off this loop, bounded (engine.rewards), but it may outlast rollout.generate_timeout_s: beat meanwhile
-        scored = await beating(self.rewards.score(prompt, text), progressed, self.progress_every_s)
+        beat.wait_begins()  # off this loop, bounded (engine.rewards): the stream beats meanwhile
+        try:
+            scored = await self.rewards.score(prompt, text)
+        finally:
+            beat.wait_ends()
         s = msgspec.structs.replace(
             s, reward=scored.reward + turns.env_reward(s), response_text=text, reward_failure=scored.failure
         )
@@ -428,10 +432,17 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
     def _stamp(self, e: E) -> E:
         return self.stamp(e)
 
-    def _streams_progressed(self) -> None:
-        """Every open stream makes progress (its samples wait on a weight load)."""
-        for b in self._beats:
-            b.progressed()
+    @contextlib.contextmanager
+    def _streams_wait(self) -> Iterator[None]:
+        """Every open stream's samples wait on this (a weight load): they beat meanwhile."""
+        beats = list(self._beats)
+        for b in beats:
+            b.wait_begins()
+        try:
+            yield
+        finally:
+            for b in beats:
+                b.wait_ends()
 
     async def _cut(self, reason: Running) -> int:
         """Abort every running request with ``reason`` and wait until all have returned."""
@@ -480,6 +491,10 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
         self.rewards.close()
         self._close_env_loop()
         return []
+
+
+def _still() -> None:
+    """No stream to tell (a validation's samples)."""
 
 
 def _versions(start: int, marks: list[tuple[int, int]], n: int) -> list[int]:

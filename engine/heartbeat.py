@@ -25,9 +25,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 class Heartbeat:

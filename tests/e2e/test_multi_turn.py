@@ -50,6 +50,19 @@ class Broken(Echo):
 '''
 
 
+def job_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train: int) -> Path:
+    """The examples copied with the user's environment module beside them and ``train`` sort rows
+    written; the working directory is ``tmp_path``."""
+    job = tmp_path / "job"
+    shutil.copytree(ROOT / "examples", job)
+    (job / "echo_env.py").write_text(ENV)
+    monkeypatch.syspath_prepend(str(job))
+    __import__("make_sort_parquet").main(str(job / "data"), train=train, val=16)
+    sys.modules.pop("make_sort_parquet", None)
+    monkeypatch.chdir(tmp_path)
+    return job
+
+
 def job_config(job: Path, tiny_model: str, tmp_path: Path, environment: str) -> Path:
     text = (job / "sort_data.toml").read_text()
     cfg = job / f"{environment.split(':')[1].lower()}.toml"
@@ -78,13 +91,7 @@ def test_multi_turn_trajectories_train_and_resume_across_weight_loads(
 ):
     from shunter.cli import main
 
-    job = tmp_path / "job"
-    shutil.copytree(ROOT / "examples", job)
-    (job / "echo_env.py").write_text(ENV)
-    monkeypatch.syspath_prepend(str(job))
-    __import__("make_sort_parquet").main(str(job / "data"), train=2000, val=16)
-    sys.modules.pop("make_sort_parquet", None)
-    monkeypatch.chdir(tmp_path)
+    job = job_folder(tmp_path, monkeypatch, train=2000)
     rc = main(["run", str(job_config(job, tiny_model, tmp_path, "echo_env:Echo")), "--no-progress", "--run-id", "mt"])
     err = capsys.readouterr().err
     assert rc == 0, err[-3000:]
@@ -187,13 +194,7 @@ def test_trajectories_longer_than_generate_timeout_s_live_while_they_make_progre
     from shunter.cli import main
     from shunter.events import ReplicaDown, SampleBegin
 
-    job = tmp_path / "job"
-    shutil.copytree(ROOT / "examples", job)
-    (job / "echo_env.py").write_text(ENV)
-    monkeypatch.syspath_prepend(str(job))
-    __import__("make_sort_parquet").main(str(job / "data"), train=400, val=16)
-    sys.modules.pop("make_sort_parquet", None)
-    monkeypatch.chdir(tmp_path)
+    job = job_folder(tmp_path, monkeypatch, train=400)
     cfg = job_config(job, tiny_model, tmp_path, "echo_env:Slow")
     text = cfg.read_text().replace("total_steps = 8", "total_steps = 2")
     text = text.replace("max_turns = 3", "max_turns = 3\nenv_timeout_s = 8")

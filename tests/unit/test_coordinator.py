@@ -196,14 +196,16 @@ async def test_policy_that_raises_becomes_an_event_and_the_loop_survives():
     assert ended.reason in ("completed", "error")
 
 
+def picky_reward(prompt, response, answer):
+    """A user's reward that raises on some prompts."""
+    if "7" in prompt:
+        raise ValueError("sevens are not supported")
+    return 1.0
+
+
 @virtual_time
 async def test_a_reward_that_raises_scores_0_with_the_cause_and_the_run_goes_on():
     from shunter.events import RewardFailed
-
-    def picky_reward(prompt, response, answer):
-        if "7" in prompt:
-            raise ValueError("sevens are not supported")
-        return 1.0
 
     coord, _, trainer = local_run(cfg(), reward=picky_reward)
     ended, seen = await run(coord)
@@ -380,11 +382,6 @@ async def test_a_consolidate_from_outside_is_checked_and_the_run_goes_on():
 @virtual_time
 async def test_reward_failures_are_counted_per_step_and_sum_to_the_summarys():
     from shunter.events import RewardFailed, StepEnd
-
-    def picky_reward(prompt, response, answer):
-        if "7" in prompt:
-            raise ValueError("sevens are not supported")
-        return 1.0
 
     coord, _, trainer = local_run(cfg(), reward=picky_reward)
     ended, seen = await run(coord)

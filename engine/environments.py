@@ -183,6 +183,11 @@ async def _awaited(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     return await fn(*args)
 
 
+async def _made(factory: Callable[[], Any]) -> Any:
+    """The environment object, made on the environment loop."""
+    return factory()
+
+
 class EnvCalls:
     """One trajectory's environment on one replica, every call contained and bounded.
 
@@ -200,9 +205,18 @@ class EnvCalls:
         return tuple(getattr(self.env, "stop", ()) or ())
 
     async def reset(self, prompt: PromptSpec, transcript: str) -> tuple[EnvFailure | None, str]:
-        """Make the environment and reset it; ``(failure, error)`` when either failed."""
+        """Make the environment and reset it; ``(failure, error)`` when either failed. With an
+        environment loop, the object is made there (where its ``async`` calls run), bounded by
+        ``env_timeout_s`` like them: a constructor that opens a sandbox or a socket and hangs
+        holds that loop, not the replica's."""
         try:
-            self.env = self.factory()
+            if self.loop is None:
+                self.env = self.factory()
+            else:
+                async with asyncio.timeout(self.timeout_s):
+                    self.env = await self.loop.run(_made, (self.factory,), self.timeout_s + 1.0)
+        except TimeoutError:
+            return "timeout", f"environment {self.name}() took longer than task.env_timeout_s = {self.timeout_s:g} s"
         except Exception as e:  # noqa: BLE001 - the user's class: reported
             return "raised", f"environment {self.name}() raised {describe(e, limit=500)}"
         failure, error, _ = await self._call("reset", prompt, transcript)

@@ -448,6 +448,45 @@ def test_an_async_step_that_blocks_holds_its_own_loop_and_times_out():
     assert ticks >= 5  # the replica's loop went on while the environment blocked
 
 
+class SlowToMake(Calculator):
+    def __init__(self):
+        import time
+
+        time.sleep(1.0)  # the user's constructor opens a sandbox that does not answer
+
+
+def test_a_constructor_that_blocks_holds_the_environment_loop_and_times_out():
+    """The environment object is made on the environment loop, bounded by ``env_timeout_s``:
+    a constructor that hangs is a ``timeout`` naming the class, and the replica's loop turns."""
+
+    async def main():
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.ensure_future(ticker())
+        c = core(
+            FakeBackend(token_s=0.0, respond=tool_user()), environment=SlowToMake, env_timeout_s=0.2, env_thread=True
+        )
+        events = await c.generate(gen(n=2))
+        stop.set()
+        await t
+        await c.shutdown()
+        return events, ticks
+
+    events, ticks = asyncio.run(main())
+    failed = [e for e in events if isinstance(e, EnvFailed)]
+    assert len(failed) == 2 and all(e.failure == "timeout" for e in failed)
+    assert all("SlowToMake() took longer than task.env_timeout_s = 0.2 s" in e.error for e in failed)
+    assert [e for e in events if isinstance(e, SampleEnd)]  # scored as single turns all the same
+    assert ticks >= 5
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

@@ -204,9 +204,9 @@ class EnvCalls:
     def stop(self) -> tuple[str, ...]:
         return tuple(getattr(self.env, "stop", ()) or ())
 
-    async def reset(self, prompt: PromptSpec, transcript: str) -> tuple[EnvFailure | None, str]:
-        """Make the environment and reset it; ``(failure, error)`` when either failed. With an
-        environment loop, the object is made there (where its ``async`` calls run), bounded by
+    async def make(self) -> tuple[EnvFailure | None, str]:
+        """Make the environment object; ``(failure, error)`` when that failed. With an
+        environment loop, it is made there (where its ``async`` calls run), bounded by
         ``env_timeout_s`` like them: a constructor that opens a sandbox or a socket and hangs
         holds that loop, not the replica's."""
         try:
@@ -219,6 +219,10 @@ class EnvCalls:
             return "timeout", f"environment {self.name}() took longer than task.env_timeout_s = {self.timeout_s:g} s"
         except Exception as e:  # noqa: BLE001 - the user's class: reported
             return "raised", f"environment {self.name}() raised {describe(e, limit=500)}"
+        return None, ""
+
+    async def reset(self, prompt: PromptSpec, transcript: str) -> tuple[EnvFailure | None, str]:
+        """Reset the environment made; ``(failure, error)`` when that failed."""
         failure, error, _ = await self._call("reset", prompt, transcript)
         return failure, error
 

@@ -64,16 +64,21 @@ class Environments:
         if self._env_loop is not None:
             self._env_loop.close()
 
-    async def _env_for(self, s: Sample, prompt: PromptSpec, ev: list[Event]) -> tuple[Sample, EnvCalls | None]:
-        """The trajectory's environment on this replica, reset with its transcript so far;
-        None (the trajectory goes on as a single turn) when it cannot be made or reset (then
-        closed already, if it was made)."""
+    async def _env_for(
+        self, s: Sample, prompt: PromptSpec, ev: list[Event], progressed: Callable[[], None]
+    ) -> tuple[Sample, EnvCalls | None]:
+        """The trajectory's environment on this replica, made and reset with its transcript so
+        far (each call bounded, and progress between them); None (the trajectory goes on as a
+        single turn) when it cannot be made or reset (then closed already, if it was made)."""
         assert self.environment is not None
         env = EnvCalls(self.environment, self.env_name, self.env_timeout_s, self._env_loop)
         self._envs.add(env)
         self._envs_closed.clear()
         try:
-            failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
+            failure, error = await env.make()
+            if failure is None:
+                progressed()
+                failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
         except asyncio.CancelledError:
             await self._close_env(env, s, [])
             raise

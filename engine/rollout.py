@@ -269,7 +269,7 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
         ev: list[Event] = []
         env: EnvCalls | None = None
         if self.environment is not None:
-            s, env = await self._env_for(s, prompt, ev)
+            s, env = await self._env_for(s, prompt, ev, progressed)
             progressed()
         try:
             s, cut = await self._turns(s, sp, env, ev, progressed)

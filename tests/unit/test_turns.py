@@ -268,6 +268,7 @@ def test_env_calls_never_raise_even_on_an_object_without_the_methods():
     calls = EnvCalls(lambda: object(), "junk", 1.0)
 
     async def main():
+        assert await calls.make() == (None, "")
         return await calls.reset(PROMPT, "")
 
     failure, error = asyncio.run(main())

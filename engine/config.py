@@ -178,7 +178,7 @@ class TaskConfig(_Section):
     env_timeout_s: Annotated[
         float,
         _d(
-            f"Each environment call's limit (reset, step, close), in seconds, above 0 and at most {MAX_ENV_TIMEOUT_S:g}, below 0.9 x rollout.generate_timeout_s; a call that raises, returns junk or runs longer ends its trajectory (env/raised, env/returned, env/timeout).",
+            f"Each environment call's limit (the constructor, reset, step, close), in seconds, above 0 and at most {MAX_ENV_TIMEOUT_S:g}, below 0.9 x rollout.generate_timeout_s; a call that raises, returns junk or runs longer ends its trajectory (env/raised, env/returned, env/timeout).",
             gt=0,
             le=MAX_ENV_TIMEOUT_S,
         ),

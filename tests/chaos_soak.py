@@ -1,10 +1,11 @@
 """Operator chaos soak: real ``shunter run`` processes under real signals, checked from their
-event logs. Each run trains the sort task on CPU (vLLM + torch) while a seeded schedule sends,
-at seeded moments (after a seeded step, plus a seeded fraction of a second):
+event logs. Each run trains a task on CPU (vLLM + torch) while a seeded schedule sends, at
+seeded moments (after a seeded step, plus a seeded fraction of a second):
 
 - ``kill -9`` to the replica's actor process (``ray::RolloutWorker``), to its vLLM engine
   process (``VLLM::EngineCore``), to the trainer (``ray::TrainerWorker``), to the coordinator
-  (``ray::CoordinatorActor``) — the run must heal by itself;
+  (``ray::CoordinatorActor``) and, with ``--task word_tool``, to the reward worker
+  (``ray::RewardWorker``) — the run must heal by itself;
 - ``kill -9`` to the driver (``shunter run`` itself), SIGTERM to it, or Ctrl-C (SIGINT to its
   whole process group, as a terminal sends it) — the operator then runs ``--resume``.
 
@@ -14,6 +15,12 @@ completed, no hang (each process bounded), no process left behind by a clean sto
 batch reward of the last steps above that of the first. Prints a JSON report:
 
     .venv/bin/python tests/chaos_soak.py --runs 30 --seed 1 --out bench/results/chaos_soak.json
+
+``--task sort`` (the default) runs ``examples/sort_separate.toml``. ``--task word_tool`` runs
+``examples/word_problems_tool.toml`` the way a user brings their data: prompts from verl-layout
+parquet files (the stream position must survive every stop), a reward function by import string
+scored in a reward worker actor (``task.reward_workers = 1``), and multi-turn trajectories that
+call the calculator environment, so kills land mid-trajectory and mid-reward.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -35,7 +43,9 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 HEALS = ("replica", "engine_core", "trainer", "coordinator")
-"""Processes whose death the run heals by itself."""
+"""Processes whose death the run heals by itself (every task)."""
+TASK_HEALS = {"sort": HEALS, "word_tool": (*HEALS, "reward_worker")}
+"""...and per task: the reward worker exists only where the config asks for one."""
 STOPS = ("driver_kill", "sigterm", "ctrl_c")
 """Signals after which the operator resumes the run."""
 PROCESS = {
@@ -43,21 +53,50 @@ PROCESS = {
     "engine_core": "VLLM::EngineCore",
     "trainer": "ray::TrainerWorker",
     "coordinator": "ray::CoordinatorActor",
+    "reward_worker": "ray::RewardWorker",
 }
 
 
-def config(folder: Path, model: str, steps: int) -> Path:
-    text = (ROOT / "examples" / "sort_separate.toml").read_text()
-    cfg = folder / "job.toml"
-    cfg.write_text(
-        text.replace('path = ".shunter/models/sort-tiny"', f'path = "{model}"')
-        .replace('output_dir = "runs"', f'output_dir = "{folder / "runs"}"')
-        .replace("total_steps = 700", f"total_steps = {steps}")
-        .replace("checkpoint_every = 50", "checkpoint_every = 4\nmax_restarts = 50")
-        .replace("every = 50", "every = 0")
-        .replace("max_in_flight_per_replica = 256", "max_in_flight_per_replica = 256\nreplica_restarts = 20")
+def config(folder: Path, model: str, steps: int, task: str = "sort") -> Path:
+    example = {"sort": "sort_separate.toml", "word_tool": "word_problems_tool.toml"}[task]
+    text = _replace_exactly(
+        (ROOT / "examples" / example).read_text(),
+        {
+            'output_dir = "runs"': f'output_dir = "{folder / "runs"}"',
+            "checkpoint_every = 50": "checkpoint_every = 4\nmax_restarts = 50",
+            "every = 50": "every = 0",
+            "max_in_flight_per_replica = 256": "max_in_flight_per_replica = 256\nreplica_restarts = 20",
+        },
     )
+    text = re.sub(r"(?m)^total_steps = \d+$", f"total_steps = {steps}", text)
+    text = re.sub(r'(?m)^path = "[^"]*"$', f'path = "{model}"', text)
+    if task == "word_tool":
+        data = folder / "data"
+        subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "make_word_problems.py"), str(data)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        text = _replace_exactly(
+            text,
+            {
+                '"data/word_tool_train.parquet"': f'"{data / "word_tool_train.parquet"}"',
+                '"data/word_tool_val.parquet"': f'"{data / "word_tool_val.parquet"}"',
+                "max_turns = 2": "max_turns = 2\nreward_workers = 1\nreward_worker_cpus = 0.1",
+            },
+        )
+    cfg = folder / "job.toml"
+    cfg.write_text(text)
     return cfg
+
+
+def _replace_exactly(text: str, edits: dict[str, str]) -> str:
+    """Each edit must apply: an example config that changed under the soak fails it loudly."""
+    for old, new in edits.items():
+        if old not in text:
+            raise SystemExit(f"chaos soak: {old!r} is no longer in the example config")
+        text = text.replace(old, new)
+    return text
 
 
 def start(cfg: Path, run: Path, resume: bool) -> tuple[subprocess.Popen, object]:
@@ -125,16 +164,17 @@ def one_run(
     actions: int,
     timeout_s: float,
     schedule: list[tuple[int, str, float]] | None = None,
+    task: str = "sort",
 ) -> dict:
     """One run under ``schedule`` (step, signal kind, seconds after that step) or a seeded one."""
     from shunter.engine.records import trained_groups
     from shunter.events import LogReader, RunEnded, StepEnd
 
     folder = Path(tempfile.mkdtemp(prefix=f"chaos{i}-"))
-    cfg = config(folder, model, steps)
+    cfg = config(folder, model, steps, task)
     run = folder / "runs" / f"chaos-{i}"
     log = run / "events.bin"
-    kinds = HEALS + STOPS
+    kinds = TASK_HEALS[task] + STOPS
     if schedule is None:
         schedule = [(rng.randint(6, steps - 4), rng.choice(kinds), rng.random() * 2) for _ in range(actions)]
     schedule = sorted(schedule)
@@ -198,6 +238,8 @@ def one_run(
                 "reward_last": round(sum(rewards[-k:]) / k, 3) if rewards else 0.0,
                 "restarts_from_checkpoint": sum(1 for m in msgs if type(m).__name__ == "RunResumed"),
                 "replicas_replaced": sum(1 for m in msgs if type(m).__name__ == "ReplicaRestart"),
+                "rewards_failed": sum(1 for m in msgs if type(m).__name__ == "RewardFailed"),
+                "env_calls_failed": sum(1 for m in msgs if type(m).__name__ == "EnvFailed"),
             }
         )
         if not res["completed"]:
@@ -233,9 +275,11 @@ def wait(proc: subprocess.Popen, timeout_s: float) -> int | None:
         return None
 
 
-def soak(runs: int, seed: int, model: str, steps: int = 40, actions: int = 4, timeout_s: float = 900) -> dict:
+def soak(
+    runs: int, seed: int, model: str, steps: int = 40, actions: int = 4, timeout_s: float = 900, task: str = "sort"
+) -> dict:
     rng = random.Random(seed)
-    per_run = [one_run(i, rng, model, steps, actions, timeout_s) for i in range(runs)]
+    per_run = [one_run(i, rng, model, steps, actions, timeout_s, task=task) for i in range(runs)]
     total: Counter = Counter()
     signals: Counter = Counter()
     for r in per_run:
@@ -244,6 +288,7 @@ def soak(runs: int, seed: int, model: str, steps: int = 40, actions: int = 4, ti
             {k: v for k, v in r.items() if isinstance(v, int | float) and k not in ("run", "exit_status", "wall_s")}
         )
     return {
+        "task": task,
         "runs": runs,
         "seed": seed,
         "steps_per_run": steps,
@@ -261,14 +306,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--actions", type=int, default=4, help="signals per run")
-    ap.add_argument("--model", default=str(ROOT / ".shunter" / "models" / "sort-tiny"))
+    ap.add_argument("--task", choices=sorted(TASK_HEALS), default="sort")
+    ap.add_argument("--model", help="the tiny model's folder (default: the example config's, built if missing)")
     ap.add_argument("--out", help="also write the report here (JSON)")
     args = ap.parse_args()
-    if not (Path(args.model) / "config.json").is_file():
+    build = {"sort": ("sort-tiny", "sort_digits", 25), "word_tool": ("word-tool-tiny", "word_problems_tool", 300)}
+    folder, task_name, sft_steps = build[args.task]
+    model = args.model or str(ROOT / ".shunter" / "models" / folder)
+    if not (Path(model) / "config.json").is_file():
         from shunter.engine.tiny_model import build_tiny_model
 
-        build_tiny_model(Path(args.model), "sort_digits", seed=0, sft_steps=25)
-    report = soak(args.runs, args.seed, args.model, args.steps, args.actions)
+        build_tiny_model(Path(model), task_name, seed=0, sft_steps=sft_steps)
+    report = soak(args.runs, args.seed, model, args.steps, args.actions, task=args.task)
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

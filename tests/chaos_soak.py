@@ -68,8 +68,13 @@ def config(folder: Path, model: str, steps: int, task: str = "sort") -> Path:
             "max_in_flight_per_replica = 256": "max_in_flight_per_replica = 256\nreplica_restarts = 20",
         },
     )
-    text = re.sub(r"(?m)^total_steps = \d+$", f"total_steps = {steps}", text)
-    text = re.sub(r'(?m)^path = "[^"]*"$', f'path = "{model}"', text)
+    for pattern, line in (
+        (r"(?m)^total_steps = \d+", f"total_steps = {steps}"),
+        (r'(?m)^path = "[^"]*"', f'path = "{model}"'),
+    ):
+        text, n = re.subn(pattern, line, text)
+        if n != 1:
+            raise SystemExit(f"chaos soak: {pattern!r} matched {n} lines of the example config, not 1")
     if task == "word_tool":
         data = folder / "data"
         subprocess.run(

@@ -18,9 +18,10 @@ Invariants:
   scored. The replica, its samples and the run go on;
 - "alone" holds across replicas: a call tried again first *holds* the worker (``hold``: it
   waits until no other call runs there and lets none start), then runs (``score_held``). A
-  worker that dies while a call holds it was killed by that call; one that dies while the call
-  waits to hold it was killed by another, so the call waits again (``ALONE_TRIES`` times at
-  most) — another replica's culprit never takes a retry with it.
+  worker that dies while a call holds it was killed by that call — unless a call that had timed
+  out still ran in a thread there (``hold`` says how many), which may have been the killer; one
+  that dies while the call waits to hold it was killed by another. In both cases the call tries
+  again (``ALONE_TRIES`` times at most) — another call's culprit never takes a retry with it.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ reward, a verifier's models, ...)."""
 RESTART_POLL_S = 0.2
 """How often a worker Ray is starting again is asked whether it is up."""
 ALONE_TRIES = 3
-"""How many times a call tried again alone waits to hold its worker when the worker dies while
-it waits (killed by another replica's call)."""
+"""How many times a call tried again alone tries to score holding its worker when the worker dies
+while it waits (killed by another replica's call) or beside a call that had timed out and still
+ran (which may have killed it)."""
 
 
 class _Lost(Scored, frozen=True):
@@ -120,9 +122,11 @@ class RewardWorker:
     async def _score(self, items: list[tuple[PromptSpec, str]]) -> list[Scored]:
         return list(await asyncio.gather(*(self.rewards.score(p, r) for p, r in items)))
 
-    async def hold(self, lease_s: float = GRACE_S) -> int:
+    async def hold(self, lease_s: float = GRACE_S) -> tuple[int, int]:
         """Wait until no call runs here and hold the worker for one caller's ``score_held``;
-        released by it, or after ``lease_s`` if it never comes (its replica died)."""
+        released by it, or after ``lease_s`` if it never comes (its replica died). Returns the
+        token and how many threads still run calls that timed out (they may yet kill the worker:
+        then the holder is not the culprit for sure)."""
         token = await self.gate.hold()
 
         def expire() -> None:
@@ -130,7 +134,7 @@ class RewardWorker:
             asyncio.ensure_future(self.gate.release(token))
 
         self.leases[token] = asyncio.get_running_loop().call_later(lease_s, expire)
-        return token
+        return token, self.rewards.stuck
 
     async def score_held(self, token: int, items: list[tuple[PromptSpec, str]]) -> list[Scored]:
         """Score while holding the worker (a lease that ran out: as a batch)."""
@@ -211,16 +215,27 @@ class PoolRewards:
         if it died while the call waited to hold it, the call waits again."""
         async with self._retries.setdefault(w, asyncio.Lock()):  # this replica's retries: one at a time
             items = [(prompt, response)]
+            lost: Scored = Scored(0.0, "raised", "")
             for _ in range(ALONE_TRIES):
                 held = await self._call(w, lambda h: h.hold.remote(self.grace_s))
                 if isinstance(held, _Lost):  # it died while this call waited: another call killed it
+                    lost = held
                     continue
                 if isinstance(held, Scored):
                     return held
-                got = self._checked(w, 1, await self._call(w, lambda h, t=held: h.score_held.remote(t, items)))
+                if not (isinstance(held, tuple) and len(held) == 2):
+                    return Scored(0.0, "raised", bounded(f"reward worker {w} answered a hold with {held!r}", 300))
+                token, stuck = held
+                got = self._checked(w, 1, await self._call(w, lambda h, t=token: h.score_held.remote(t, items)))
+                if isinstance(got, _Lost) and stuck:  # a call that had timed out still ran there: it may be
+                    lost = got  # the killer; the worker starts again without it, so try once more
+                    continue
                 return got[0] if isinstance(got, list) else got
             return Scored(
-                0.0, held.failure, f"{held.error} (while the call waited to score alone, {ALONE_TRIES} times)"
+                0.0,
+                lost.failure,
+                f"{lost.error} (tried alone {ALONE_TRIES} times: each time the worker died while the call "
+                "waited to hold it, or beside a call that had timed out and still ran)",
             )
 
     async def _ready(self, w: int) -> bool:

@@ -6,7 +6,6 @@ beside a call that had timed out does not convict the holder. Virtual time."""
 from __future__ import annotations
 
 import asyncio
-
 import types
 
 from fakes import virtual_time

@@ -139,8 +139,9 @@ def as_scorer(fn: Callable[..., object]) -> Scorer:
 
     - verl's, when it has a parameter named ``data_source``, ``solution_str`` or ``ground_truth``:
       called by keyword with those of ``data_source, solution_str, ground_truth, extra_info`` it
-      accepts (all of them with ``**kwargs``), so their order and defaults are its own; any other
-      parameter it requires is refused;
+      accepts (all of them with ``**kwargs``), so their order and defaults are its own; it must
+      take the first three (``extra_info`` may be left out, as verl's own default allows), and
+      any other parameter it requires is refused;
     - verl's, by position in that order, when it requires 4 positional arguments of other names;
     - else a task's ``(prompt, response, answer)``, by position.
 
@@ -170,7 +171,8 @@ def as_scorer(fn: Callable[..., object]) -> Scorer:
 
 def _verl_names(name: str, params: list[inspect.Parameter]) -> tuple[str, ...]:
     """The verl parameters a function takes by keyword, when it names one of verl's first three;
-    ``()`` when it names none. One that also requires a parameter of another name is refused."""
+    ``()`` when it names none. One that also requires a parameter of another name, or that
+    cannot take one of verl's first three (verl passes them by name), is refused."""
     by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     if not set(by_name) & set(VERL_PARAMS[:3]):
         return ()
@@ -183,6 +185,13 @@ def _verl_names(name: str, params: list[inspect.Parameter]) -> tuple[str, ...]:
             f"reward function {name} takes verl's {', '.join(n for n in names if n in by_name)} but also requires "
             f"{', '.join(other)}; a reward takes (prompt, response, answer) by position, or verl's "
             f"({', '.join(VERL_PARAMS)}) by name"
+        )
+    missing = [n for n in VERL_PARAMS[:3] if n not in names]
+    if missing:
+        raise ValueError(
+            f"reward function {name} takes verl's {', '.join(n for n in names if n in by_name)} but not "
+            f"{', '.join(missing)}: a verl reward is called by name with {', '.join(VERL_PARAMS[:3])} (and "
+            f"extra_info if it takes it), so it must take {', '.join(missing)} (or **kwargs)"
         )
     return names
 

@@ -142,6 +142,11 @@ def _has_cache_salt() -> bool:
     return "cache_salt" in getattr(TokensPrompt, "__annotations__", {})
 
 
+DEATH_POLL_S = 0.5
+"""How often a call waiting on the engine core (a weight load, a pause, a sleep) checks that
+the core is still alive."""
+
+
 def _engine_call(fn: Any) -> Any:
     """A call into vLLM: an error that means the engine core is gone (``EngineDeadError``, or
     any error once the engine reports itself errored) becomes ``EngineDead``."""
@@ -156,6 +161,30 @@ def _engine_call(fn: Any) -> Any:
             if self.dead(e):
                 raise EngineDead(f"the vLLM engine core is gone ({type(e).__name__}: {e})") from e
             raise
+
+    return call
+
+
+def _engine_rpc(fn: Any) -> Any:
+    """An ``_engine_call`` that waits on the engine core's answer to a utility call
+    (``collective_rpc``, ``pause_generation``, ``sleep``, ...). vLLM fails a request's output
+    stream when its core process dies, but never the future of a utility call in flight: a
+    ``kill -9`` of ``VLLM::EngineCore`` during a weight load would hang the call until
+    ``run.timeout_s``. So the call is raced against the core's death (vLLM's own liveness
+    monitor sets ``errored``), checked every ``DEATH_POLL_S``: ``EngineDead`` within a second."""
+    inner = _engine_call(fn)
+
+    @functools.wraps(fn)
+    async def call(self: VLLMBackend, *args: Any, **kwargs: Any) -> Any:
+        task = asyncio.ensure_future(inner(self, *args, **kwargs))
+        try:
+            while not (await asyncio.wait({task}, timeout=DEATH_POLL_S))[0]:
+                if self.dead():
+                    task.cancel()
+                    raise EngineDead(f"the vLLM engine core is gone (its process exited during {fn.__name__})")
+            return task.result()
+        finally:
+            task.cancel()  # the caller was cancelled, or the engine died: the call goes too
 
     return call
 
@@ -356,7 +385,7 @@ class VLLMBackend:
 
     # ------------------------------------------------- weights in place (keep mode)
 
-    @_engine_call
+    @_engine_rpc
     async def pause(self) -> dict[str, int]:
         """Freeze every request with its KV cache (vLLM's ``pause_generation(mode="keep")``);
         returns nothing per request: each result says where its weights changed (``marks``)."""
@@ -366,7 +395,7 @@ class VLLMBackend:
         self._paused = True
         return {}
 
-    @_engine_call
+    @_engine_rpc
     async def resume(self, version: int = -1) -> None:
         """Let the frozen requests go on; tokens from here on are labelled ``version``."""
         engine = self._require()
@@ -397,7 +426,7 @@ class VLLMBackend:
             tokens.append(int(tok))
             logprobs.append(lp)
 
-    @_engine_call
+    @_engine_rpc
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in-flight requests; their ``generate`` calls return partials.
 
@@ -442,7 +471,7 @@ class VLLMBackend:
 
     # ---------------------------------------------------------------- weights
 
-    @_engine_call
+    @_engine_rpc
     async def load_weights(self, blob: bytes) -> float:
         """Install a safetensors-serialised HF state dict; returns seconds taken.
 
@@ -533,7 +562,7 @@ class VLLMBackend:
 
     # ------------------------------------------------------------ sleep/wake
 
-    @_engine_call
+    @_engine_rpc
     async def sleep(self, level: int = 1) -> None:
         """Release accelerator memory (level 1: offload weights, drop KV; level
         2: drop both).  In-flight requests are aborted first and return
@@ -550,7 +579,7 @@ class VLLMBackend:
         await engine.sleep(level)
         self._sleeping = True
 
-    @_engine_call
+    @_engine_rpc
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-acquire memory.  ``tags`` (GPU only, e.g. ``["weights"]`` then
         ``["kv_cache"]``) allows loading weights before re-allocating the KV

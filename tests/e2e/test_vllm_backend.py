@@ -18,3 +18,12 @@ def test_vllm_backend_matches_hf_through_abort_resume_and_weight_load():
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=400)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+
+
+def test_a_weight_load_in_flight_when_the_engine_core_is_killed_raises_engine_dead():
+    """``kill -9`` of ``VLLM::EngineCore`` during a weight load: the load raises ``EngineDead``
+    within seconds (the replica is then down at once), never hangs until run.timeout_s."""
+    script = Path(__file__).with_name("vllm_engine_death_check.py")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

@@ -133,6 +133,7 @@ class Engine:
         self.ended: RunEnded | None = None
         self._starting: dict[str, asyncio.Task[ReplicaUp]] = {}  # replicas added mid-run, until they serve
         self._supervisor: asyncio.Task[None] | None = None  # carries out ReplicaRestart
+        self._phase = "new"  # then "started" (or "failed" if start() raised), "closed" once close() ran
 
     @property
     def attempt(self) -> int:
@@ -195,6 +196,7 @@ class Engine:
             )
 
     async def __aenter__(self) -> Engine:
+        self._check_not_started()  # before the try: a second entry must not close the running engine
         try:
             await self.start()
         except BaseException:
@@ -205,13 +207,37 @@ class Engine:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _check_not_started(self) -> None:
+        """An engine starts once: ``EngineError`` if ``start()`` already ran (the running engine is
+        left as it is) or the engine is closed."""
+        if self._phase == "started":
+            raise EngineError(
+                "the engine is already started: `async with Engine(cfg) as engine:` starts it, so do not "
+                "also call `await engine.start()` (nor enter the `async with` twice); the running engine is unchanged"
+            )
+        if self._phase == "failed":
+            raise EngineError("the engine's start failed (its error was raised then): close() it and make a new Engine")
+        if self._phase == "closed":
+            raise EngineError(
+                "the engine is closed and cannot start again: make a new Engine (Engine(cfg, resume=RUN_FOLDER) "
+                "continues this run from its last checkpoint)"
+            )
+
     async def start(self) -> None:
+        """Start the run's actors (``async with Engine(cfg) as engine:`` calls it). An engine starts
+        once: a second call raises ``EngineError`` and leaves the running engine as it is."""
         from shunter.actors.launch import Launcher
 
+        self._check_not_started()
         self._check_run_folder()
-        self._launch = Launcher(self.cfg, self.run_id, self.out_dir, **self._objects)
-        await self._launch.open()
-        await self._start_attempt(self._resume, "")
+        self._phase = "started"
+        try:
+            self._launch = Launcher(self.cfg, self.run_id, self.out_dir, **self._objects)
+            await self._launch.open()
+            await self._start_attempt(self._resume, "")
+        except BaseException:
+            self._phase = "failed"
+            raise
 
     async def _restart(self, reason: str) -> bool:
         """The trainer or the coordinator died: start the run again from its last
@@ -328,6 +354,8 @@ class Engine:
 
     async def close(self) -> None:
         """Stop the run if it is still going, and remove every actor it made."""
+        if self._phase != "new":
+            self._phase = "closed"
         if self._supervisor is not None:
             self._supervisor.cancel()
         for task in self._starting.values():
@@ -390,6 +418,9 @@ class Engine:
         arrives in ``events()``."""
         if not isinstance(intent, Intent):
             raise TypeError(f"submit() takes an intent (SwitchToRollout, Stop, ...), got {type(intent).__name__}")
+        if isinstance(intent, TrainBatch):
+            self._live()
+            self._user_driven("submit(TrainBatch(...))")
         if self.ended is not None:
             raise RunEndedError(self.ended)
         if not await self._live().submit.remote(self._codec.encode(intent)):
@@ -419,12 +450,26 @@ class Engine:
         return self.ended
 
     # -- user-driven training (run.trainer_driver = "user") ------------------------------
+    def _user_driven(self, call: str) -> None:
+        """``EngineError`` when the engine drives the trainer: its policy takes every ready batch,
+        so a batch taken (or trained) by the user as well would be lost to the run's books."""
+        if self.cfg.run.trainer_driver != "user":
+            raise EngineError(
+                f"{call} is for a run whose training loop is yours: this run has "
+                f'run.trainer_driver = "{self.cfg.run.trainer_driver}", so the engine takes and trains every '
+                'batch itself; set run.trainer_driver = "user" to take batches with next_batch() and train them '
+                "with train() (nothing was taken from the run)"
+            )
+
     async def next_batch(self, timeout_s: float = 600.0) -> Batch:
         """The next ready mini-batch (whole groups); rollout keeps running meanwhile.
 
         Raises ``NoBatchError`` after ``timeout_s`` saying why none is ready (groups still
         generating, the staleness gate waiting for ``publish_weights()``, no replica serving),
-        or ``RunEndedError`` once the run is over."""
+        or ``RunEndedError`` once the run is over. Only with ``run.trainer_driver = "user"``: with
+        ``"engine"`` it raises ``EngineError`` and takes nothing (the engine trains every batch)."""
+        self._live()
+        self._user_driven("next_batch()")
         data, why = await self._live().next_batch.remote(timeout_s)
         if data is not None:
             return msgspec.msgpack.decode(data, type=Batch)
@@ -441,10 +486,12 @@ class Engine:
 
         Raises ``UserCodeError`` when the loss fails (the run goes on and the batch may be
         trained again), ``IntentRefused`` for a batch already trained or never handed out,
-        ``RunEndedError`` once the run is over."""
+        ``RunEndedError`` once the run is over; ``EngineError`` unless ``run.trainer_driver = "user"``."""
         if not isinstance(batch, Batch):
             raise TypeError(f"train() takes the Batch next_batch() returned, got {type(batch).__name__}")
         loss_fn = _loss_spec(loss_fn)
+        self._live()
+        self._user_driven("train()")
         if self.ended is not None:
             raise RunEndedError(self.ended)
         intent = TrainBatch(batch_id=batch.batch_id, samples=batch.samples, loss_fn=loss_fn)

@@ -95,6 +95,8 @@ class Applier:
         self.supervisor = supervisor
         self.tally.env_in_play = bool(cfg.task.environment)  # an Engine(environment=...) class: from its samples
         self._unscored: set[str] = set()  # samples whose RewardFailed came, their SampleEnd not yet
+        # failed environment calls that end their trajectory (init, reset, step; not close), this attempt
+        self._env_cut: Counter[str] = Counter()
 
     def apply(self, ev: Event) -> None:
         st = self.state
@@ -219,8 +221,11 @@ class Applier:
 
     def _env_failed(self, ev: EnvFailed) -> None:
         self.tally.env_failures[ev.failure] += 1
+        if ev.call == "close":  # the trajectory was scored all the same: counted, never ends the run
+            return
+        self._env_cut[ev.failure] += 1
         self._end_if_never_worked(
-            ev, self.tally.env_failures, self.tally.env_steps, ("the environment", "trajectories", "and never answered")
+            ev, self._env_cut, self.tally.env_steps, ("the environment", "trajectories", "and never answered")
         )
 
     def _end_if_never_worked(

@@ -27,7 +27,7 @@ from shunter.engine.backend import Tokenizer
 from shunter.engine.environments import EnvCalls, EnvLoop
 from shunter.engine.replica_modes import E, _now
 from shunter.events import EnvFailed, Event, PromptSpec, Sample
-from shunter.events.vocab import EnvFailure
+from shunter.events.vocab import EnvCall, EnvFailure
 
 
 class Environments:
@@ -74,17 +74,19 @@ class Environments:
         env = EnvCalls(self.environment, self.env_name, self.env_timeout_s, self._env_loop)
         self._envs.add(env)
         self._envs_closed.clear()
+        call: EnvCall = "init"
         try:
             failure, error = await env.make()
             if failure is None:
                 progressed()
+                call = "reset"
                 failure, error = await env.reset(prompt, self.tok.decode(s.token_ids))
         except asyncio.CancelledError:
             await self._close_env(env, s, [])
             raise
         if failure is None:
             return s, env
-        s = self._env_fails(s, failure, error, ev)
+        s = self._env_fails(s, call, failure, error, ev)
         return await self._close_env(env, s, ev), None
 
     async def _close_env(self, env: EnvCalls, s: Sample, ev: list[Event]) -> Sample:
@@ -96,11 +98,11 @@ class Environments:
             self._envs.discard(env)
             if not self._envs:
                 self._envs_closed.set()
-        return s if failure is None else self._env_fails(s, failure, error, ev)
+        return s if failure is None else self._env_fails(s, "close", failure, error, ev)
 
-    def _env_fails(self, s: Sample, failure: EnvFailure, error: str, ev: list[Event]) -> Sample:
+    def _env_fails(self, s: Sample, call: EnvCall, failure: EnvFailure, error: str, ev: list[Event]) -> Sample:
         """Report a failed environment call; the sample carries it (``env/<failure>`` per step)."""
-        ev.append(self._env_failed(s, failure, error))
+        ev.append(self._env_failed(s, call, failure, error))
         return turns.mark_failure(s, failure)
 
     async def _step(self, env: EnvCalls, s: Sample, ev: list[Event]) -> tuple[Sample, bool]:
@@ -109,7 +111,7 @@ class Environments:
         t0 = _now()
         out, failure, error = await env.step(turns.action(s, self.tok.decode))
         if out is None:
-            s = self._env_fails(s, failure or "raised", error, ev)
+            s = self._env_fails(s, "step", failure or "raised", error, ev)
             return msgspec.structs.replace(s, finish_reason="stop"), False
         ids = self.tok.encode(out.observation) if out.observation else []
         s = turns.add_observation(
@@ -119,13 +121,14 @@ class Environments:
             return msgspec.structs.replace(s, finish_reason="stop" if out.done else "length"), False
         return s, True
 
-    def _env_failed(self, s: Sample, failure: EnvFailure, error: str) -> EnvFailed:
+    def _env_failed(self, s: Sample, call: EnvCall, failure: EnvFailure, error: str) -> EnvFailed:
         return self._stamp(
             EnvFailed(
                 replica_id=self.replica_id,
                 sample_id=s.sample_id,
                 group_id=s.group_id,
                 failure=failure,
+                call=call,
                 turn=len(s.turns),
                 error=error,
                 user_code=self.env_name,

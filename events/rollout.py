@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shunter.events.base import Event
 from shunter.events.data import Sample
-from shunter.events.vocab import AbortReason, DropReason, EnvFailure, RewardFailure
+from shunter.events.vocab import AbortReason, DropReason, EnvCall, EnvFailure, RewardFailure
 
 
 class SampleBegin(Event, frozen=True, kw_only=True, tag="rollout.sample_begin"):
@@ -61,13 +61,16 @@ class EnvFailed(Event, frozen=True, kw_only=True, tag="rollout.env_failed"):
     ``replica -> coordinator, policy``, just before the sample's ``SampleEnd`` (or
     ``SampleAborted``, for a close when the trajectory is cut to move): the coordinator
     counts it (``env/raised``, ``env/returned``, ``env/timeout`` in the run summary) and ends the
-    run when the environment failed on a mini-batch's worth of samples before one step
-    succeeded; the run log has a line for the 1st, 10th, 100th … of each ``failure``."""
+    run when the environment failed (its constructor, ``reset`` or ``step``: a failed ``close``
+    is only counted) on a mini-batch's worth of samples before one step succeeded; the run log
+    has a line for the 1st, 10th, 100th … of each ``failure``."""
 
     replica_id: str
     sample_id: str
     group_id: int
     failure: EnvFailure
+    call: EnvCall = ""
+    """Which call failed."""
     turn: int
     """How many steps had succeeded before this one."""
     error: str

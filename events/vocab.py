@@ -47,6 +47,9 @@ EnvFailure = Literal["raised", "returned", "timeout"]
 something other than a valid ``StepResult``, or the call outlived ``task.env_timeout_s``. A failed
 ``reset`` or ``step`` ends the trajectory where it is (scored as it stands); a failed ``close``
 is reported and the sample goes on as it would have."""
+EnvCall = Literal["", "init", "reset", "step", "close"]
+"""Which call of the user's environment failed (``init``: its constructor; "": not recorded, an
+event from an older log)."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
 RejectReason = Literal[
@@ -83,6 +86,7 @@ VOCABULARIES: dict[str, tuple[str, ...]] = {
         ("StatePart", StatePart),
         ("RewardFailure", RewardFailure),
         ("EnvFailure", EnvFailure),
+        ("EnvCall", EnvCall),
         ("WeightUpdate", WeightUpdate),
         ("RejectReason", RejectReason),
     )

@@ -103,7 +103,7 @@ async def test_a_close_that_raises_or_hangs_is_an_env_failed_and_the_sample_is_s
     events = await core(environment=env).generate(gen())
     [failed] = [e for e in events if isinstance(e, EnvFailed)]
     assert failed.failure == "raised" and "Closing.close raised OSError: sandbox already gone" in failed.error
-    assert failed.turn == 1
+    assert failed.turn == 1 and failed.call == "close"
     assert isinstance(events[-1], SampleEnd) and events.index(failed) < len(events) - 1  # just before SampleEnd
     [s] = ends(events)
     assert s.reward == 1.0 and CharTokenizer().decode(s.token_ids) == "12+34=46"

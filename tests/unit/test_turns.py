@@ -339,6 +339,29 @@ async def test_an_environment_that_always_fails_ends_the_run_naming_it():
     assert "the environment failed on each of the run's first 8 trajectories (8 raised)" in ended.error
 
 
+class CloseRaises(Calculator):
+    async def close(self):
+        raise OSError("the sandbox was already gone")
+
+
+def never_calls(context: str) -> str:
+    """Answers at once: the model never calls the tool (no step ever succeeds)."""
+    return "1"
+
+
+@virtual_time
+async def test_an_environment_whose_close_always_fails_is_counted_and_the_run_trains():
+    """A failed ``close`` leaves its trajectory scored: it never counts toward "failed on a
+    mini-batch's worth before answering", even when no step ever ran (outsider report: the run
+    ended with "… and never answered")."""
+    coord, _, trainer = local_run(run_cfg(environment="test_turns:CloseRaises"), respond=never_calls)
+    ended, seen = await run_to_end(coord, 3600)
+    assert ended.reason == "completed", ended
+    closes = [e for e in seen if isinstance(e, EnvFailed)]
+    assert closes and all(e.call == "close" and "the sandbox was already gone" in e.error for e in closes)
+    assert ended.summary["env/raised"] >= len(trainer.seen[0])
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from shunter.engine.tiny_model import build_tiny_model

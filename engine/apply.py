@@ -164,7 +164,22 @@ class Applier:
             case Onloaded():
                 st.trainer.offloaded -= set(ev.parts)
             case ReplicaGivenUp() if self.supervisor.none_left():
-                self.end("error", error=f"no rollout replica left, none can be replaced; the last lost: {ev.reason}")
+                self.end(
+                    "error",
+                    error=f"no rollout replica left, none can be replaced; the last lost: {ev.reason}{self._in_process()}",
+                )
+
+    def _in_process(self) -> str:
+        """What else may have killed the replicas: the user's reward, run in their own process."""
+        task = self.cfg.task
+        if not task.reward or task.reward_workers:
+            return ""
+        return (
+            f". The replicas ran the reward function {task.reward} in their own processes "
+            "(task.reward_workers = 0): a reward that exits or crashes its process (os._exit, a "
+            "segfault, memory) kills the replica. Set task.reward_workers = 1 to run it in a worker "
+            "of its own, where such a call scores 0 and is named"
+        )
 
     def restored(self) -> None:
         """After a restore: ready groups form batches again."""

@@ -120,3 +120,18 @@ async def test_with_restarts_off_a_dead_replica_is_given_up(others):
         assert ended.reason == "completed" and trainer.step == 10
     else:
         assert ended.reason == "error" and "no rollout replica left" in ended.error
+
+
+@virtual_time
+async def test_when_the_last_replica_is_lost_with_the_users_reward_in_process_the_error_points_at_it():
+    """A reward that exits its process (``os._exit``) kills the replica that ran it: with no
+    reward worker, the error names the reward function and the way to contain it."""
+    import msgspec
+
+    c = _config(standalone_replicas=1, replica_restarts=0)
+    c = msgspec.structs.replace(c, task=msgspec.structs.replace(c.task, reward="my_reward:compute_score"))
+    coord, _, _ = local_run(c)
+    coord.sinks.append(_at_step(2, lambda: coord.executor.kill("standalone-0", reason="actor died")))
+    ended, _ = await run_to_end(coord, timeout=600)
+    assert ended.reason == "error" and "no rollout replica left" in ended.error
+    assert "reward function my_reward:compute_score" in ended.error and "task.reward_workers = 1" in ended.error

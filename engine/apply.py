@@ -164,10 +164,8 @@ class Applier:
             case Onloaded():
                 st.trainer.offloaded -= set(ev.parts)
             case ReplicaGivenUp() if self.supervisor.none_left():
-                self.end(
-                    "error",
-                    error=f"no rollout replica left, none can be replaced; the last lost: {ev.reason}{self._in_process()}",
-                )
+                lost = f"no rollout replica left, none can be replaced; the last lost: {ev.reason}"
+                self.end("error", error=lost + self._in_process())
 
     def _in_process(self) -> str:
         """What else may have killed the replicas: the user's reward, run in their own process."""

@@ -248,6 +248,10 @@ def resolve(path: str | Path) -> Found:
     """A checkpoint folder from what a user names: the folder itself, a ``checkpoints``
     folder, or a run folder holding one. Raises CheckpointError naming what was looked at."""
     p = Path(path)
+    if not p.exists():
+        near = sorted(q.name for q in p.parent.iterdir() if q.is_dir())[:8] if p.parent.is_dir() else []
+        hint = f" ({p.parent} holds: {', '.join(near)})" if near else ""
+        raise CheckpointError(f"{p} does not exist{hint}")
     if (p / MANIFEST).is_file():
         return Found(p, CheckpointStore(p.parent).verify(p), {})
     for root in (p, p / "checkpoints"):

@@ -124,8 +124,15 @@ def test_stray_folders_that_look_like_checkpoints_are_named_and_left_alone(tmp_p
 
 
 def test_resolve_names_what_it_looked_at(tmp_path):
+    (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no checkpoint found"):
-        resolve(tmp_path / "nope")
+        resolve(tmp_path / "empty")
+
+
+def test_a_mistyped_resume_path_is_said_not_to_exist_with_its_neighbours(tmp_path):
+    (tmp_path / "run-1").mkdir()
+    with pytest.raises(CheckpointError, match=r"run-l does not exist \(.*holds: run-1\)"):
+        resolve(tmp_path / "run-l")
 
 
 def _config(**run):

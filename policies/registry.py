@@ -9,6 +9,7 @@ working directory, added by ``load_config``), then from installed packages.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,6 +43,14 @@ def import_paths(paths: Sequence[str]) -> Iterator[None]:
                 sys.path.remove(p)
 
 
+def _user_folders() -> str:
+    """The folders on ``sys.path`` a user's module can be in: not the interpreter's or the venv's
+    own (its ``bin``, ``site-packages``, what Ray adds there)."""
+    own = tuple(dict.fromkeys((sys.prefix, sys.base_prefix, sys.exec_prefix)))
+    folders = [p or os.getcwd() for p in sys.path]  # "": the working directory
+    return ", ".join([p for p in dict.fromkeys(folders) if not p.startswith(own)][:6]) or "sys.path"
+
+
 def import_object(spec: str, what: str) -> Any:
     """Import ``"package.module:attr"``; ValueError naming ``spec`` and the reason."""
     module_name, sep, attr = spec.partition(":")
@@ -49,22 +58,19 @@ def import_object(spec: str, what: str) -> Any:
         raise ValueError(f"{what} spec {spec!r} must look like 'package.module:name'")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and e.name != module_name and not module_name.startswith(e.name + "."):
+    except ImportError as e:
+        if (
+            isinstance(e, ModuleNotFoundError)
+            and e.name
+            and e.name != module_name
+            and not module_name.startswith(e.name + ".")
+        ):
             raise ValueError(
                 f"{what} spec {spec!r}: module {module_name!r} was found, but it imports {e.name!r}, "
                 f"which is not installed ({e})"
             ) from e
-        where = ", ".join(dict.fromkeys(p for p in sys.path[:4] if p)) or "sys.path"
         raise ValueError(
-            f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {where} "
-            "first — import strings resolve from the config file's folder and the working "
-            "directory, then installed packages)"
-        ) from e
-    except ImportError as e:
-        where = ", ".join(dict.fromkeys(p for p in sys.path[:4] if p)) or "sys.path"
-        raise ValueError(
-            f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {where} "
+            f"{what} spec {spec!r}: cannot import module {module_name!r} ({e}; searched {_user_folders()} "
             "first — import strings resolve from the config file's folder and the working "
             "directory, then installed packages)"
         ) from e

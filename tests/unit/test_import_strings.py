@@ -125,3 +125,18 @@ def test_an_actor_that_died_in_its_constructor_is_reported_by_its_own_error():
         cause = KeyError("x")
 
     assert root_cause(Wrapped("long ray text")) == "KeyError: 'x'"
+
+
+def test_a_module_not_found_lists_the_users_folders_not_the_interpreters(monkeypatch, tmp_path):
+    """The folders searched first, as a user can act on them: the working directory and the
+    config's folder, not the venv's ``bin`` or what Ray puts under ``site-packages``."""
+    import os
+
+    venv_bin = os.path.join(sys.prefix, "bin")
+    thirdparty = os.path.join(sys.prefix, "lib", "site-packages", "ray", "thirdparty_files")
+    monkeypatch.setattr(sys, "path", [venv_bin, thirdparty, str(tmp_path), "", *sys.path])
+    with pytest.raises(ValueError, match="cannot import module 'not_here'") as e:
+        import_object("not_here:f", "reward")
+    searched = str(e.value).split("searched ", 1)[1].split(" first", 1)[0]
+    assert searched.split(", ")[:2] == [str(tmp_path), os.getcwd()]
+    assert venv_bin not in searched and "thirdparty_files" not in searched

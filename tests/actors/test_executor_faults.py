@@ -77,13 +77,15 @@ class StreamsThenHangs:
 
 
 class BeatsThenEnds:
-    """Reports progress (empty items, as ``RolloutCore``'s heartbeat) for four times the
-    executor's timeout, then ends a sample: a long trajectory, not a hung replica."""
+    """Reports progress (empty items, as ``RolloutCore``'s heartbeat) every 0.2 s for 12 s, three
+    times the executor's 4 s timeout, then ends a sample: a long trajectory, not a hung replica.
+    The timeout leaves 3.8 s of slack per beat (an actor call's latency on a loaded 2-core CI
+    machine; with a 1 s timeout one late first item failed CI)."""
 
     async def generate(self, data: bytes):
         from shunter.actors.wire import encode_events
 
-        for _ in range(20):
+        for _ in range(60):
             await asyncio.sleep(0.2)
             yield encode_events([])
         yield encode_events([StreamsThenHangs.first()])
@@ -143,8 +145,8 @@ async def test_a_samples_end_is_posted_while_the_rest_of_its_group_generates(ray
 
 async def test_generate_timeout_bounds_silence_not_time_a_replica_that_reports_progress_lives(ray_cluster):
     beating = ray_cluster.remote(num_cpus=0)(BeatsThenEnds).remote()
-    ex = RayExecutor("t", None, {"standalone-0": beating}, timeout_s=5, generate_timeout_s=1.0)
-    got = await run(ex, "standalone-0", GEN, timeout=60)  # 4 s of beats under a 1 s timeout
+    ex = RayExecutor("t", None, {"standalone-0": beating}, timeout_s=5, generate_timeout_s=4.0)
+    got = await run(ex, "standalone-0", GEN, timeout=60)  # 12 s of beats under a 4 s timeout
     assert [type(e) for e in got] == [SampleEnd]
     ray_cluster.kill(beating)
 

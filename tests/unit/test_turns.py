@@ -442,9 +442,9 @@ class BlocksTheLoop(Calculator):
         return StepResult(observation="46")
 
 
-def test_an_async_step_that_blocks_holds_its_own_loop_and_times_out():
-    """On a real replica (``env_thread``) the blocking call holds the environment loop, never the
-    replica's: the replica's loop keeps turning and the call's timeout fires (real time, short)."""
+def generate_with_a_ticker(environment) -> tuple[list, int]:
+    """Two tool-calling samples on a real environment loop (``env_thread``, 0.2 s env timeout),
+    with a ticker on the replica's loop: the events, and how often the replica's loop turned."""
 
     async def main():
         ticks = 0
@@ -458,7 +458,7 @@ def test_an_async_step_that_blocks_holds_its_own_loop_and_times_out():
 
         t = asyncio.ensure_future(ticker())
         c = core(
-            FakeBackend(token_s=0.0, respond=tool_user()), environment=BlocksTheLoop, env_timeout_s=0.2, env_thread=True
+            FakeBackend(token_s=0.0, respond=tool_user()), environment=environment, env_timeout_s=0.2, env_thread=True
         )
         events = await c.generate(gen(n=2))
         stop.set()
@@ -466,7 +466,13 @@ def test_an_async_step_that_blocks_holds_its_own_loop_and_times_out():
         await c.shutdown()
         return events, ticks
 
-    events, ticks = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_an_async_step_that_blocks_holds_its_own_loop_and_times_out():
+    """On a real replica (``env_thread``) the blocking call holds the environment loop, never the
+    replica's: the replica's loop keeps turning and the call's timeout fires (real time, short)."""
+    events, ticks = generate_with_a_ticker(BlocksTheLoop)
     failed = [e for e in events if isinstance(e, EnvFailed)]
     assert len(failed) == 2 and all(e.failure == "timeout" for e in failed)
     assert ticks >= 5  # the replica's loop went on while the environment blocked
@@ -482,28 +488,7 @@ class SlowToMake(Calculator):
 def test_a_constructor_that_blocks_holds_the_environment_loop_and_times_out():
     """The environment object is made on the environment loop, bounded by ``env_timeout_s``:
     a constructor that hangs is a ``timeout`` naming the class, and the replica's loop turns."""
-
-    async def main():
-        ticks = 0
-        stop = asyncio.Event()
-
-        async def ticker():
-            nonlocal ticks
-            while not stop.is_set():
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        t = asyncio.ensure_future(ticker())
-        c = core(
-            FakeBackend(token_s=0.0, respond=tool_user()), environment=SlowToMake, env_timeout_s=0.2, env_thread=True
-        )
-        events = await c.generate(gen(n=2))
-        stop.set()
-        await t
-        await c.shutdown()
-        return events, ticks
-
-    events, ticks = asyncio.run(main())
+    events, ticks = generate_with_a_ticker(SlowToMake)
     failed = [e for e in events if isinstance(e, EnvFailed)]
     assert len(failed) == 2 and all(e.failure == "timeout" for e in failed)
     assert all("SlowToMake() took longer than task.env_timeout_s = 0.2 s" in e.error for e in failed)

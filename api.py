@@ -468,9 +468,9 @@ class Engine:
         generating, the staleness gate waiting for ``publish_weights()``, no replica serving),
         or ``RunEndedError`` once the run is over. Only with ``run.trainer_driver = "user"``: with
         ``"engine"`` it raises ``EngineError`` and takes nothing (the engine trains every batch)."""
-        self._live()
+        live = self._live()
         self._user_driven("next_batch()")
-        data, why = await self._live().next_batch.remote(timeout_s)
+        data, why = await live.next_batch.remote(timeout_s)
         if data is not None:
             return msgspec.msgpack.decode(data, type=Batch)
         if self.ended is None and why.startswith("the run ended"):

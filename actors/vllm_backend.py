@@ -180,7 +180,6 @@ def _engine_rpc(fn: Any) -> Any:
         try:
             while not (await asyncio.wait({task}, timeout=DEATH_POLL_S))[0]:
                 if self.dead():
-                    task.cancel()
                     raise EngineDead(f"the vLLM engine core is gone (its process exited during {fn.__name__})")
             return task.result()
         finally:

@@ -109,12 +109,21 @@ async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tm
     """``rollout.weight_update = "keep"`` on real vLLM: a load pauses the running requests with
     their KV cache (``pause_generation(mode="keep")``), swaps the weights and lets them go on —
     nothing is cut or resumed, and each token's version is vLLM's own label of the weights that
-    sampled it (its weight-version spans)."""
-    cfg = config(  # 20 tokens a sample (eos ignored): requests are running when loads come, however fast the trainer
+    sampled it (its weight-version spans).
+
+    A load finds requests running only where rollout is the slower side: a replica ahead of
+    the trainer sits at the staleness gate, idle, when the next version comes (measured with
+    256 samples in flight: 3 loads of 4 found it idle, and CI failed once with none kept).
+    At most 16 samples in flight make a 256-sample batch 16 waves of 20 decode steps — measured
+    2.1 s a version against 1.0 s for the trainer's two optimizer steps — so the trainer waits
+    for batches and each load but the last (after the final dispatch) lands mid-generation.
+    The backend half (a request paused mid-generation keeps its KV and its tokens' labels)
+    is checked without any race in ``vllm_backend_check.py``."""
+    cfg = config(
         tiny_model,
         tmp_path,
         run={"total_steps": 8},
-        rollout={"weight_update": "keep", "ignore_eos": True, "max_tokens": 20},
+        rollout={"weight_update": "keep", "ignore_eos": True, "max_tokens": 20, "max_in_flight_per_replica": 16},
         validation={"every": 0},
     )
     events, _ = await run_collect(cfg, timeout=300)

@@ -1,5 +1,6 @@
 """The vLLM-facing module against HF transformers on the same weights (greedy tokens,
-log-probs, abort + resume, weight load, sleep/wake); the check runs in its own process."""
+log-probs, abort + resume, weight load, sleep/wake, a load with a request paused in place);
+the check runs in its own process."""
 
 from __future__ import annotations
 

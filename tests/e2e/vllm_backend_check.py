@@ -382,11 +382,55 @@ async def run(model_dir: Path) -> None:
     check(not be.is_sleeping, "not sleeping after wake_up()")
     r5 = await be.generate("z2", prompt, greedy)
     check(r5.token_ids == want6, "generation after wake_up still matches HF")
+    await check_keep(be, ref, prompt, want6)
 
     t0 = time.perf_counter()
     await be.shutdown()
     print(f"[shutdown] {time.perf_counter() - t0:.2f}s")
     print(f"TIMINGS start={t_start:.2f}s load_weights={dt * 1e3:.1f}/{dt2 * 1e3:.1f}/{dt3 * 1e3:.1f} ms")
+
+
+async def check_keep(be, ref, prompt: list[int], old_greedy: list[int]) -> None:
+    """``weight_update = "keep"``'s backend half: a request that has sampled tokens is paused
+    with its KV cache, the weights change under it, and it goes on to its full length; vLLM
+    labels the tokens after the load with the new version. Ordered by the request's own
+    tokens (an observer on the stream), not by a sleep: the pause is sent once 8 of its 200
+    tokens exist, and the 192 left take far longer than the pause's round trip."""
+    from shunter.actors.vllm_backend import GenParams
+    from shunter.engine.trainer import state_dict_to_blob
+
+    print("[keep: pause a running request with its KV cache, load, resume]")
+    check(be.keeps_kv, "this vLLM pauses with the KV cache and labels weight versions")
+    if not be.keeps_kv:
+        return
+    sampled = asyncio.Event()
+    take = be._take
+
+    def observe(comp, tokens: list[int], logprobs: list[float]) -> None:
+        take(comp, tokens, logprobs)
+        if len(tokens) >= 8:
+            sampled.set()
+
+    be._take = observe
+    try:
+        long = GenParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+        task = asyncio.create_task(be.generate("kept", prompt, long))
+        await asyncio.wait_for(sampled.wait(), 60)
+        await be.pause()
+        ref.perturb_(seed=5)
+        await be.load_weights(state_dict_to_blob(ref.model.state_dict()))
+        await be.resume(9)
+        res = await asyncio.wait_for(task, 120)
+    finally:
+        be._take = take
+    check(
+        res.finish_reason == "length" and len(res.token_ids) == 200,
+        f"the paused request ran to its full length ({res.finish_reason}, {len(res.token_ids)} tokens)",
+    )
+    split = [k for k, v in res.marks or () if v == 9]
+    check(len(split) == 1 and 8 <= split[0] < 200, f"tokens after the load are labelled version 9 (marks {res.marks})")
+    k = min(split[0] if split else 0, len(old_greedy))
+    check(res.token_ids[:k] == old_greedy[:k], f"the {k} tokens before the load are the old weights' greedy ones")
 
 
 def main() -> int:

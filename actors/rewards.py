@@ -21,7 +21,10 @@ Invariants:
   worker that dies while a call holds it was killed by that call — unless a call that had timed
   out still ran in a thread there (``hold`` says how many), which may have been the killer; one
   that dies while the call waits to hold it was killed by another. In both cases the call tries
-  again (``ALONE_TRIES`` times at most) — another call's culprit never takes a retry with it.
+  again (``ALONE_TRIES`` times at most) — another call's culprit never takes a retry with it;
+- every loss a replica's calls see is reported once (:meth:`PoolRewards.losses`, which the
+  rollout core turns into ``RewardWorkerLost``), however many of its batches the worker held:
+  a loss whose calls all score on retry is still seen in the run log and summary.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from shunter.engine.errors import bounded
-from shunter.engine.rewards import Scored
+from shunter.engine.rewards import Loss, Scored
 from shunter.events import PromptSpec
 
 MAX_BATCH = 64
@@ -47,6 +50,8 @@ RESTART_S = 60.0
 reward, a verifier's models, ...)."""
 RESTART_POLL_S = 0.2
 """How often a worker Ray is starting again is asked whether it is up."""
+MAX_LOSSES_HELD = 64
+"""Worker losses kept between two takes (``PoolRewards.losses``); more are counted only."""
 ALONE_TRIES = 3
 """How many times a call tried again alone tries to score holding its worker when the worker dies
 while it waits (killed by another replica's call) or beside a call that had timed out and still
@@ -174,6 +179,24 @@ class PoolRewards:
         self._tasks: set[asyncio.Task[None]] = set()
         self._restarting: set[int] = set()  # workers that died or were killed: asked only once up again
         self._retries: dict[int, asyncio.Lock] = {}  # worker -> held by a call tried again alone
+        self._lost: list[Loss] = []  # since losses() last took them
+        self.lost_unsaid = 0  # beyond MAX_LOSSES_HELD between two takes: counted, not kept
+
+    def losses(self) -> list[Loss]:
+        """The workers lost under this replica's calls since the last call (each once)."""
+        out, self._lost = self._lost, []
+        return out
+
+    def _lose(self, w: int, loss: Loss, scored: _Lost) -> _Lost:
+        """A call saw worker ``w`` lost: the first to see it (of this replica's calls, since the
+        worker was last up) records the loss; every call's batch is tried again alone."""
+        if w not in self._restarting:
+            if len(self._lost) < MAX_LOSSES_HELD:
+                self._lost.append(loss)
+            else:
+                self.lost_unsaid += 1
+            self._restarting.add(w)
+        return scored
 
     async def score(self, prompt: PromptSpec, response: str) -> Scored:
         loop = asyncio.get_running_loop()
@@ -280,21 +303,19 @@ class PoolRewards:
         try:
             while not (await asyncio.wait({fut}, timeout=self.grace_s))[0]:
                 if not await self._answers(h):  # hung (its interpreter held): Ray starts it again
-                    self._restarting.add(w)
                     try:
                         ray.kill(h, no_restart=False)
                     except Exception:  # noqa: BLE001 - already gone
                         pass
-                    return _Lost(
-                        0.0,
-                        "timeout",
+                    error = (
                         f"reward worker {w} stopped answering (a reward holding the interpreter?): no answer to "
-                        f"a ping within {self.grace_s:g} s; killed, Ray starts it again",
+                        f"a ping within {self.grace_s:g} s; killed, Ray starts it again"
                     )
+                    return self._lose(w, (w, "hung", error), _Lost(0.0, "timeout", error))
             return fut.result()
         except (ActorUnavailableError, RayActorError) as e:
-            self._restarting.add(w)
-            return _Lost(0.0, "raised", bounded(f"reward worker {w} died while scoring: {e}", 500))
+            error = bounded(f"reward worker {w} died while scoring: {e}", 500)
+            return self._lose(w, (w, "died", error), _Lost(0.0, "raised", error))
         except Exception as e:  # noqa: BLE001 - anything else Ray raises: the calls score 0, said why
             return Scored(0.0, "raised", bounded(f"reward worker {w}: {type(e).__name__}: {e}", 500))
         finally:

@@ -38,6 +38,7 @@ from shunter.events import (
     ReplicaGivenUp,
     ReplicaUp,
     RewardFailed,
+    RewardWorkerLost,
     SampleAborted,
     SampleBegin,
     SampleEnd,
@@ -125,6 +126,8 @@ class Applier:
                 self._reward_failed(ev)
             case EnvFailed():
                 self._env_failed(ev)
+            case RewardWorkerLost():
+                self.tally.workers_lost[ev.loss] += 1
             case SampleAborted():
                 if ev.reason == "failed" or ev.partial is not None:
                     self.inflight.finished(ev.sample_id, ev.group_id, ev.replica_id)

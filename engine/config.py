@@ -417,14 +417,35 @@ class EngineConfig(_Section):
         )
 
 
-def from_dict(data: dict[str, Any], *, origin: str = "config") -> EngineConfig:
-    """Build and check a config from plain data (e.g. parsed TOML)."""
+def from_dict(data: dict[str, Any], *, origin: str = "config", overrides: dict[str, Any] | None = None) -> EngineConfig:
+    """Build and check a config from plain data (e.g. parsed TOML); a value refused that came
+    from ``overrides`` (merged into ``data`` by the caller) is blamed on the override, not on
+    ``origin``."""
     try:
         cfg = msgspec.convert(data, EngineConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{origin}: {e}{_value_of(str(e), data)}{_did_you_mean(str(e))}") from None
+        where = _overridden(str(e), overrides or {})
+        source = f"override {where} (over {origin})" if where else origin
+        raise ConfigError(f"{source}: {e}{_value_of(str(e), data)}{_did_you_mean(str(e))}") from None
     check(cfg)
     return cfg
+
+
+def _overridden(error: str, overrides: dict[str, Any]) -> str:
+    """The dotted key msgspec's error is about (``- at `$.run.total_steps```, or an unknown
+    field's own name) where ``overrides`` gave it; else ""."""
+    import re
+
+    m = re.search(r"- at `\$((?:\.\w+)*)`", error)
+    keys = m.group(1).split(".")[1:] if m else []
+    unknown = re.search(r"unknown field `([^`]+)`", error)
+    keys += [unknown.group(1)] if unknown else []
+    value: Any = overrides
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return ""
+        value = value[key]
+    return ".".join(keys)
 
 
 def _value_of(error: str, data: dict[str, Any]) -> str:
@@ -491,7 +512,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> En
     ro = data.get("rollout")
     if isinstance(ro, dict) and isinstance(ro.get("length_dist"), str):
         ro["length_dist"] = lengths.resolved(ro["length_dist"], p.resolve().parent)
-    return from_dict(data, origin=str(p))
+    return from_dict(data, origin=str(p), overrides=overrides)
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Prompt datasets from files in verl's layout (parquet or JSONL), and the stream a run draws.
 
 A row holds ``prompt`` (a list of chat messages ``{"role", "content"}``, or a plain string
-for a base model), ``data_source`` (a string: which reward rule applies), ``reward_model``
+for a base model), ``data_source`` (a string: which reward rule applies; a row without one
+gets its file's base name, counted in ``data/source_from_file_name``), ``reward_model``
 (a struct whose ``ground_truth`` the reward compares against; ``style`` is ignored) and,
 optionally, ``extra_info`` (a struct passed to the reward function as a dict). Other columns
 are ignored. A file that cannot be read (damaged, not UTF-8, not JSON), lacks a column or
@@ -69,6 +70,8 @@ class Row:
     extra_info: dict[str, Any]
     where: str
     """``file:row N`` (parquet) or ``file:line N`` (JSONL), 1-based, for messages that name it."""
+    named: bool = True
+    """False: the row had no ``data_source``; ``data_source`` is its file's base name (counted)."""
 
     def spec(self, prompt_id: int) -> PromptSpec:
         return PromptSpec(
@@ -244,6 +247,7 @@ def _row(path: Path, where: str, value: dict[str, Any]) -> Row:
         ground_truth=_text(rm["ground_truth"], where, "reward_model.ground_truth"),
         extra_info=_plain(extra or {}),
         where=where,
+        named=source is not None,
     )
 
 
@@ -269,6 +273,8 @@ class Dataset:
     files: list[Path]
     too_long: dict[str, int] = field(default_factory=dict)
     """file -> prompts filtered out as longer than ``max_prompt_tokens``."""
+    unnamed: dict[str, int] = field(default_factory=dict)
+    """file -> rows kept without a ``data_source``, given the file's base name as theirs."""
 
     @classmethod
     def load(
@@ -320,8 +326,11 @@ class Dataset:
     ) -> Dataset:
         rows: list[Row] = []
         too_long: dict[str, int] = {}
+        unnamed: dict[str, int] = {}
         for source, source_rows in sources:
             for r in source_rows:
+                if not r.named:
+                    unnamed[source] = unnamed.get(source, 0) + 1
                 if max_prompt_tokens and count_tokens is not None and count_tokens(r) > max_prompt_tokens:
                     too_long[source] = too_long.get(source, 0) + 1
                 else:
@@ -332,7 +341,7 @@ class Dataset:
                 f"no prompt left in {', '.join(s for s, _ in sources)}: all {sum(too_long.values())} are longer "
                 f"than {max_prompt_tokens} tokens ({limit})"
             )
-        return cls(rows=rows, files=files, too_long=too_long)
+        return cls(rows=rows, files=files, too_long=too_long, unnamed=unnamed)
 
 
 class PromptStream(Iterator[PromptSpec]):
@@ -358,10 +367,12 @@ class PromptStream(Iterator[PromptSpec]):
         return self._order
 
     def metrics(self) -> dict[str, float]:
-        """For the run summary: rows kept, prompts left out as too long, epochs begun."""
+        """For the run summary: rows kept, prompts left out as too long, rows without a
+        ``data_source`` (they carry their file's base name), epochs begun."""
         return {
             "data/rows": float(len(self.data.rows)),
             "data/filtered_too_long": float(sum(self.data.too_long.values())),
+            "data/source_from_file_name": float(sum(self.data.unnamed.values())),
             "data/epoch": float(self.taken / len(self.data.rows)),
         }
 

@@ -34,7 +34,15 @@ from shunter.events import (
 )
 from shunter.events.codec import frame_header
 from shunter.events.logfile import Repair, repair
-from shunter.events.rollout import EnvFailed, RewardFailed, SampleAborted, SampleBegin, SampleEnd, SampleResumed
+from shunter.events.rollout import (
+    EnvFailed,
+    RewardFailed,
+    RewardWorkerLost,
+    SampleAborted,
+    SampleBegin,
+    SampleEnd,
+    SampleResumed,
+)
 
 QUIET = (SampleBegin, SampleEnd, SampleResumed)
 """Per-sample messages: never a log line of their own (the event log and metrics have them)."""
@@ -138,7 +146,7 @@ class LogSink:
                 fields["repeats"] = n
         level = (
             "warning"
-            if tag.endswith("slow") or fields.get("errors")
+            if tag.endswith(("slow", "lost")) or fields.get("errors")
             else "error"
             if tag.endswith(("failed", "rejected")) or fields.get("reason") == "error"
             else "info"
@@ -158,6 +166,8 @@ def _routine_key(msg: Message) -> tuple[object, ...] | None:
         return (RewardFailed, msg.failure)
     if msg.__class__ is EnvFailed:
         return (EnvFailed, msg.failure)
+    if msg.__class__ is RewardWorkerLost:
+        return (RewardWorkerLost, msg.loss)
     return None
 
 

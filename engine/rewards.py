@@ -38,7 +38,7 @@ import msgspec
 from shunter.engine.errors import describe, type_name
 from shunter.engine.tasks import Scorer, score_of
 from shunter.events import PromptSpec
-from shunter.events.vocab import RewardFailure
+from shunter.events.vocab import RewardFailure, WorkerLoss
 
 
 class Scored(msgspec.Struct, frozen=True):
@@ -91,10 +91,18 @@ def _said(value: Any, text: Callable[[Any], str]) -> str:
         return type(value).__name__
 
 
+Loss = tuple[int, WorkerLoss, str]
+"""A reward worker lost under a replica's calls: its index, how, and the error seen."""
+
+
 class Rewards(Protocol):
     """What a replica scores its finished samples with."""
 
     async def score(self, prompt: PromptSpec, response: str) -> Scored: ...
+    def losses(self) -> list[Loss]:
+        """The workers lost since the last call (each once); [] where no worker process runs."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -106,6 +114,9 @@ class InlineRewards:
 
     async def score(self, prompt: PromptSpec, response: str) -> Scored:
         return score_one(self.scorer, prompt, response)
+
+    def losses(self) -> list[Loss]:
+        return []
 
     def close(self) -> None:
         pass
@@ -179,6 +190,9 @@ class ThreadRewards:
         self._stuck[pool] -= 1
         if not self._stuck[pool]:
             del self._stuck[pool]
+
+    def losses(self) -> list[Loss]:
+        return []  # in this process: a reward that kills it takes the replica down (ReplicaDown)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -57,6 +57,7 @@ from shunter.events import (
     Order,
     PromptSpec,
     RewardFailed,
+    RewardWorkerLost,
     RunValidation,
     Sample,
     SampleAborted,
@@ -400,7 +401,14 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
         s = msgspec.structs.replace(
             s, reward=scored.reward + turns.env_reward(s), response_text=text, reward_failure=scored.failure
         )
-        out: list[Event] = []
+        out: list[Event] = [
+            self._stamp(
+                RewardWorkerLost(
+                    replica_id=self.replica_id, worker=w, loss=loss, error=error, user_code=self.reward_name
+                )
+            )
+            for w, loss, error in self.rewards.losses()
+        ]
         if scored.failure:
             out.append(
                 self._stamp(

@@ -43,6 +43,7 @@ class CoordinatorSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     reward_failures: dict[str, int] = {}
     env_steps: int = 0
     env_failures: dict[str, int] = {}
+    workers_lost: dict[str, int] = {}
 
 
 def encode(snap: CoordinatorSnapshot) -> bytes:
@@ -94,6 +95,7 @@ def take(c: Coordinator) -> CoordinatorSnapshot:
         reward_failures=dict(tally.reward_failures),
         env_steps=tally.env_steps,
         env_failures=dict(tally.env_failures),
+        workers_lost=dict(tally.workers_lost),
     )
 
 
@@ -120,3 +122,4 @@ def restore(c: Coordinator, snap: CoordinatorSnapshot) -> None:
     c.tally.reward_failures.update(snap.reward_failures)
     c.tally.env_steps = snap.env_steps
     c.tally.env_failures.update(snap.env_failures)
+    c.tally.workers_lost.update(snap.workers_lost)

@@ -33,6 +33,8 @@ class Tally:
         """Environment steps that answered (multi-turn trajectories)."""
         self.env_failures: Counter[str] = Counter()
         """Trajectories ended by a failed environment call, by ``EnvFailure``."""
+        self.workers_lost: Counter[str] = Counter()
+        """Reward workers lost under a replica's calls (``RewardWorkerLost``), by ``WorkerLoss``."""
 
     def wall_s(self) -> float:
         return self.clock() - self.started_at
@@ -64,6 +66,8 @@ class Tally:
                 out[f"validate/{key}_last"] = val
         for failure, n in self.reward_failures.items():
             out[f"reward/{failure}"] = float(n)
+        for loss, n in self.workers_lost.items():
+            out[f"reward/worker_{loss}"] = float(n)
         if self.env_in_play or self.env_steps or self.env_failures:
             out["env/steps"] = float(self.env_steps)
         for failure, n in self.env_failures.items():

@@ -48,6 +48,14 @@ CASES: list[e.Message] = [
         user_code="my_reward:compute_score",
         **ENV,
     ),
+    e.RewardWorkerLost(
+        replica_id="standalone-0",
+        worker=1,
+        loss="died",
+        error="reward worker 1 died while scoring: The actor died unexpectedly before finishing this task.",
+        user_code="my_reward:compute_score",
+        **ENV,
+    ),
     e.EnvFailed(
         replica_id="standalone-0",
         sample_id="7.1",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shunter.events.base import Event
 from shunter.events.data import Sample
-from shunter.events.vocab import AbortReason, DropReason, EnvCall, EnvFailure, RewardFailure
+from shunter.events.vocab import AbortReason, DropReason, EnvCall, EnvFailure, RewardFailure, WorkerLoss
 
 
 class SampleBegin(Event, frozen=True, kw_only=True, tag="rollout.sample_begin"):
@@ -48,6 +48,26 @@ class RewardFailed(Event, frozen=True, kw_only=True, tag="rollout.reward_failed"
     sample_id: str
     group_id: int
     failure: RewardFailure
+    error: str
+    user_code: str
+    """The reward function's ``"module:name"`` (or the task's)."""
+
+
+class RewardWorkerLost(Event, frozen=True, kw_only=True, tag="rollout.reward_worker_lost"):
+    """A reward worker (``task.reward_workers``) died or stopped answering under a replica's
+    calls. Ray starts it again; each call it held is tried again alone, and only a call that
+    loses it again scores 0.0 (its ``RewardFailed``), so a loss whose calls were all scored
+    on retry leaves this event as its only trace.
+
+    ``replica -> coordinator``, with the next sample the replica finishes after the loss (one
+    event a loss a replica saw): the coordinator counts it (``reward/worker_died``,
+    ``reward/worker_hung`` in the run summary); the run log has a warning for the 1st, 10th,
+    100th … of each ``loss``."""
+
+    replica_id: str
+    worker: int
+    """The worker's index in the run's pool (0 to ``task.reward_workers - 1``)."""
+    loss: WorkerLoss
     error: str
     user_code: str
     """The reward function's ``"module:name"`` (or the task's)."""

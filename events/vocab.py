@@ -47,6 +47,10 @@ EnvFailure = Literal["raised", "returned", "timeout"]
 something other than a valid ``StepResult``, or the call outlived ``task.env_timeout_s``. A failed
 ``reset`` or ``step`` ends the trajectory where it is (scored as it stands); a failed ``close``
 is reported and the sample goes on as it would have."""
+WorkerLoss = Literal["died", "hung"]
+"""How a reward worker was lost under a replica's calls: its process died (a reward that exits,
+segfaults, runs out of memory; a ``kill -9``), or it stopped answering a ping and was killed (a
+reward holding the interpreter in C code)."""
 EnvCall = Literal["", "init", "reset", "step", "close"]
 """Which call of the user's environment failed (``init``: its constructor; "": not recorded, an
 event from an older log)."""
@@ -87,6 +91,7 @@ VOCABULARIES: dict[str, tuple[str, ...]] = {
         ("RewardFailure", RewardFailure),
         ("EnvFailure", EnvFailure),
         ("EnvCall", EnvCall),
+        ("WorkerLoss", WorkerLoss),
         ("WeightUpdate", WeightUpdate),
         ("RejectReason", RejectReason),
     )

@@ -266,6 +266,7 @@ def local_run(
     check_codec: bool = True,
     prompts=None,
     respond=None,
+    rewards=None,
 ):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
     and a ``TrainerHost`` around ``FakeTrainerCore``, on the loop's clock (run it under
@@ -275,8 +276,9 @@ def local_run(
     continue from (trainer, replicas' weight version and coordinator restored from it);
     ``check_codec``: every message goes through the codec (``round_trip``); ``prompts``:
     (training stream, validation prompts) instead of the task's (a dataset's, say); ``respond``:
-    what the fake engines answer (``FakeBackend``); ``cfg.task.environment`` makes the runs
-    multi-turn."""
+    what the fake engines answer (``FakeBackend``); ``rewards``: a function of the replica id giving
+    the ``Rewards`` its samples are scored with (as a run's reward workers would); ``cfg.task.environment``
+    makes the runs multi-turn."""
     from pathlib import Path
 
     from shunter.engine import snapshot
@@ -317,6 +319,7 @@ def local_run(
             env_name=cfg.task.environment,
             max_turns=cfg.task.max_turns,
             env_timeout_s=cfg.task.env_timeout_s,
+            rewards=rewards(rid) if rewards is not None else None,
         )
         return ReplicaUp(
             replica_id=rid, replica_kind=kind, rank=rank, mode=mode, version=version, wall_time=loop_clock()

@@ -89,12 +89,15 @@ async def test_a_reward_that_kills_its_process_costs_only_its_own_call(pool_of):
     assert got[0].reward == 0.01 and got[2].reward == 0.02  # tried again one by one after the death
     assert got[1].failure == "raised" and "reward worker 0 died" in got[1].error
     assert (await pool.score(P(3), "ccc")).reward == 0.03  # Ray started it again
+    # two deaths (in the batch, then alone): each reported once, then taken
+    assert [loss[:2] for loss in pool.losses()] == [(0, "died"), (0, "died")] and pool.losses() == []
 
 
 async def test_a_reward_holding_the_interpreter_gets_its_worker_killed_and_started_again(pool_of):
     pool = await pool_of(1, timeout_s=0.5, grace_s=3.0)
     stuck = await pool.score(P(0), "redos")
     assert stuck.failure == "timeout" and "holding the interpreter" in stuck.error
+    assert {loss[1] for loss in pool.losses()} == {"hung"}
     assert (await pool.score(P(1), "dddd")).reward == 0.04
 
 
@@ -108,6 +111,8 @@ async def test_a_call_in_flight_when_another_kills_the_worker_is_tried_again_and
     killed = await pool.score(P(1), "exit")
     assert killed.failure == "raised" and "died" in killed.error
     assert (await slow).reward == 0.04 and pool.batches >= 4
+    # the first death failed both batches: one loss, not one a batch; then the culprit alone
+    assert [loss[:2] for loss in pool.losses()] == [(0, "died"), (0, "died")]
 
 
 async def test_another_replicas_culprit_never_takes_a_retry_with_it(pool_of):

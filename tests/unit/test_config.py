@@ -56,6 +56,14 @@ def test_toml_file_and_overrides(tmp_path):
     assert isinstance(cfg, EngineConfig) and cfg.run.total_steps == 5 and cfg.trainer.lr == 1e-3
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
+    # a value refused that the caller gave is blamed on the override, not on the file
+    with pytest.raises(ConfigError, match=r"^override run\.total_steps \(over .*c\.toml\): Expected .*\(got 0\)"):
+        load_config(p, {"run": {"total_steps": 0}})
+    with pytest.raises(ConfigError, match=r"^override run\.total_step \(over .*did you mean 'total_steps'"):
+        load_config(p, {"run": {"total_step": 4}})
+    p.write_text("[run]\ntotal_steps = 0\n")
+    with pytest.raises(ConfigError, match=r"^/.*c\.toml: Expected"):  # the file's own value: the file
+        load_config(p, {"trainer": {"lr": 1e-3}})
     (tmp_path / "bad.toml").write_text("[run\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(tmp_path / "bad.toml")

@@ -63,7 +63,11 @@ def test_a_plain_string_prompt_and_a_numeric_answer_are_taken(tmp_path):
     rows = [{"prompt": "12>", "reward_model": {"ground_truth": 12}}]
     (r,) = read_rows(write_jsonl(tmp_path / "base_model.jsonl", rows))
     assert r.text == "12>" and r.messages == () and r.ground_truth == "12"
-    assert r.data_source == "base_model"  # no data_source column: the file's name
+    assert r.data_source == "base_model" and not r.named  # no data_source column: the file's name
+    with_one = {"prompt": "3>", "reward_model": {"ground_truth": 3}, "data_source": "mine"}
+    data = Dataset.load([write_jsonl(tmp_path / "base_model.jsonl", [*rows, with_one, *rows])])
+    assert data.unnamed == {str(tmp_path / "base_model.jsonl"): 2}  # counted: the summary says so
+    assert PromptStream(data, 0).metrics()["data/source_from_file_name"] == 2.0
 
 
 @pytest.mark.parametrize(
@@ -271,7 +275,12 @@ def test_the_stream_ends_after_its_epochs(tmp_path):
     data = Dataset.load([write_parquet(tmp_path / "t.parquet", verl_rows(3))])
     s = PromptStream(data, seed=0, epochs=2)
     assert len(list(s)) == 6 and next(s, None) is None
-    assert s.metrics() == {"data/rows": 3.0, "data/filtered_too_long": 0.0, "data/epoch": 2.0}
+    assert s.metrics() == {
+        "data/rows": 3.0,
+        "data/filtered_too_long": 0.0,
+        "data/source_from_file_name": 0.0,
+        "data/epoch": 2.0,
+    }
 
 
 def test_validation_prompts_have_negative_ids(tmp_path):

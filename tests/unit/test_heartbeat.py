@@ -126,6 +126,9 @@ class SlowRewards:
         await asyncio.sleep(25.0)
         return Scored(1.0)
 
+    def losses(self):
+        return []
+
     def close(self) -> None:
         pass
 

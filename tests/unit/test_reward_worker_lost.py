@@ -77,3 +77,19 @@ def test_the_run_log_warns_at_milestones(tmp_path):
     got = [json.loads(x) for x in (tmp_path / "run.log").read_text().splitlines()]
     got = [x for x in got if x["event"] == "rollout.reward_worker_lost"]
     assert [(x["level"], x["count"]) for x in got] == [("warning", 1), ("warning", 10)]
+
+
+@virtual_time
+async def test_the_counts_are_kept_across_a_resume(tmp_path):
+    from shunter.engine.checkpoint import CheckpointStore
+
+    c = cfg(run={"total_steps": 6, "policy": "separate", "checkpoint_every": 2})
+    pools: dict[str, LosesWorkers] = {}
+    coord, _, _ = local_run(c, checkpoints=tmp_path, rewards=lambda rid: pools.setdefault(rid, LosesWorkers()))
+    ended, _ = await run(coord)
+    assert ended.summary["reward/worker_died"] == len(pools)
+    ckpt, _, _ = CheckpointStore(tmp_path).latest()  # the end state: resuming runs only the finale
+    again, _, _ = local_run(c, checkpoints=tmp_path, resume=ckpt)  # no worker lost this attempt
+    resumed, _ = await run(again)
+    assert resumed.reason == "completed", resumed
+    assert resumed.summary["reward/worker_died"] == resumed.summary["reward/worker_hung"] == len(pools)

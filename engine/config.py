@@ -31,6 +31,10 @@ class ConfigError(ValueError):
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
+MIN_GENERATE_TIMEOUT_S = 1.0
+"""``rollout.generate_timeout_s``'s floor: a generation stream beats every tenth of it
+(``engine.heartbeat``), each beat one Ray call (about 1.3 ms on 2 cores), so at most 10 beats a
+second a stream — never a flood of beats that starves the loop it reports from."""
 MAX_TURNS = 256
 """``task.max_turns`` at most: more environment steps than any token budget holds."""
 MAX_ENV_TIMEOUT_S = 86400.0
@@ -252,9 +256,10 @@ class RolloutConfig(_Section):
     max_in_flight_per_replica: Annotated[PosInt, _d("Samples in flight on one replica at most.")] = 128
     max_model_len: Annotated[PosInt, _d("vLLM context length.")] = 64
     generate_timeout_s: Annotated[
-        PosFloat,
+        float,
+        Meta(ge=MIN_GENERATE_TIMEOUT_S),
         _d(
-            "A replica whose generation call has made no progress for this long (no turn generated, no environment call answered, no sample ended; a sample whose reward is being scored counts as progress; it reports progress at most a tenth of this late) is taken as hung: it is killed, reported down, and its samples resume elsewhere. It bounds silence, not total time: a trajectory of many slow tool calls may run far longer."
+            f"A replica whose generation call has made no progress for this long (no turn generated, no environment call answered, no sample ended; a sample whose reward is being scored counts as progress; it reports progress at most a tenth of this late) is taken as hung: it is killed, reported down, and its samples resume elsewhere. It bounds silence, not total time: a trajectory of many slow tool calls may run far longer. At least {MIN_GENERATE_TIMEOUT_S:g} s: a stream beats every tenth of it, so at most 10 beats a second (one Ray call each)."
         ),
     ] = 1800.0
     replica_restarts: Annotated[

@@ -34,6 +34,7 @@ def test_defaults_load_and_every_field_is_documented():
         ),
         ({"trainer": {"lr": "fast"}}, "Expected `float`, got `str` - at `$.trainer.lr`"),
         ({"trainer": {"lr": -1.0}}, "$.trainer.lr"),
+        ({"rollout": {"generate_timeout_s": 0.01}}, "Expected `float` >= 1.0 - at `$.rollout.generate_timeout_s`"),
         ({"trainr": {}}, "unknown field `trainr`"),
         ({"rollout": {"standalone_replicas": 0}}, "no replica to generate with"),
         ({"rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}}, "needs at least one standalone replica"),

@@ -7,6 +7,7 @@ mean batch reward, rollout tokens/s and staleness, the summary the ``RunEnded`` 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -38,10 +39,10 @@ from shunter.events import (
 async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id: str | None = None) -> RunEnded:
     bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
     engine = Engine(cfg, resume=resume, run_id=run_id)
-    _stop_on_sigterm()
+    _stop_on_signals(engine)
     try:
         async with engine:
-            _stop_on_sigterm()  # again: ray.init() put its own handler (exit at once) in place
+            _stop_on_signals(engine)  # again: ray.init() put its own handler (exit at once) in place
             print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
             if engine.reaped:
                 print(
@@ -50,39 +51,81 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
                 )
             ended = await _follow(engine, bar)
     except asyncio.CancelledError:  # Ctrl-C / SIGTERM: leaving the block stopped the run (at a consistent cut)
+        global STOPPED
+        STOPPED = True  # a signal from here on only hurries the exit (the run is stopped and saved)
         bar.close()
         how = f" ({engine.ended.reason} at step {engine.ended.steps})" if engine.ended else ""
-        saved = CheckpointStore(engine.out_dir / "checkpoints").latest()
-        then = (
-            f"continue it with --resume {engine.out_dir} (from step {saved.manifest.step})"
-            if saved is not None
-            else "no checkpoint was saved, so there is nothing to resume: start it again "
-            f"(a new run id, or move {engine.out_dir} aside)"
-        )
-        print(f"\ninterrupted: the run stopped{how}; {then}", file=sys.stderr)
+        print(f"\ninterrupted: the run stopped{how}; {_then(engine)}", file=sys.stderr)
         raise
     bar.close()
     print_summary(ended)
     return ended
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM (``kill``, a scheduler's preemption) stops the run like Ctrl-C does: the main
-    task is cancelled, the engine stops at a consistent cut and saves, the CLI exits 143."""
+def _then(engine: Engine) -> str:
+    """What an interrupted run leaves to do: the checkpoint ``--resume`` continues from, if any."""
+    saved = CheckpointStore(engine.out_dir / "checkpoints").latest()
+    if saved is not None:
+        return f"continue it with --resume {engine.out_dir} (from step {saved.manifest.step})"
+    return (
+        "no checkpoint was saved, so there is nothing to resume: start it again "
+        f"(a new run id, or move {engine.out_dir} aside)"
+    )
+
+
+def _stop_on_signals(engine: Engine) -> None:
+    """Ctrl-C and SIGTERM (``kill``, a scheduler's preemption) stop the run: the first cancels
+    the main task — the engine stops at a consistent cut and saves a checkpoint, and the CLI
+    exits 130 (143 after a SIGTERM); a second one while it does stops at once (:func:`_stop_now`)."""
     task = asyncio.current_task()
     if task is None or sys.platform == "win32":
         return
 
-    def stop() -> None:
-        global TERMINATED
-        TERMINATED = True
+    def stop(signum: int) -> None:
+        global TERMINATED, STOPS
+        TERMINATED = TERMINATED or signum == signal.SIGTERM
+        STOPS += 1
+        if STOPS > 1:
+            _stop_now(engine)
+        print(
+            "\nstopping: the run stops at a consistent cut and saves a checkpoint "
+            "(Ctrl-C again to stop at once, without saving)",
+            file=sys.stderr,
+            flush=True,
+        )
         task.cancel()
 
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop, signum)
+
+
+def _stop_now(engine: Engine) -> None:
+    """A second stop signal: say what is left, end the run's local Ray cluster (its actors, the
+    vLLM engines under them) and exit — no checkpoint now, no traceback of the interrupted
+    clean-up. The event log loses at most its last half second (its torn tail is repaired on
+    ``--resume``), as after a ``kill -9``."""
+    if not STOPPED:  # else the run has stopped and said so: this signal only hurries the exit
+        try:
+            then = _then(engine)
+        except Exception:  # noqa: BLE001 - a damaged folder: the exit must not wait on it
+            then = f"see {engine.out_dir}"
+        print(f"\nstopped at once, without saving; {then}", file=sys.stderr, flush=True)
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    finally:
+        os._exit(143 if TERMINATED else 130)
 
 
 TERMINATED = False
 """A SIGTERM stopped the run (the CLI's exit status is then 143, not 130)."""
+STOPS = 0
+"""Stop signals received (Ctrl-C, SIGTERM): the second stops at once."""
+STOPPED = False
+"""The run has stopped after a stop signal (checkpoint saved, what to do next printed)."""
 
 
 async def _follow(engine: Engine, bar: tqdm) -> RunEnded:

@@ -3,7 +3,9 @@ every TCP socket its process tree listens on is bound to 127.0.0.1 (the Ray serv
 autoscaler's metrics, the actors' gRPC servers, the vLLM engine); Ctrl-C (SIGINT to the process
 group) or SIGTERM to the driver stops it at a sync boundary with exit status 130 / 143 and says
 how to resume; ``--resume`` completes it, and over both attempts
-every prompt up to the last trained one was trained exactly once (``on_stale = "wait"``)."""
+every prompt up to the last trained one was trained exactly once (``on_stale = "wait"``). A
+second Ctrl-C while it stops ends it at once: a line or two saying what ``--resume`` will
+continue from, no traceback, and no process of its Ray cluster left running."""
 
 from __future__ import annotations
 
@@ -125,3 +127,40 @@ def test_a_run_listens_only_on_loopback_stops_on_a_signal_and_resumes_exactly_on
     assert len(trained_groups(log)) == STEPS
     assert set(groups.values()) == {1}, "a group trained twice"
     assert sorted(groups) == list(range(len(groups))), "prompts skipped (wait mode trains oldest first)"
+
+
+def test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process(tiny_model, tmp_path):
+    """Was: two Ctrl-C's a second apart exited 130 printing about 77 lines (Ray's shutdown, asyncio's
+    'Task exception was never retrieved'), or, a little later, nothing at all."""
+    from shunter.actors.launch import RAY_SESSION
+
+    cfg = _config(tmp_path, tiny_model)
+    run = tmp_path / "runs" / "op2"
+    log = run / "events.bin"
+    proc = _shunter(str(cfg), "--run-id", "op2")
+    try:
+        me = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 300  # a bound, not a synchronisation: the run reports its steps
+        while _steps(log) < 5:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run did not reach its steps"
+            psutil.wait_procs([me], timeout=0.5)
+        tree = [me, *me.children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGINT)
+        psutil.wait_procs([me], timeout=0.3)  # the second comes while the first stop runs (or just after)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
+    said = err[err.index("stopping:") :]
+    assert "Traceback" not in err and "never retrieved" not in err, err[-3000:]
+    assert len(said.strip().splitlines()) <= 5, said  # the stop, then what --resume continues from
+    assert f"--resume {run}" in said or "nothing to resume" in said, said
+    _, alive = psutil.wait_procs(tree, timeout=30)  # the cluster's processes end with the driver
+    session = (run / RAY_SESSION).read_text().strip()
+    left = [p for p in psutil.process_iter(["cmdline"]) if session in " ".join(p.info["cmdline"] or ())]
+    assert not left, [" ".join(p.info["cmdline"])[:200] for p in left]
+    assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], alive

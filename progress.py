@@ -38,6 +38,8 @@ from shunter.events import (
 
 async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id: str | None = None) -> RunEnded:
     bar = tqdm(total=cfg.run.total_steps, unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
+    global TERMINATED, STOPS, STOPPED
+    TERMINATED, STOPS, STOPPED = False, 0, False  # each run counts its own stop signals
     engine = Engine(cfg, resume=resume, run_id=run_id)
     _stop_on_signals(engine)
     try:
@@ -51,7 +53,6 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
                 )
             ended = await _follow(engine, bar)
     except asyncio.CancelledError:  # Ctrl-C / SIGTERM: leaving the block stopped the run (at a consistent cut)
-        global STOPPED
         STOPPED = True  # a signal from here on only hurries the exit (the run is stopped and saved)
         bar.close()
         how = f" ({engine.ended.reason} at step {engine.ended.steps})" if engine.ended else ""

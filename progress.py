@@ -106,6 +106,9 @@ def _stop_now(engine: Engine) -> None:
     vLLM engines under them) and exit — no checkpoint now, no traceback of the interrupted
     clean-up. The event log loses at most its last half second (its torn tail is repaired on
     ``--resume``), as after a ``kill -9``."""
+    status = 143 if TERMINATED else 130
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a third, should ray.shutdown() hang: out now
+        signal.signal(signum, lambda *_: os._exit(status))
     if not STOPPED:  # else the run has stopped and said so: this signal only hurries the exit
         try:
             then = _then(engine)
@@ -118,7 +121,7 @@ def _stop_now(engine: Engine) -> None:
         if ray.is_initialized():
             ray.shutdown()
     finally:
-        os._exit(143 if TERMINATED else 130)
+        os._exit(status)
 
 
 TERMINATED = False

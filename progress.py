@@ -7,6 +7,7 @@ mean batch reward, rollout tokens/s and staleness, the summary the ``RunEnded`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -51,16 +52,28 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
                     f"ended {len(engine.reaped)} processes the killed run left: {', '.join(engine.reaped)}",
                     file=sys.stderr,
                 )
-            ended = await _follow(engine, bar)
-    except asyncio.CancelledError:  # Ctrl-C / SIGTERM: leaving the block stopped the run (at a consistent cut)
-        STOPPED = True  # a signal from here on only hurries the exit (the run is stopped and saved)
-        bar.close()
-        how = f" ({engine.ended.reason} at step {engine.ended.steps})" if engine.ended else ""
-        print(f"\ninterrupted: the run stopped{how}; {_then(engine)}", file=sys.stderr)
+            try:
+                ended = await _follow(engine, bar)
+            except asyncio.CancelledError:  # Ctrl-C / SIGTERM: stop at a consistent cut, then say so
+                with contextlib.suppress(Exception):  # a dead coordinator: leaving the block closes all the same
+                    await engine.stop()
+                _say_stopped(engine, bar)  # before the cluster goes: its shutdown takes a while
+                raise
+    except asyncio.CancelledError:  # stopped before the run started, or while it was stopping
+        if not STOPPED:
+            _say_stopped(engine, bar)
         raise
     bar.close()
     print_summary(ended)
     return ended
+
+
+def _say_stopped(engine: Engine, bar: tqdm) -> None:
+    global STOPPED
+    STOPPED = True  # a signal from here on only hurries the exit (the run is stopped and saved)
+    bar.close()
+    how = f" ({engine.ended.reason} at step {engine.ended.steps})" if engine.ended else ""
+    print(f"\ninterrupted: the run stopped{how}; {_then(engine)}", file=sys.stderr, flush=True)
 
 
 def _then(engine: Engine) -> str:
@@ -88,9 +101,10 @@ def _stop_on_signals(engine: Engine) -> None:
         STOPS += 1
         if STOPS > 1:
             _stop_now(engine)
+        again = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         print(
             "\nstopping: the run stops at a consistent cut and saves a checkpoint "
-            "(Ctrl-C again to stop at once, without saving)",
+            f"({again} again to stop at once, without saving)",
             file=sys.stderr,
             flush=True,
         )
@@ -119,6 +133,9 @@ def _stop_now(engine: Engine) -> None:
         import ray
 
         if ray.is_initialized():
+            if engine.coordinator is not None:  # first: its records end here, not with the deaths that follow
+                with contextlib.suppress(Exception):
+                    ray.kill(engine.coordinator, no_restart=True)
             ray.shutdown()
     finally:
         os._exit(status)
@@ -237,3 +254,12 @@ def print_summary(ended: RunEnded) -> None:
                 + ", ".join(f"{k} {v:.0f}" for k, v in failed.items())
                 + f" (see rollout.{what}_failed in the event log)"
             )
+    lost = {k: s.get(f"reward/worker_{k}", 0) for k in ("died", "hung")}
+    if any(lost.values()):
+        print(
+            f"  reward workers   lost: died {lost['died']:.0f}, hung {lost['hung']:.0f} "
+            "(their calls were tried again; see rollout.reward_worker_lost in run.log)"
+        )
+    if s.get("data/source_from_file_name"):
+        n = s["data/source_from_file_name"]
+        print(f"  data             {n:.0f} rows without data_source were given their file's base name")

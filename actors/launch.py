@@ -151,7 +151,7 @@ class Launcher:
             self._placer.remove()
             self._placer = None
         if self.owns_ray:
-            ray.shutdown()
+            shutdown_keeping_signal_handlers()
             self.owns_ray = False
 
     # -- an attempt ----------------------------------------------------------------------
@@ -450,11 +450,34 @@ def local_only() -> None:
     that keeps a node on loopback is ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (it marks the
     node as local-only), read once at import, so both the variable (for the processes Ray
     starts) and the constant (for this one, whose ``ray`` may already be imported) are set.
-    ``tests/actors/test_exposure.py`` lists the sockets of a running cluster to hold this."""
+    ``tests/e2e/test_operator.py`` lists the sockets of a running run's process tree to hold this."""
     import ray._private.ray_constants as ray_constants
 
     os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def shutdown_keeping_signal_handlers() -> None:
+    """``ray.shutdown()``, then the SIGINT / SIGTERM handlers Python had put back in force.
+
+    Ray 2.60's shutdown resets the process's SIGTERM disposition to the default (terminate)
+    underneath Python, whose ``signal.getsignal`` still reports its own handler: a SIGTERM in
+    the moments after a run stopped (an operator's second signal, a scheduler's) killed the
+    driver before it could say where to ``--resume`` from (outsider report;
+    ``tests/actors/test_ray_shutdown_signals.py``)."""
+    import signal
+    import threading
+
+    import ray
+
+    main = threading.current_thread() is threading.main_thread()
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        ray.shutdown()
+    finally:
+        for signum, handler in kept.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 def reap_orphans(record: Path) -> list[str]:

@@ -59,6 +59,10 @@ REPLICA_STATE_ORDERS = frozenset(tag_of(c) for c in (InstallWeights, EnterRollou
 """Orders whose failure leaves a replica's mode or weights unknown: it is taken out."""
 FAILED_GROUPS_BEFORE_TRAINING = 8
 """This many failed generations before any group trained means every generation fails."""
+WORKER_LOSSES_BEFORE_ENDING = 8
+"""Reward workers lost this many times (``RewardWorkerLost``) before any sample was scored mean
+the reward kills the process it runs in on every call: the run ends naming it at once, not after
+a mini-batch of calls each tried alone on a restarted worker (about 20 s a call on 2 cores)."""
 MIN_REWARD_FAILURES_BEFORE_ENDING = 8
 """Reward failures on a mini-batch's worth of samples (at least this many) before any sample was
 scored mean the reward cannot score: the run ends naming the function (training on zeros would
@@ -127,7 +131,7 @@ class Applier:
             case EnvFailed():
                 self._env_failed(ev)
             case RewardWorkerLost():
-                self.tally.workers_lost[ev.loss] += 1
+                self._worker_lost(ev)
             case SampleAborted():
                 if ev.reason == "failed" or ev.partial is not None:
                     self.inflight.finished(ev.sample_id, ev.group_id, ev.replica_id)
@@ -234,6 +238,18 @@ class Applier:
         self._end_if_never_worked(
             ev, self.tally.reward_failures, self.tally.rewards_scored, ("it", "samples", "and scored none")
         )
+
+    def _worker_lost(self, ev: RewardWorkerLost) -> None:
+        lost = self.tally.workers_lost
+        lost[ev.loss] += 1
+        if self.tally.rewards_scored == 0 and lost.total() >= WORKER_LOSSES_BEFORE_ENDING:
+            self.end(
+                "error",
+                error=f"reward function {ev.user_code}: its reward worker was lost {lost.total()} times "
+                f"({', '.join(f'{k} {n}' for k, n in lost.items())}) before any sample was scored — the reward "
+                f"kills or hangs the process it runs in; the last: {ev.error}",
+                failed_component=ev.user_code,
+            )
 
     def _env_failed(self, ev: EnvFailed) -> None:
         self.tally.env_failures[ev.failure] += 1

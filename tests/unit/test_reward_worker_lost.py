@@ -93,3 +93,23 @@ async def test_the_counts_are_kept_across_a_resume(tmp_path):
     resumed, _ = await run(again)
     assert resumed.reason == "completed", resumed
     assert resumed.summary["reward/worker_died"] == resumed.summary["reward/worker_hung"] == len(pools)
+
+
+class KillsEveryWorker(LosesWorkers):
+    """Every call kills its worker: each is lost, tried alone, lost again, scored 0 as ``raised``."""
+
+    async def score(self, prompt, response):
+        self._lost += [(0, "died", "reward worker 0 died while scoring")] * 2
+        return Scored(0.0, "raised", "reward worker 0 died while scoring (tried alone)")
+
+
+@virtual_time
+async def test_a_reward_that_kills_every_worker_ends_the_run_naming_it_soon():
+    """Was (outsider, 2026-12-03): 67 worker deaths in 190 s, 10 samples resolved, no step — the
+    end after a mini-batch of failed samples (128 here) was about 40 minutes away."""
+    c = cfg(trainer={"ppo_mini_batch_size": 128, "parameter_sync_step": 1, "train_batch_size": 128})
+    coord, _, _ = local_run(c, reward=lambda *a: 1.0, rewards=lambda rid: KillsEveryWorker())
+    ended, seen = await run(coord)
+    assert ended.reason == "error" and ended.failed_component, ended
+    assert "its reward worker was lost 8 times (died 8) before any sample was scored" in ended.error
+    assert len([e for e in seen if isinstance(e, RewardFailed)]) < 128

@@ -80,6 +80,20 @@ def test_the_printed_summary_says_how_many_reward_calls_failed(capsys):
     print_summary(RunEnded(reason="completed", steps=8, summary=summary, **ENV))
     out = capsys.readouterr().out
     assert "reward failures  raised 0, returned 1, timeout 581" in out and "env failures" not in out
+    assert "reward workers" not in out and "data_source" not in out
+
+
+def test_the_printed_summary_says_reward_workers_were_lost_and_rows_had_no_source(capsys):
+    """Was (outsider, 2026-12-03): the counts were in run.log's summary only; the terminal showed
+    Ray's own out-of-memory-like text for each death."""
+    from shunter.events import RunEnded
+    from shunter.progress import print_summary
+
+    summary = {"wall_s": 5.0, "reward/worker_died": 13.0, "data/source_from_file_name": 20.0}
+    print_summary(RunEnded(reason="completed", steps=8, summary=summary, **ENV))
+    out = capsys.readouterr().out
+    assert "reward workers   lost: died 13, hung 0" in out
+    assert "20 rows without data_source were given their file's base name" in out
 
 
 def test_a_validation_whose_reward_failed_is_a_warning_line_and_a_printed_line_not_a_failed_command(tmp_path, capsys):

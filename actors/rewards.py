@@ -180,6 +180,8 @@ class PoolRewards:
         self._restarting: set[int] = set()  # workers that died or were killed: asked only once up again
         self._retries: dict[int, asyncio.Lock] = {}  # worker -> held by a call tried again alone
         self._lost: list[Loss] = []  # since losses() last took them
+        self._life = [0] * len(self.workers)  # each worker's incarnation as this replica saw it come up
+        self._reported: set[tuple[int, int]] = set()  # (worker, incarnation) whose loss was recorded
         self.lost_unsaid = 0  # beyond MAX_LOSSES_HELD between two takes: counted, not kept
 
     def losses(self) -> list[Loss]:
@@ -187,14 +189,17 @@ class PoolRewards:
         out, self._lost = self._lost, []
         return out
 
-    def _lose(self, w: int, loss: Loss, scored: _Lost) -> _Lost:
-        """A call saw worker ``w`` lost: the first to see it (of this replica's calls, since the
-        worker was last up) records the loss; every call's batch is tried again alone."""
-        if w not in self._restarting:
+    def _lose(self, w: int, life: int, loss: Loss, scored: _Lost) -> _Lost:
+        """A call sent to incarnation ``life`` of worker ``w`` saw it lost: the first call to see
+        that incarnation's loss records it — a batch whose failure comes after the worker was
+        seen up again is the same death, not another; every call's batch is tried again alone."""
+        if (w, life) not in self._reported:
+            self._reported.add((w, life))
             if len(self._lost) < MAX_LOSSES_HELD:
                 self._lost.append(loss)
             else:
                 self.lost_unsaid += 1
+        if life == self._life[w]:
             self._restarting.add(w)
         return scored
 
@@ -271,6 +276,7 @@ class PoolRewards:
             try:
                 await asyncio.wait_for(self.workers[w].pid.remote(), left)
                 self._restarting.discard(w)
+                self._life[w] += 1
                 return True
             except (ActorUnavailableError, RayActorError):
                 await asyncio.sleep(RESTART_POLL_S)
@@ -299,6 +305,7 @@ class PoolRewards:
         if w in self._restarting and not await self._ready(w):
             return Scored(0.0, "timeout", f"reward worker {w} did not come back within {self.restart_s:g} s")
         self.batches += 1
+        life = self._life[w]
         fut = asyncio.ensure_future(_awaited(remote(h)))
         try:
             while not (await asyncio.wait({fut}, timeout=self.grace_s))[0]:
@@ -311,11 +318,11 @@ class PoolRewards:
                         f"reward worker {w} stopped answering (a reward holding the interpreter?): no answer to "
                         f"a ping within {self.grace_s:g} s; killed, Ray starts it again"
                     )
-                    return self._lose(w, (w, "hung", error), _Lost(0.0, "timeout", error))
+                    return self._lose(w, life, (w, "hung", error), _Lost(0.0, "timeout", error))
             return fut.result()
         except (ActorUnavailableError, RayActorError) as e:
             error = bounded(f"reward worker {w} died while scoring: {e}", 500)
-            return self._lose(w, (w, "died", error), _Lost(0.0, "raised", error))
+            return self._lose(w, life, (w, "died", error), _Lost(0.0, "raised", error))
         except Exception as e:  # noqa: BLE001 - anything else Ray raises: the calls score 0, said why
             return Scored(0.0, "raised", bounded(f"reward worker {w}: {type(e).__name__}: {e}", 500))
         finally:

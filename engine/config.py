@@ -32,6 +32,8 @@ PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
 MIN_GENERATE_TIMEOUT_S = 1.0
+MAX_GENERATE_TIMEOUT_S = 7 * 86400.0
+"""...and its ceiling (a week): a finite bound on a hung replica's silence (``inf`` was taken)."""
 """``rollout.generate_timeout_s``'s floor: a generation stream beats every tenth of it
 (``engine.heartbeat``), each beat one Ray call (about 1.3 ms on 2 cores), so at most 10 beats a
 second a stream — never a flood of beats that starves the loop it reports from."""
@@ -257,7 +259,7 @@ class RolloutConfig(_Section):
     max_model_len: Annotated[PosInt, _d("vLLM context length.")] = 64
     generate_timeout_s: Annotated[
         float,
-        Meta(ge=MIN_GENERATE_TIMEOUT_S),
+        Meta(ge=MIN_GENERATE_TIMEOUT_S, le=MAX_GENERATE_TIMEOUT_S),
         _d(
             f"A replica whose generation call has made no progress for this long (no turn generated, no environment call answered, no sample ended; a sample whose reward is being scored counts as progress; it reports progress at most a tenth of this late) is taken as hung: it is killed, reported down, and its samples resume elsewhere. It bounds silence, not total time: a trajectory of many slow tool calls may run far longer. At least {MIN_GENERATE_TIMEOUT_S:g} s: a stream beats every tenth of it, so at most 10 beats a second (one Ray call each)."
         ),
@@ -432,8 +434,22 @@ def from_dict(data: dict[str, Any], *, origin: str = "config", overrides: dict[s
         where = _overridden(str(e), overrides or {})
         source = f"override {where} (over {origin})" if where else origin
         raise ConfigError(f"{source}: {e}{_value_of(str(e), data)}{_did_you_mean(str(e))}") from None
-    check(cfg)
+    try:
+        check(cfg)
+    except ConfigError as e:  # a rule across fields: say which of them the caller's overrides set
+        given = _leaves(overrides or {})
+        if not given:
+            raise
+        raise ConfigError(f"{e} (overrides given over {origin}: {', '.join(given)})") from None
     return cfg
+
+
+def _leaves(over: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys an overrides dict sets (``{"run": {"total_steps": 5}}`` -> ``run.total_steps``)."""
+    out = []
+    for k, v in over.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"]
+    return out
 
 
 def _overridden(error: str, overrides: dict[str, Any]) -> str:
@@ -482,6 +498,9 @@ def _did_you_mean(error: str) -> str:
         if section
         else [f.name for f in msgspec.structs.fields(EngineConfig)]
     )
+    if "." in m.group(1):  # {"run.total_steps": 5}: a dotted key where a nested table is meant
+        section, _, key = m.group(1).partition(".")
+        return f" (nest it: {{{section!r}: {{{key!r}: ...}}}}, as a TOML table [{section}] does)"
     close = difflib.get_close_matches(m.group(1), names, n=3)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 

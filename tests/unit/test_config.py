@@ -62,6 +62,13 @@ def test_toml_file_and_overrides(tmp_path):
         load_config(p, {"run": {"total_steps": 0}})
     with pytest.raises(ConfigError, match=r"^override run\.total_step \(over .*did you mean 'total_steps'"):
         load_config(p, {"run": {"total_step": 4}})
+    with pytest.raises(ConfigError, match=r"nest it: \{'run': \{'total_steps': \.\.\.\}\}"):
+        load_config(p, {"run.total_steps": 5})
+    cross = r"train_batch_size \(100\).*\(overrides given over .*c\.toml: trainer\.train_batch_size\)"
+    with pytest.raises(ConfigError, match=cross):  # a rule across fields: the override is named
+        load_config(p, {"trainer": {"train_batch_size": 100}})
+    with pytest.raises(ConfigError, match=r"generate_timeout_s"):
+        load_config(p, {"rollout": {"generate_timeout_s": float("inf")}})
     p.write_text("[run]\ntotal_steps = 0\n")
     with pytest.raises(ConfigError, match=r"^/.*c\.toml: Expected"):  # the file's own value: the file
         load_config(p, {"trainer": {"lr": 1e-3}})

@@ -101,15 +101,9 @@ def _run(args) -> int:
         print(f"shunter: the run did not start: {e}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError):  # stopped on the way out; progress said how to resume
-        import os
-        import signal
-
         from shunter import progress
 
-        status = 143 if progress.TERMINATED else 130
-        for signum in (signal.SIGINT, signal.SIGTERM):  # the run is saved: one more on the way out exits, quietly
-            signal.signal(signum, lambda *_: os._exit(status))
-        return status
+        return progress.exit_on_next_signal()  # the run is saved: one more signal on the way out exits
     if ended.reason == "error":
         print(f"shunter: the run failed: {ended.error}", file=sys.stderr)
     return 0 if ended.reason == "completed" else 1

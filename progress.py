@@ -120,9 +120,7 @@ def _stop_now(engine: Engine) -> None:
     vLLM engines under them) and exit — no checkpoint now, no traceback of the interrupted
     clean-up. The event log loses at most its last half second (its torn tail is repaired on
     ``--resume``), as after a ``kill -9``."""
-    status = 143 if TERMINATED else 130
-    for signum in (signal.SIGINT, signal.SIGTERM):  # a third, should ray.shutdown() hang: out now
-        signal.signal(signum, lambda *_: os._exit(status))
+    status = exit_on_next_signal()  # a third, should ray.shutdown() hang: out now
     if not STOPPED:  # else the run has stopped and said so: this signal only hurries the exit
         try:
             then = _then(engine)
@@ -139,6 +137,15 @@ def _stop_now(engine: Engine) -> None:
             ray.shutdown()
     finally:
         os._exit(status)
+
+
+def exit_on_next_signal() -> int:
+    """From here on a Ctrl-C or SIGTERM exits at once, quietly, with the stopped run's status
+    (143 after a SIGTERM, else 130); returns that status."""
+    status = 143 if TERMINATED else 130
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: os._exit(status))
+    return status
 
 
 TERMINATED = False

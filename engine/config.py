@@ -32,11 +32,11 @@ PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
 MIN_GENERATE_TIMEOUT_S = 1.0
-MAX_GENERATE_TIMEOUT_S = 7 * 86400.0
-"""...and its ceiling (a week): a finite bound on a hung replica's silence (``inf`` was taken)."""
 """``rollout.generate_timeout_s``'s floor: a generation stream beats every tenth of it
 (``engine.heartbeat``), each beat one Ray call (about 1.3 ms on 2 cores), so at most 10 beats a
 second a stream — never a flood of beats that starves the loop it reports from."""
+MAX_GENERATE_TIMEOUT_S = 7 * 86400.0
+"""...and its ceiling (a week): a finite bound on a hung replica's silence (``inf`` was taken)."""
 MAX_TURNS = 256
 """``task.max_turns`` at most: more environment steps than any token budget holds."""
 MAX_ENV_TIMEOUT_S = 86400.0
@@ -461,12 +461,17 @@ def _overridden(error: str, overrides: dict[str, Any]) -> str:
     keys = m.group(1).split(".")[1:] if m else []
     unknown = re.search(r"unknown field `([^`]+)`", error)
     keys += [unknown.group(1)] if unknown else []
-    value: Any = overrides
+    return ".".join(keys) if _lookup(overrides, keys) else ""
+
+
+def _lookup(data: dict[str, Any], keys: list[str]) -> tuple[Any] | tuple[()]:
+    """``(value,)`` at the nested ``keys`` of ``data``; ``()`` where a key is missing."""
+    value: Any = data
     for key in keys:
         if not isinstance(value, dict) or key not in value:
-            return ""
+            return ()
         value = value[key]
-    return ".".join(keys)
+    return (value,)
 
 
 def _value_of(error: str, data: dict[str, Any]) -> str:
@@ -474,14 +479,8 @@ def _value_of(error: str, data: dict[str, Any]) -> str:
     import re
 
     m = re.search(r"^Expected [^,]*? - at `\$((?:\.\w+)+)`$", error)
-    if not m:
-        return ""
-    value: Any = data
-    for key in m.group(1).split(".")[1:]:
-        if not isinstance(value, dict) or key not in value:
-            return ""
-        value = value[key]
-    return f" (got {value!r:.80})"
+    found = _lookup(data, m.group(1).split(".")[1:]) if m else ()
+    return f" (got {found[0]!r:.80})" if found else ""
 
 
 def _did_you_mean(error: str) -> str:

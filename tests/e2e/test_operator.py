@@ -64,6 +64,16 @@ def _steps(log: Path) -> int:
     return max((m.step for m in LogReader(log) if isinstance(m, StepEnd)), default=0)
 
 
+def _until_steps(proc: subprocess.Popen, log: Path, steps: int) -> None:
+    """Wait until the run has logged ``steps`` (a bound, not a synchronisation: the run reports them)."""
+    me = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 300
+    while _steps(log) < steps:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run did not reach its steps"
+        psutil.wait_procs([me], timeout=0.5)  # returns at once if it exits
+
+
 def _listening(pid: int) -> list[tuple[str, int, str]]:
     """(address, port, process name) of every listening TCP socket of ``pid``'s process tree."""
     root = psutil.Process(pid)
@@ -95,12 +105,7 @@ def test_a_run_listens_only_on_loopback_stops_on_a_signal_and_resumes_exactly_on
     log = run / "events.bin"
     proc = _shunter(str(cfg), "--run-id", "op")
     try:
-        me = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 300  # a bound, not a synchronisation: the run reports its steps
-        while _steps(log) < STOP_AFTER:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the run did not reach its steps"
-            psutil.wait_procs([me], timeout=0.5)  # returns at once if it exits
+        _until_steps(proc, log, STOP_AFTER)
         seen = _listening(proc.pid)
         assert len(seen) >= 4, f"expected Ray's servers in the listing, got {seen}"
         exposed = [s for s in seen if not _loopback(s[0])]
@@ -139,12 +144,8 @@ def test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process(tiny_model,
     log = run / "events.bin"
     proc = _shunter(str(cfg), "--run-id", "op2")
     try:
+        _until_steps(proc, log, 5)
         me = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 300  # a bound, not a synchronisation: the run reports its steps
-        while _steps(log) < 5:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the run did not reach its steps"
-            psutil.wait_procs([me], timeout=0.5)
         tree = [me, *me.children(recursive=True)]
         os.killpg(proc.pid, signal.SIGINT)
         psutil.wait_procs([me], timeout=0.3)  # the second comes while the first stop runs (or just after)

@@ -56,6 +56,7 @@ from shunter.events import (
     Intent,
     IntentRejected,
     Message,
+    RelayReport,
     ReplicaRestart,
     ReplicaUp,
     RunEnded,
@@ -374,7 +375,8 @@ class Engine:
     # -- observing and steering ---------------------------------------------------------
     async def events(self) -> AsyncIterator[Event]:
         """Typed events of the run from its start (commands on the bus are skipped), until
-        ``RunEnded``. The feed keeps the last 200,000 messages; a reader that falls further
+        ``RunEnded``; the facts a relay folded into a ``RelayReport`` come one by one, as
+        the replicas emitted them. The feed keeps the last 200,000 messages; a reader that falls further
         behind gets a warning with the number it missed. When the run restarts from a
         checkpoint the stream goes on with the new attempt's events (``RunResumed`` first)."""
         from ray.exceptions import RayActorError
@@ -404,7 +406,10 @@ class Engine:
                     self.ended = msg
                     yield msg
                     return
-                if isinstance(msg, Event):
+                if msg.__class__ is RelayReport:  # the facts a relay folded, one by one
+                    for ev in msg.events:  # type: ignore[attr-defined]
+                        yield ev
+                elif isinstance(msg, Event):
                     yield msg
             if restarted:
                 cursor = 0

@@ -26,6 +26,7 @@ from shunter.engine.datasets import DataError, Dataset, Row, expand, prompt_room
 from shunter.engine.errors import bounded, describe
 from shunter.engine.loop import Coordinator
 from shunter.engine.records import RunSinks
+from shunter.engine.relay import Relay
 from shunter.events import (
     BatchReady,
     CommandFailed,
@@ -147,6 +148,13 @@ class CoordinatorActor:
             generate_timeout_s=self.cfg.rollout.generate_timeout_s,
             weight_group=wt if wt in ("nccl", "gloo") else "",
             group_timeout_s=self.cfg.trainer.weight_group_timeout_s,
+        )
+        self.executor.relay = Relay(  # the replicas whose streams this process holds: folded here
+            "local",
+            self.executor.post_through_relay,
+            Stamper(run_id, "relay:local"),
+            window_s=self.cfg.rollout.report_window_s,
+            max_events=self.cfg.rollout.report_max_events,
         )
         self.waiters = Waiters()
         self.last_ready: WeightsReady | None = None

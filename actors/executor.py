@@ -325,7 +325,7 @@ class RayExecutor(TaskExecutor):
                 self._refs[ev.handle] = refs[0]
                 for old in sorted(self._refs, key=_version)[:-2]:
                     del self._refs[old]
-        self._deliver(events)
+        self._deliver(events, target)
 
     def _emit(self, events: list) -> None:
         self._deliver([self.stamp(e) for e in events])

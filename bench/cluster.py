@@ -20,7 +20,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import looptime
@@ -40,15 +40,18 @@ from shunter.engine.local import LocalExecutor
 from shunter.engine.loop import Coordinator
 from shunter.engine.ranks import RankTable
 from shunter.engine.records import RunSinks
+from shunter.engine.relay import Relay
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
 from shunter.events import (
     Message,
     PromptSpec,
     RankAssigned,
+    RelayReport,
     ReplicaUp,
     RunEnded,
     Stamper,
+    flatten,
 )
 from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
 from shunter.policies import Policy, make_policy
@@ -73,7 +76,15 @@ class SimResult:
     """How many messages each loop turn of ``handle_s`` handled."""
     latency_s: list[float]
     """Per message: simulated seconds from its posting to the end of its handling (queueing
-    included; with ``charge_coordinator`` the handling itself takes its real CPU time)."""
+    included; with ``charge_coordinator`` the handling itself takes its real CPU time); per fact
+    of a relay's report, from when its replica stamped it (the relay's window included)."""
+    relays: int = 0
+    """Relays the replicas' answers went through (simulated nodes)."""
+    relay_cpu_s: list[float] = field(default_factory=list)
+    """Real seconds each relay spent folding (its own process's work, never the coordinator's)."""
+    relay_flushes: int = 0
+    relay_folded: int = 0
+    """Facts the relays posted, in ``relay_flushes`` messages."""
 
 
 class ChargedInbox(asyncio.Queue):
@@ -127,6 +138,7 @@ def run_sim(
     charge_coordinator: bool = False,
     out_dir: Path | None = None,
     timer=time.perf_counter,
+    replicas_per_relay: int = 8,
 ) -> SimResult:
     """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
     folding sink such as ``analysis.Summary`` instead). ``policy``: an instance to use instead
@@ -135,7 +147,10 @@ def run_sim(
     ``charge_coordinator``: the coordinator's real CPU time passes on the simulated clock;
     ``out_dir``: attach a production run's sinks (event log, structured log, metrics, feed)
     writing there; ``timer``: what measures the coordinator's time per message (a test
-    passes a fake one)."""
+    passes a fake one); ``replicas_per_relay``: replicas per simulated node, each node's
+    answers folded by a relay of its own (``engine.relay``, with ``rollout.report_window_s``;
+    0: one relay for all, as in one process). The caller's ``sinks`` are observers: they see
+    each turn's messages (a report's facts one by one) after the turn, outside its charged time."""
     # nothing in a simulation waits on I/O or threads: time may jump as soon as no callback is ready
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
     extra = RunSinks.open(out_dir) if out_dir is not None else None
@@ -146,12 +161,14 @@ def run_sim(
             seed,
             keep,
             loop,
-            [*(extra or ()), *sinks],
+            extra,
+            list(sinks),
             policy,
             checkpoints,
             resume,
             charge_coordinator,
             timer,
+            replicas_per_relay,
         )
         return loop.run_until_complete(asyncio.wait_for(job, time_limit_s))
     finally:
@@ -166,12 +183,14 @@ async def _run(
     seed: int,
     keep: bool,
     loop,
+    extra: RunSinks | None,
     sinks: list,
     policy: Policy | None,
     checkpoints: Path | None,
     resume: Path | None,
     charge: bool,
     timer,
+    per_relay: int,
 ) -> SimResult:
     run_id = f"sim-{seed}"
     clock = loop.time
@@ -227,13 +246,24 @@ async def _run(
         core.load(str(resume))
     trainer = TrainerHost(core, Stamper(run_id, "trainer", clock), transport="sim")
     executor = LocalExecutor(run_id, trainer, cores, max_tokens=cfg.rollout.max_tokens, clock=clock)
+    trainer.deliver = executor.deliver  # the trainer hands new weights to the nodes' relays
+    relays = _relays(cfg, executor, list(cores), per_relay, run_id, clock)
     kept: list[Message] = []
     count = [0]
+    recorded: list[Message] = []  # this turn's messages, for the observers once the turn's time is taken
 
     def sink(m: Message) -> None:
         count[0] += 1
         if keep:
             kept.append(m)
+
+    observers = [sink, *sinks]
+
+    def observe() -> None:  # an observer sees a report's facts one by one, outside the charged time
+        for m in flatten(recorded):
+            for obs in observers:
+                obs(m)
+        recorded.clear()
 
     inbox = ChargedInbox(clock)
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
@@ -243,7 +273,7 @@ async def _run(
         executor,
         prompts(),
         run_id=run_id,
-        sinks=[sink, *sinks],
+        sinks=[*(extra or ()), recorded.append],
         clock=clock,
         checkpoints=store,
         inbox=inbox,
@@ -257,15 +287,21 @@ async def _run(
     handle_many = coord.handle_many
 
     def timed(msgs: list[Message]) -> None:
+        observe()  # what was recorded outside a turn (the opening)
         t = timer()
         handle_many(msgs)
         dt = timer() - t
+        observe()
         spent.append(dt)
         sizes.append(len(msgs))
         if charge:
             inbox.debt += dt
         now = clock() + (dt if charge else 0.0)
-        latency.extend(now - posted for posted in inbox.took()[-len(msgs) :])  # before: the opening's
+        for m, posted in zip(msgs, inbox.took()[-len(msgs) :], strict=True):  # before: the opening's
+            if m.__class__ is RelayReport:  # each fact as late as the report's first: the window counts
+                latency.extend([now - posted + m.held_s] * len(m.events))
+            else:
+                latency.append(now - posted)
 
     coord.handle_many = timed
     t0, wall0 = clock(), time.perf_counter()
@@ -273,6 +309,38 @@ async def _run(
         ended = await coord.run()
     finally:
         await executor.close()
+        observe()  # an end outside a turn (a stall, a crash)
     return SimResult(
-        ended, kept, clock() - t0, time.perf_counter() - wall0, count[0], sum(spent), spent, sizes, latency
+        ended,
+        kept,
+        clock() - t0,
+        time.perf_counter() - wall0,
+        count[0],
+        sum(spent),
+        spent,
+        sizes,
+        latency,
+        relays=len(relays),
+        relay_cpu_s=[r.cpu_s for r in relays],
+        relay_flushes=sum(r.flushes for r in relays),
+        relay_folded=sum(r.folded for r in relays),
     )
+
+
+def _relays(cfg: EngineConfig, executor: LocalExecutor, replicas: list[str], per: int, run_id: str, clock):
+    """One relay per simulated node of ``per`` replicas (0: one for all), each with its own
+    stamp, as each node's relay actor would be."""
+    r = cfg.rollout
+    out: list[Relay] = []
+    for k in range(0, len(replicas), per or max(1, len(replicas))):
+        relay = Relay(
+            f"node:{len(out)}",
+            executor.post_through_relay,
+            Stamper(run_id, f"relay:{len(out)}", clock),
+            window_s=r.report_window_s,
+            max_events=r.report_max_events,
+        )
+        out.append(relay)
+        for rid in replicas[k : k + (per or len(replicas))]:
+            executor.route(rid, relay)
+    return out

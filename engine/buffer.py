@@ -54,7 +54,12 @@ class Group:
     — the version its staleness is measured from, which may be newer than the dispatch version
     when a replica loaded new weights before generating it."""
 
+    oldest: int | None = None
+    """The oldest weight version of any token of its samples so far (None: no token yet); kept
+    by :meth:`put`, so :attr:`min_version` costs nothing however often it is asked."""
+
     def __post_init__(self) -> None:
+        self.oldest = min((s.min_version for s in self.samples.values() if s.versions), default=None)
         self.level = self.rule_level()
 
     def rule_level(self) -> int:
@@ -63,6 +68,14 @@ class Group:
             return self.min_version
         return min([self.dispatch_version, *(s.min_version for s in self.samples.values() if s.versions)])
 
+    def put(self, sample: Sample) -> None:
+        """A finished sample joins the group (the only way samples are added)."""
+        self.samples[sample.sample_id] = sample
+        if sample.versions:
+            v = sample.min_version
+            if self.oldest is None or v < self.oldest:
+                self.oldest = v
+
     @property
     def complete(self) -> bool:
         return len(self.samples) >= self.n
@@ -70,7 +83,7 @@ class Group:
     @property
     def min_version(self) -> int:
         """The oldest weight version any of its tokens came from (a sample without tokens has none)."""
-        return min((s.min_version for s in self.samples.values() if s.versions), default=self.dispatch_version)
+        return self.dispatch_version if self.oldest is None else self.oldest
 
 
 class GroupState(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,10 +176,11 @@ class SampleBuffer:
         (dropped or trained) groups are ignored and return False."""
         sample.check()
         g = self._groups.get(sample.group_id)
-        if g is None or g.complete:
+        if g is None or len(g.samples) >= g.n:
             return False
-        g.samples[sample.sample_id] = sample
-        level = g.min_version if g.complete else min(g.level, sample.min_version if sample.versions else g.level)
+        g.put(sample)
+        complete = len(g.samples) >= g.n
+        level = g.min_version if complete else min(g.level, sample.min_version if sample.versions else g.level)
         if level != g.level:
             self._levels[g.level] -= 1
             if not self._levels[g.level]:
@@ -174,7 +188,7 @@ class SampleBuffer:
             g.level = level
             self._levels[g.level] += 1
             self._changes += 1
-        if g.complete:
+        if complete:
             self._ready[g.group_id] = None
             self._ready_levels[g.level] += 1
             self._ready_by_level.setdefault(g.level, {})[g.group_id] = None

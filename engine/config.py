@@ -304,6 +304,20 @@ class RolloutConfig(_Section):
     cpu_bind: Annotated[
         list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")
     ] = []
+    report_window_s: Annotated[
+        float,
+        _d(
+            "Relays fold the per-sample facts (a sample begun, resumed, cut, ended; a weight load) of the replicas behind them into one report per this many seconds, so the coordinator handles one message per window instead of one per sample; each fact waits at most this long. 0: only the facts of one sample's end travel together (no wait).",
+            ge=0,
+            le=1.0,
+        ),
+    ] = 0.01
+    report_max_events: Annotated[
+        PosInt,
+        _d(
+            "A relay's report holds at most this many facts (a fuller window is sent at once); 1 folds nothing: every fact reaches the coordinator alone."
+        ),
+    ] = 512
 
 
 class TrainerConfig(_Section):

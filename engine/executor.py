@@ -15,7 +15,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from shunter.events import Message, Order
+from shunter.engine.relay import Relay
+from shunter.events import Generate, Message, Order
 
 TRAINER = "trainer"
 Post = Callable[[list[Message]], None]
@@ -27,6 +28,10 @@ class Executor(Protocol):
 
     def send(self, target: str, command: Order) -> None: ...
 
+    def relay_of(self, target: str) -> str:
+        """The relay that can take weights for ``target`` straight from the trainer (named in
+        ``Publish.deliver``); "" where it must be loaded by an ``InstallWeights`` of its own."""
+
     def pending(self) -> int:
         """Commands sent whose outcome has not been posted yet."""
 
@@ -35,17 +40,74 @@ class Executor(Protocol):
 
 class TaskExecutor:
     """Shared bookkeeping: each ``send`` runs ``_call(target, command)`` as a task whose
-    outcome ``_call`` posts itself; ``pending`` counts them; ``close`` cancels them."""
+    outcome ``_call`` posts itself; ``pending`` counts them; ``close`` cancels them.
+
+    What a replica answers goes through its relay (``relays[target]``, else ``relay``; none:
+    straight to the coordinator), which folds per-sample facts into reports; anything else
+    (the trainer's answers, the executor's own facts) first flushes every relay, so no fact
+    about a replica is overtaken by one posted after it. ``Generate`` orders to a replica in
+    :attr:`relays` leave once per loop turn, batched per relay (:meth:`_relayed`): the
+    coordinator pays one hand-over per node, not one call per prompt group."""
 
     def __init__(self) -> None:
         self._post: Post | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._targets: dict[asyncio.Task[None], str] = {}
+        self.relay: Relay | None = None
+        """The relay of every replica not in :attr:`relays`."""
+        self.relays: dict[str, Relay] = {}
+        """Replica id -> the relay its answers go through (a simulated node's, say): see :meth:`route`."""
+        self._relays: dict[int, Relay] = {}  # every relay of ``relays``, once
+        self._outbox: dict[int, tuple[Relay, list[tuple[str, Order]]]] = {}  # relay -> orders this turn
+        self._queued = 0
+
+    def route(self, target: str, relay: Relay) -> None:
+        """``target``'s answers go through ``relay``."""
+        self.relays[target] = relay
+        self._relays[id(relay)] = relay
+
+    def relay_of(self, target: str) -> str:
+        r = self.relays.get(target)
+        return r.name if r is not None else ""
+
+    def relay_named(self, name: str) -> Relay | None:
+        return next((r for r in self._relays.values() if r.name == name), None)
+
+    def post_through_relay(self, events: list[Message]) -> None:
+        """What relays post: on to the coordinator (a relay is made before ``bind``)."""
+        assert self._post is not None, "bind() was not called"
+        self._post(events)
 
     def bind(self, post: Post) -> None:
         self._post = post
 
     def send(self, target: str, command: Order) -> None:
+        relay = self.relays.get(target) if command.__class__ is Generate else None
+        if relay is None:
+            self._start(target, command)
+            return
+        box = self._outbox.get(id(relay))
+        if box is None:
+            if not self._outbox:
+                asyncio.get_running_loop().call_soon(self._hand_over)
+            box = self._outbox[id(relay)] = (relay, [])
+        box[1].append((target, command))
+        self._queued += 1
+
+    def _hand_over(self) -> None:
+        boxes, self._outbox, self._queued = list(self._outbox.values()), {}, 0
+        for relay, orders in boxes:
+            self._relayed(relay, orders)
+
+    def _relayed(self, relay: Relay, orders: list[tuple[str, Order]]) -> None:
+        """Hand a turn's orders for the replicas behind ``relay`` over to it (in-process: start
+        them here, timed as the relay's work)."""
+        t0 = relay.timer()
+        for target, cmd in orders:
+            self._start(target, cmd)
+        relay.cpu_s += relay.timer() - t0
+
+    def _start(self, target: str, command: Order) -> None:
         task = asyncio.get_running_loop().create_task(self._call(target, command))
         self._tasks.add(task)
         self._targets[task] = target
@@ -62,15 +124,31 @@ class TaskExecutor:
     async def _call(self, target: str, command: Order) -> None:
         raise NotImplementedError
 
-    def _deliver(self, events: list[Message]) -> None:
+    def _deliver(self, events: list[Message], target: str = "") -> None:
+        """Post what ``target`` (a replica; "": the trainer or the executor itself) answered."""
         assert self._post is not None, "bind() was not called"
-        if events:  # a replica's progress beat carries none: nothing to post
-            self._post(events)
+        if not events:  # a replica's progress beat carries none: nothing to post
+            return
+        if target and target != TRAINER and (relay := self.relays.get(target, self.relay)) is not None:
+            relay.push(events)
+            return
+        self.flush_relays()
+        self._post(events)
+
+    def flush_relays(self) -> None:
+        if self.relay is not None:
+            self.relay.flush()
+        for r in self._relays.values():
+            if r.held:
+                r.flush()
 
     def pending(self) -> int:
-        return len(self._tasks)
+        return len(self._tasks) + self._queued
 
     async def close(self) -> None:
+        self._outbox, self._queued = {}, 0
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._post is not None:
+            self.flush_relays()

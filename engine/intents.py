@@ -21,6 +21,7 @@ from shunter.engine.state import EngineState
 from shunter.events import (
     Batch,
     Consolidate,
+    Delivery,
     EnterRollout,
     EnterTrainer,
     Event,
@@ -265,8 +266,22 @@ class Intents:
         if t.steps_since_publish == 0:
             self.reject(intent, "nothing_new", f"no optimizer step since version {t.version} was published")
             return
-        self.publish()
+        self.publish(intent.replica_ids)
 
-    def publish(self) -> None:
-        self.state.trainer.state = "publishing"
-        self.executor.send(TRAINER_TARGET, Publish())
+    def publish(self, ids: list[str] | None = None) -> None:
+        """Publish the next version; the replicas among ``ids`` in rollout, not loading it yet
+        and behind a relay that can take it (``Executor.relay_of``) get it from the trainer
+        straight away (marked loading now: nothing loads them twice)."""
+        t, reps = self.state.trainer, self.state.replicas
+        t.state = "publishing"
+        relay_of = getattr(self.executor, "relay_of", None)
+        by_relay: dict[str, list[str]] = {}
+        for rid in ids or ():
+            r = reps.get(rid)
+            if r is None or r.mode != ROLLOUT or r.loading > t.version or relay_of is None:
+                continue
+            if relay := relay_of(rid):
+                r.loading = t.version + 1
+                by_relay.setdefault(relay, []).append(rid)
+        deliver = [Delivery(relay=k, replica_ids=v) for k, v in by_relay.items()]
+        self.executor.send(TRAINER_TARGET, Publish(deliver=deliver))

@@ -17,6 +17,7 @@ from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
 from shunter.events import (
     CommandFailed,
+    Delivery,
     EnterRollout,
     Generate,
     InstallWeights,
@@ -46,6 +47,21 @@ class LocalExecutor(TaskExecutor):
         self.blobs: dict[str, bytes] = {}
         self._dead: set[str] = set()
 
+    def deliver(self, version: int, handle: str, blob: bytes | None, deliveries: list[Delivery]) -> None:
+        """The trainer hands a version it just published to relays (``Publish.deliver``): each
+        relay gives its replicas an ``InstallWeights`` (its work, not the coordinator's)."""
+        if blob is not None:
+            self._keep(handle, blob)
+        for d in deliveries:
+            relay = self.relay_named(d.relay)
+            if relay is not None:
+                self._relayed(relay, [(rid, InstallWeights(version=version, handle=handle)) for rid in d.replica_ids])
+
+    def _keep(self, handle: str, blob: bytes) -> None:
+        self.blobs[handle] = blob
+        for old in list(self.blobs)[:-2]:  # keep the last two versions
+            del self.blobs[old]
+
     def kill(self, replica_id: str, reason: str = "killed") -> None:
         """Fault injection: the replica vanishes mid-call (its calls never answer, like a dead
         actor's) and the executor reports it down, as the Ray executor does on ``RayActorError``."""
@@ -63,16 +79,14 @@ class LocalExecutor(TaskExecutor):
                 events, blob = await self.trainer.handle(cmd)
                 for ev in events:
                     if isinstance(ev, WeightsReady) and blob is not None:
-                        self.blobs[ev.handle] = blob
-                        for old in list(self.blobs)[:-2]:  # keep the last two versions
-                            del self.blobs[old]
+                        self._keep(ev.handle, blob)
             else:
                 payload = self.blobs.get(cmd.handle) if isinstance(cmd, InstallWeights | EnterRollout) else None
                 if isinstance(cmd, Generate):  # each sample's events as it ends, like the Ray executor
                     async for evs in self.replicas[target].generate_stream(cmd):
                         if target in self._dead:
                             return
-                        self._deliver(list(evs))
+                        self._deliver(list(evs), target)
                     return
                 events = await self.replicas[target].handle(cmd, payload, max_tokens=self.max_tokens)
         except EngineDead as e:  # the replica is dead as a whole, as the Ray executor reports it
@@ -89,4 +103,4 @@ class LocalExecutor(TaskExecutor):
                     )
                 )
             ]
-        self._deliver(list(events))
+        self._deliver(list(events), target)

@@ -11,6 +11,9 @@ Every message is handled by the same numbered steps, in arrival order, by one co
                 per batch of messages that arrived together (``handle_many``), after all of them
     5. finale   once the run should end, move it towards ``RunEnded`` (``engine/finale.py``)
 
+A ``RelayReport`` (``engine/relay.py``) is recorded once and its facts are then applied, decided
+on and drained one by one, exactly as if each had come alone.
+
 Events the coordinator derives on the way (``GroupDropped``, ``BatchReady``, ``IntentRejected``
 …) are handled before the next message from outside.
 
@@ -59,6 +62,7 @@ from shunter.events import (
     LoopIdle,
     Message,
     PromptSpec,
+    RelayReport,
     RunEnded,
     RunResumed,
     RunStarted,
@@ -307,7 +311,9 @@ class Coordinator:
     def _step(self, msg: Message) -> None:
         self._current = msg
         self._record(msg)
-        if isinstance(msg, Intent):
+        if msg.__class__ is RelayReport:
+            self._report(msg)  # type: ignore[arg-type]
+        elif isinstance(msg, Intent):
             self._stage = "intent"
             self.intents.carry_out(msg)
         elif isinstance(msg, Event):
@@ -322,6 +328,20 @@ class Coordinator:
                     error=f"{tag_of(msg)} is an order; only the coordinator gives orders (submit intents)",
                 )
             )
+
+    def _report(self, report: RelayReport) -> None:
+        """A relay's report: each fact it carries is applied, shown to the policy and followed
+        by what it derived, as if it had come alone (it was recorded with the report)."""
+        for ev in report.events:
+            self._current = ev
+            self._stage = "apply"
+            self.applier.apply(ev)
+            if self._opened and self.ended is None:
+                self._decide(ev)
+            if self._derived:
+                self._drain(pump=False)
+            if self.ended is not None:
+                return
 
     def _pump(self) -> None:
         if self._opened and not self.finale.finishing and self.ended is None:

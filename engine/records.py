@@ -26,6 +26,7 @@ from shunter.events import (
     Codec,
     GroupDropped,
     Message,
+    RelayReport,
     RunEnded,
     StepEnd,
     ValidateEnd,
@@ -114,6 +115,11 @@ class LogSink:
         self._routine: dict[tuple[object, ...], int] = {}
 
     def __call__(self, msg: Message) -> None:
+        if msg.__class__ is RelayReport:  # its facts, as if alone (most return at the next line)
+            for ev in msg.events:  # type: ignore[attr-defined]
+                if ev.__class__ is WeightsLoaded or (ev.__class__ is SampleAborted and ev.reason == "failed"):
+                    self(ev)
+            return
         if isinstance(msg, QUIET) or (msg.__class__ is SampleAborted and msg.reason != "failed"):
             return  # routine per-sample messages; a sample that failed is worth a line
         count = 0
@@ -198,7 +204,11 @@ class MetricsSink:
                 self._tb = None
 
     def __call__(self, msg: Message) -> None:
-        if isinstance(msg, SampleEnd):
+        if msg.__class__ is RelayReport:
+            for ev in msg.events:  # type: ignore[attr-defined]
+                if ev.__class__ is SampleEnd:
+                    self._tokens += len(ev.sample.token_ids)
+        elif isinstance(msg, SampleEnd):
             self._tokens += len(msg.sample.token_ids)
         elif isinstance(msg, StepEnd):
             wall = msg.wall_time - self._t0

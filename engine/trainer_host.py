@@ -5,7 +5,8 @@ weight-group commands (``JoinWeightGroup`` -> ``WeightGroupOpened``, ``SendWeigh
 ``WeightsSent``, ``LeaveWeightGroup``), which touch only the published copies and run beside
 a training step, so a replica's weight load never waits for one; otherwise —
 ``Train`` -> ``StepBegin`` + ``StepEnd``; ``Publish`` -> ``WeightsReady`` (the weight blob is
-returned beside the events, never inside one); ``OffloadState``/``OnloadState`` ->
+returned beside the events, never inside one; the relays ``Publish.deliver`` names get the
+version first, from here, so those replicas load it without waiting on the coordinator); ``OffloadState``/``OnloadState`` ->
 ``Offloaded``/``Onloaded``; ``SaveCheckpoint`` -> ``TrainerStateSaved``. A ``Train`` whose
 user loss fails (``UserCodeError``) is answered by ``CommandFailed(user_code=...)`` and the
 trainer takes the next order as usual. Heavy work runs in a thread so the host's loop stays
@@ -25,6 +26,7 @@ from typing import Any
 from shunter.engine.errors import UserCodeError
 from shunter.events import (
     CommandFailed,
+    Delivery,
     Event,
     JoinWeightGroup,
     LeaveWeightGroup,
@@ -48,6 +50,10 @@ from shunter.events import (
 )
 
 
+Deliver = Callable[[int, str, Any, list[Delivery]], None]
+"""(version, handle, the published payload, deliveries): see ``TrainerHost``'s ``deliver``."""
+
+
 def _now() -> float:
     """Durations are measured on the running loop's clock: monotonic in real runs,
     virtual in a simulation (``shunter.bench``)."""
@@ -56,12 +62,21 @@ def _now() -> float:
 
 class TrainerHost:
     def __init__(
-        self, core: Any, stamp: Stamper, *, transport: str = "ray_object_store", threaded: bool = True
+        self,
+        core: Any,
+        stamp: Stamper,
+        *,
+        transport: str = "ray_object_store",
+        threaded: bool = True,
+        deliver: Deliver | None = None,
     ) -> None:
+        """``deliver(version, handle, blob, deliveries)``: hands a version just published to the
+        relays a ``Publish`` names (``Publish.deliver``), before the host answers ``WeightsReady``."""
         self.core = core
         self.stamp = stamp
         self.transport = transport
         self.threaded = threaded
+        self.deliver = deliver
         self._lock = asyncio.Lock()
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -110,11 +125,14 @@ class TrainerHost:
                     blob = await self._run(core.publish)
                     nbytes = getattr(core, "published_nbytes", None) or len(blob)  # a simulator models the size
                     transport = getattr(core, "transport", None) or self.transport
+                    handle = f"{transport}:{core.version}"
+                    if cmd.deliver and self.deliver is not None:
+                        self.deliver(core.version, handle, blob, cmd.deliver)
                     return [
                         self.stamp(
                             WeightsReady(
                                 version=core.version,
-                                handle=f"{transport}:{core.version}",
+                                handle=handle,
                                 transport=transport,
                                 nbytes=nbytes,
                                 duration_s=_now() - t0,

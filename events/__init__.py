@@ -48,6 +48,7 @@ from shunter.events.lifecycle import (
 from shunter.events.logfile import Damage, LogReader, TornLog, read_log, repair
 from shunter.events.orders import (
     CutSamples,
+    Delivery,
     EnterRollout,
     EnterTrainer,
     Generate,
@@ -63,6 +64,7 @@ from shunter.events.orders import (
     ShedGroups,
     Train,
 )
+from shunter.events.relay import REPORTED, RelayReport, flatten
 from shunter.events.replicas import (
     RankAssigned,
     RankReleased,
@@ -148,6 +150,8 @@ __all__ = [
     "PublishWeights",
     "RankAssigned",
     "RankReleased",
+    "REPORTED",
+    "RelayReport",
     "Rebalance",
     "ReplicaDown",
     "ReplicaGivenUp",
@@ -181,6 +185,7 @@ __all__ = [
     "SwitchToTrainer",
     "TornLog",
     "Damage",
+    "Delivery",
     "LogReader",
     "repair",
     "Train",
@@ -196,6 +201,7 @@ __all__ = [
     "WeightsLoaded",
     "WeightsReady",
     "WeightsSent",
+    "flatten",
     "group_of",
     "read_log",
     "sample_id",

@@ -19,7 +19,7 @@ from typing import Union
 
 import msgspec
 
-from shunter.events import intents, lifecycle, orders, replicas, rollout, training, validation
+from shunter.events import intents, lifecycle, orders, relay, replicas, rollout, training, validation
 from shunter.events.base import Command, Event, Intent, Message, Order, tag_of
 
 
@@ -33,7 +33,7 @@ def _subclasses(module: ModuleType, base: type) -> list[type]:
 
 
 EVENT_TYPES: tuple[type[Event], ...] = tuple(
-    cls for m in (lifecycle, rollout, training, replicas, validation) for cls in _subclasses(m, Event)
+    cls for m in (lifecycle, rollout, training, replicas, validation, relay) for cls in _subclasses(m, Event)
 )
 INTENT_TYPES: tuple[type[Intent], ...] = tuple(_subclasses(intents, Intent))
 ORDER_TYPES: tuple[type[Order], ...] = tuple(_subclasses(orders, Order))

@@ -116,6 +116,16 @@ CASES: list[e.Message] = [
         policy="MyPolicy", on_kind="rollout.sample_end", decide_ms=52.5, budget_ms=10.0, slow_calls=10, calls=40, **ENV
     ),
     e.LoopIdle(in_flight=0, **ENV),
+    e.RelayReport(
+        relay="node:5e1f0c2a",
+        events=[
+            e.SampleBegin(sample_id="3.1", group_id=3, replica_id="standalone-0", version=1, **ENV),
+            e.SampleEnd(replica_id="standalone-0", sample=SAMPLE, **ENV),
+            e.WeightsLoaded(replica_id="standalone-1", version=2, duration_s=0.02, **ENV),
+        ],
+        held_s=0.004,
+        **ENV,
+    ),
     # intents
     e.SwitchToRollout(replica_ids=["hybrid-1"], **ENV),
     e.SwitchToTrainer(replica_ids=["hybrid-1"], sleep_level=2, **ENV),
@@ -123,7 +133,7 @@ CASES: list[e.Message] = [
     e.Onload(parts=["optimizer"], **ENV),
     e.TrainStep(loss_fn="my.mod:loss", **ENV),
     e.TrainBatch(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
-    e.PublishWeights(**ENV),
+    e.PublishWeights(replica_ids=["standalone-0"], **ENV),
     e.LoadWeights(version=2, replica_ids=["standalone-0"], **ENV),
     e.Rebalance(replica_ids=["standalone-0"], count=12, **ENV),
     e.Validate(replica_ids=["standalone-0"], **ENV),
@@ -138,7 +148,7 @@ CASES: list[e.Message] = [
     e.CutSamples(sample_ids=["3.1", "4.7"], **ENV),
     e.RunValidation(prompts=[PROMPT], **ENV),
     e.Train(batch_id=2, samples=[SAMPLE], loss_fn="my.mod:loss", **ENV),
-    e.Publish(**ENV),
+    e.Publish(deliver=[e.Delivery(relay="node:5e1f0c2a", replica_ids=["standalone-0"])], **ENV),
     e.OffloadState(parts=["optimizer", "params"], **ENV),
     e.OnloadState(parts=["optimizer"], **ENV),
     e.JoinWeightGroup(replica_ids=["standalone-0"], backend="nccl", host="10.0.0.1", port=29500, **ENV),

@@ -80,7 +80,15 @@ class PublishWeights(Intent, frozen=True, kw_only=True, tag="trainer.publish_wei
 
     ``policy | user -> coordinator -> trainer`` (``Publish``); answered by ``WeightsReady``.
     With no optimizer step since the last publish it is a no-op: nothing is sent, and the
-    coordinator answers ``IntentRejected(reason="nothing_new")`` so a waiting caller learns why."""
+    coordinator answers ``IntentRejected(reason="nothing_new")`` so a waiting caller learns why.
+
+    ``replica_ids``: replicas to load the new version on as soon as it exists — the trainer
+    rings their relays itself, so the weights reach them without a round trip through the
+    coordinator and the policy (each answers ``WeightsLoaded``); those down, or already loading
+    it, are skipped. Where the transport pairs each load with a send (``nccl``, ``gloo``), or a
+    replica has no relay, the coordinator loads them after ``WeightsReady`` instead."""
+
+    replica_ids: list[str] = []
 
 
 class LoadWeights(Intent, frozen=True, kw_only=True, tag="rollout.load_weights"):

@@ -140,10 +140,14 @@ class LogReader:
             self.good.append((start, end))
 
 
-def read_log(path: str | Path, *, strict: bool = False) -> Iterator[Message]:
+def read_log(path: str | Path, *, strict: bool = False, reports: bool = False) -> Iterator[Message]:
     """The readable messages of an event log. Damaged bytes are skipped (``LogReader`` says
-    where), or raise ``TornLog`` if ``strict``."""
-    yield from LogReader(path, strict=strict)
+    where), or raise ``TornLog`` if ``strict``. A relay's report (``RelayReport``, one frame) is
+    read as the facts it carries, in their order, unless ``reports``."""
+    from shunter.events.relay import flatten
+
+    reader = LogReader(path, strict=strict)
+    yield from (reader if reports else flatten(reader))
 
 
 def whole_frames(data: bytes) -> int:

@@ -9,6 +9,8 @@ with events (failures as ``CommandFailed``).
 
 from __future__ import annotations
 
+import msgspec
+
 from shunter.events.base import Order
 from shunter.events.data import PromptSpec, Sample, SamplingSpec
 from shunter.events.vocab import StatePart
@@ -96,7 +98,19 @@ class Train(Order, frozen=True, kw_only=True, tag="trainer.train"):
 class Publish(Order, frozen=True, kw_only=True, tag="trainer.publish"):
     """Publish the trainer's weights as the next version.
 
-    ``coordinator -> trainer`` for a ``PublishWeights`` (or the end of a run); answered by ``WeightsReady``."""
+    ``coordinator -> trainer`` for a ``PublishWeights`` (or the end of a run); answered by
+    ``WeightsReady``. ``deliver``: the trainer then hands the new version to each relay named
+    there, once, for its replicas (the relay gives each an ``InstallWeights``; each replica
+    answers ``WeightsLoaded`` to the coordinator through its relay)."""
+
+    deliver: list[Delivery] = []
+
+
+class Delivery(msgspec.Struct, frozen=True, kw_only=True):
+    """Replicas behind one relay that load a version straight from the trainer (``Publish``)."""
+
+    relay: str
+    replica_ids: list[str]
 
 
 class OffloadState(Order, frozen=True, kw_only=True, tag="trainer.offload_state"):

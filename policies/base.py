@@ -149,12 +149,13 @@ def checked_ignores(cls: type) -> tuple[type[Event], ...]:
 
 
 def train_or_publish(event: Event, view: EngineView) -> list[Intent]:
-    """Engine-driven training: publish when a sync cycle is complete, else train the next
-    ready mini-batch when the trainer is idle."""
+    """Engine-driven training: publish when a sync cycle is complete (the replicas in rollout
+    load it straight from the trainer), else train the next ready mini-batch when the trainer
+    is idle."""
     if view.trainer_driver != "engine" or view.done or view.trainer.state != "idle":
         return []
-    if view.trainer.steps_since_publish >= view.parameter_sync_step:
-        return [PublishWeights()]
+    if view.trainer.steps_since_publish >= view.parameter_sync_step:  # serving replicas get it straight away
+        return [PublishWeights(replica_ids=view.ids(mode=ROLLOUT))]
     if view.buffer.ready_batches > 0:
         return [TrainStep()]
     return []

@@ -28,9 +28,12 @@ REVISIONS = {
     "rollout.load_weights": 2,
     "validate.run": 2,
     "run.resumed": 2,
+    "trainer.publish_weights": 2,
+    "trainer.publish": 2,
 }
 """Tags whose message lost fields (issue 13: intents carry nothing the coordinator fills in) or
-gained optional ones (issue 14: ``RunResumed.skipped``)."""
+gained optional ones (issue 14: ``RunResumed.skipped``; issue 28: ``PublishWeights.replica_ids``,
+``Publish.deliver`` — weights straight to the replicas' relays)."""
 
 LEGACY: dict[str, e.Message] = {
     "replica.switch_to_rollout": e.SwitchToRollout(replica_ids=["hybrid-1"], **ENV),
@@ -40,6 +43,8 @@ LEGACY: dict[str, e.Message] = {
     "run.resumed": e.RunResumed(
         checkpoint="runs/r/checkpoints/step-00000010", step=10, version=5, attempt=1, reason="trainer died", **ENV
     ),
+    "trainer.publish_weights": e.PublishWeights(**ENV),
+    "trainer.publish": e.Publish(**ENV),
 }
 """What the first golden file of a revised tag decodes to now (old event logs stay readable)."""
 

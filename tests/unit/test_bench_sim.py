@@ -231,4 +231,5 @@ def test_a_slow_coordinator_slows_the_simulated_run_and_its_messages_queue():
     assert charged.sim_s >= sum(charged.handle_s)
     assert min(charged.latency_s) >= 0.25 - 1e-9  # each message waits for its own turn at least
     assert max(charged.latency_s) > 0.25 + 0.1  # and some queued behind an earlier turn
-    assert max(free.latency_s) < 1e-6  # uncharged, nothing waits in virtual time
+    # uncharged, nothing waits in virtual time but a fact in its relay's window
+    assert max(free.latency_s) <= cfg.rollout.report_window_s + 1e-9

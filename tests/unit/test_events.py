@@ -122,12 +122,25 @@ def test_event_log_reads_back_and_reports_a_torn_tail(tmp_path):
     codec = e.Codec()
     path = tmp_path / "events.bin"
     path.write_bytes(b"".join(codec.frame(m) for m in CASES))
-    assert list(e.read_log(path)) == CASES
+    assert list(e.read_log(path, reports=True)) == CASES
     with open(path, "ab") as f:
         f.write(codec.frame(CASES[0])[:-3])
-    assert list(e.read_log(path)) == CASES
+    assert list(e.read_log(path, reports=True)) == CASES
     with pytest.raises(e.TornLog):
         list(e.read_log(path, strict=True))
+
+
+def test_a_relay_report_reads_back_as_the_facts_it_folded_in_their_order(tmp_path):
+    """One frame on disk; ``read_log`` (and ``flatten``) yield its facts in place, so a reader
+    of the log never needs to know reports exist."""
+    report = next(m for m in CASES if isinstance(m, e.RelayReport))
+    before, after = e.RunStarted(policy="p", replicas=1), e.StepBegin(step=1, batch_id=0, samples=2, version=0)
+    path = tmp_path / "events.bin"
+    codec = e.Codec()
+    path.write_bytes(b"".join(codec.frame(m) for m in (before, report, after)))
+    assert list(e.read_log(path)) == [before, *report.events, after]
+    assert list(e.flatten([before, report, after])) == [before, *report.events, after]
+    assert list(e.read_log(path, reports=True)) == [before, report, after]
 
 
 def test_stamper_sets_monotonic_envelope():

@@ -53,7 +53,7 @@ def test_separate_trains_publishes_and_loads():
     busy = view(S0, H1, trainer=TrainerView(state="training"), buffer=BufferView(ready_batches=1))
     assert p.decide(READY, busy) == []  # never twice while training
     due = view(S0, H1, trainer=TrainerView(steps_since_publish=2), buffer=BufferView(ready_batches=1))
-    assert p.decide(STEP, due) == [PublishWeights()]
+    assert p.decide(STEP, due) == [PublishWeights(replica_ids=["standalone-0"])]  # straight to the serving replica
     assert p.decide(WEIGHTS, view(S0, H1)) == [LoadWeights(version=1, replica_ids=["standalone-0"])]
     with pytest.raises(ValueError, match="at least one standalone"):
         SeparatePolicy.check_setup(standalone=0, hybrid=2)

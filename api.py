@@ -308,7 +308,7 @@ class Engine:
         to replace), so the coordinator tries again or gives the slot up."""
         await asyncio.sleep(restart.delay_s)  # the backoff itself, not a synchronisation
         try:
-            rid = await self.add_replica(restart.replica_kind)
+            rid = await self.add_replica(restart.replica_kind, replacing=restart.replica_id)
         except RunEndedError:
             return
         except Exception as e:  # noqa: BLE001 - it could not even be made (no room, no registry): say so
@@ -326,19 +326,22 @@ class Engine:
         except EngineSetupError:
             pass  # bring_up told the coordinator (ComponentFailed naming it)
 
-    async def add_replica(self, kind: str = STANDALONE) -> str:
+    async def add_replica(self, kind: str = STANDALONE, *, replacing: str = "") -> str:
         """Start one more replica while the run goes on (elastic capacity, or a replacement
         for one that died — it takes the smallest free rank). Returns its id as soon as the
-        registry gave it a rank and its actor exists (milliseconds); the engine starts in the
+        registry gave it a rank and its actor exists (milliseconds, once the cluster has room
+        for it: without room it waits — ``ReplicaPending`` says for what — up to
+        ``rollout.replacement_wait_s``, then raises ``EngineSetupError``); the engine starts in the
         background — ``await engine.replica_ready(rid)`` waits for it, and ``ReplicaUp`` in
         ``events()`` says it serves (a standalone replica loads the current weights first). A
-        replica that fails to start is reported as ``ComponentFailed`` and by ``replica_ready``."""
+        replica that fails to start is reported as ``ComponentFailed`` and by ``replica_ready``.
+        ``replacing``: the replica it replaces (the supervisor's replacements name it)."""
         if kind not in (STANDALONE, HYBRID):
             raise ValueError(f"kind must be {STANDALONE!r} or {HYBRID!r}, got {kind!r}")
         self._live()
         if self.ended is not None:
             raise RunEndedError(self.ended)
-        rid, h, rank, opening = await self._launch.new_replica(kind, mid_run=True)
+        rid, h, rank, opening = await self._launch.new_replica(kind, mid_run=True, replacing=replacing)
         await self._live().ingest.remote(self._codec.encode_batch(opening), "engine")  # its rank, at once
         opening = []
         task = asyncio.get_running_loop().create_task(self._launch.bring_up(rid, h, kind, rank, opening))

@@ -27,6 +27,7 @@ from shunter.events import (
     PolicySlow,
     ReplicaDown,
     ReplicaGivenUp,
+    ReplicaPending,
     ReplicaRestart,
     RunEnded,
     RunResumed,
@@ -200,6 +201,14 @@ async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
         elif isinstance(ev, ReplicaRestart):
             tqdm.write(
                 f"replica.restart: replacing {ev.replica_id} (rank {ev.rank}, attempt {ev.attempt}) in {ev.delay_s:g}s",
+                file=sys.stderr,
+            )
+        elif isinstance(ev, ReplicaPending):
+            need = ", ".join(f"{v:g} {k} (free {ev.free.get(k, 0):g})" for k, v in ev.missing.items())
+            tqdm.write(
+                f"replica.pending: {'the replacement of ' + ev.replacing if ev.replacing else 'a new replica'} "
+                f"waits for room in the Ray cluster: it needs {need}; it waits up to {ev.deadline_s:g}s "
+                "(rollout.replacement_wait_s) for a node to come back or be added",
                 file=sys.stderr,
             )
         elif isinstance(ev, ReplicaGivenUp):

@@ -139,15 +139,25 @@ class CoordinatorActor:
         self.run_id = run_id
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        wt = self.cfg.trainer.weight_transport
+        wt, ro = self.cfg.trainer.weight_transport, self.cfg.rollout
         self.executor = RayExecutor(
             run_id,
             trainer,
             replicas,
             timeout_s=self.cfg.run.timeout_s,
-            generate_timeout_s=self.cfg.rollout.generate_timeout_s,
+            generate_timeout_s=ro.generate_timeout_s,
             weight_group=wt if wt in ("nccl", "gloo") else "",
             group_timeout_s=self.cfg.trainer.weight_group_timeout_s,
+            relays=(
+                {
+                    "window_s": ro.report_window_s,
+                    "max_events": ro.report_max_events,
+                    "timeout_s": self.cfg.run.timeout_s,
+                    "generate_timeout_s": ro.generate_timeout_s,
+                }
+                if self.cfg.run.relays
+                else None
+            ),
         )
         self.executor.relay = Relay(  # the replicas whose streams this process holds: folded here
             "local",
@@ -160,6 +170,7 @@ class CoordinatorActor:
         self.last_ready: WeightsReady | None = None
         self.sinks = RunSinks.open(self.out, extra=lambda: self.core.guard.metrics())
         self.log, self.metrics, self.feed = self.sinks.log, self.sinks.metrics, self.sinks.feed
+        self.executor.known = self.log.remember  # a relay's report is logged as the bytes it came in
         self.user = Stamper(run_id, "user")
         prompts, val = self._prompts()
         self.core = Coordinator(
@@ -246,6 +257,7 @@ class CoordinatorActor:
                 self.executor.kinds[m.replica_id] = m.replica_kind
             elif isinstance(m, ComponentPlaced):
                 self.executor.places[m.component] = (m.node, tuple(m.gpu_ids))
+                self.executor.place(m.component, m.node_id)
             self.core.post(m if isinstance(m, Event) else self.user(m))
         return len(msgs)
 

@@ -29,6 +29,7 @@ import msgspec
 import ray
 from ray.exceptions import OwnerDiedError, RayActorError
 
+from shunter.actors.relays import Relays
 from shunter.actors.wire import codec, root_cause
 from shunter.engine.backend import EngineDead
 from shunter.engine.errors import bounded
@@ -54,7 +55,7 @@ from shunter.events import (
 from shunter.events.view import STANDALONE
 
 
-class RayExecutor(TaskExecutor):
+class RayExecutor(Relays, TaskExecutor):
     def __init__(
         self,
         run_id: str,
@@ -65,8 +66,13 @@ class RayExecutor(TaskExecutor):
         generate_timeout_s: float = 1800.0,
         weight_group: str = "",
         group_timeout_s: float = 120.0,
+        relays: dict[str, float] | None = None,
     ) -> None:
+        """``trainer``: None for a relay's executor (replicas only); ``relays``: the settings of
+        the relay actors to make, one per host that runs replicas (``actors.relays``; None: none —
+        this process holds every generation stream itself)."""
         super().__init__()
+        self._init_relays(run_id, relays)
         self.trainer = trainer
         self.replicas = dict(replicas)
         self.timeout_s = timeout_s
@@ -110,8 +116,27 @@ class RayExecutor(TaskExecutor):
         self._watches[target] = asyncio.get_running_loop().create_task(watching())
 
     def watch_all(self) -> None:
-        for target in [TRAINER, *self.replicas]:
+        for target in [TRAINER, *self.replicas] if self.trainer is not None else self.replicas:
             self.watch(target)
+
+    def keep_weights(self, handle: str, ref: ray.ObjectRef) -> None:
+        """The published blob behind ``handle`` (the last two versions are kept)."""
+        self._refs[handle] = ref
+        for old in sorted(self._refs, key=_version)[:-2]:
+            del self._refs[old]
+
+    def relay_of(self, target: str) -> str:
+        """A replica's relay actor, which the trainer hands new weights to (none for a weight
+        group: each load there is paired with the trainer's send)."""
+        name = self.hand_over.get(target, "")
+        return name if name in self._actors and not self.weight_group else ""
+
+    def pending(self) -> int:
+        return super().pending() + self.relayed_pending()
+
+    async def close(self) -> None:
+        self.close_relays()
+        await super().close()
 
     # -- weight groups (collective transports) ----------------------------------------------
     def _grouped(self, replica_id: str) -> bool:
@@ -322,9 +347,7 @@ class RayExecutor(TaskExecutor):
             return
         for ev in events:
             if isinstance(ev, WeightsReady) and refs:
-                self._refs[ev.handle] = refs[0]
-                for old in sorted(self._refs, key=_version)[:-2]:
-                    del self._refs[old]
+                self.keep_weights(ev.handle, refs[0])
         self._deliver(events, target)
 
     def _emit(self, events: list) -> None:

@@ -18,18 +18,35 @@ from typing import Any
 
 import msgspec
 
+from shunter.actors.cluster import (  # noqa: F401 - local_only & co. are imported from here too
+    NAMESPACE,
+    RAY_SESSION,
+    check_total,
+    driver_node,
+    init_ray,
+    local_only,
+    on_node,
+    reap_orphans,
+    request,
+    shutdown_keeping_signal_handlers,
+    wait_for_room,
+)
 from shunter.actors.wire import root_cause
 from shunter.engine.checkpoint import Found
 from shunter.engine.config import EngineConfig
 from shunter.engine.errors import EngineSetupError
 from shunter.engine.heartbeat import every_for
 from shunter.engine.model_dir import check_model_dir
-from shunter.events import Codec, ComponentFailed, ComponentPlaced, ComponentReady, Message, ReplicaUp
+from shunter.events import (
+    Codec,
+    ComponentFailed,
+    ComponentPlaced,
+    ComponentReady,
+    Message,
+    ReplicaPending,
+    ReplicaUp,
+)
 from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
-
-NAMESPACE = "shunter"
-RAY_SESSION = "ray_session"
-"""In the run folder: the session folder of the local Ray cluster the run started."""
 
 
 class Launcher:
@@ -62,6 +79,8 @@ class Launcher:
         self.reward_pool: list[Any] = []
         """The attempt's reward workers (``task.reward_workers``), shared by its replicas."""
         self._placer: Any = None  # actors.placement.Placer when the config asks for GPUs
+        self.driver_node = ""  # Ray's id of this process's node (the run folder is on its disk)
+        self.trainer_node = ""  # where hybrid replicas go (CPU configs that pick the trainer's node)
         self._slots: dict[str, int] = {}  # component -> its placement-group bundle
         self.reaped: list[str] = []
         """Processes a killed earlier attempt of this run left running, ended at ``open``."""
@@ -89,9 +108,9 @@ class Launcher:
 
             self._placer = Placer(layout, f"shunter.{self.run_id}.placement")
             await self._placer.reserve(self.cfg.run.timeout_s)
-        self.registry = (
+        self.registry = (  # it writes into the run folder: on the driver's host
             registry.remote_class()
-            .options(name=registry.registry_name(self.run_id), namespace=NAMESPACE)
+            .options(name=registry.registry_name(self.run_id), namespace=NAMESPACE, **on_node(self.driver_node))
             .remote(self.run_id, None, str(self.out_dir / "registry.msgpack"))
         )
 
@@ -119,23 +138,9 @@ class Launcher:
         return str(check_model_dir(m.path))
 
     def _init_ray(self) -> None:
-        import ray
-
-        if ray.is_initialized():
-            return
-        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        kw: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": bool(os.environ.get("SHUNTER_RAY_LOGS"))}
-        if self.cfg.run.ray_address:
-            ray.init(address=self.cfg.run.ray_address, **kw)
-        else:
-            local_only()
-            ray.init(
-                num_cpus=self.cfg.run.num_cpus or os.cpu_count(),
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                **kw,
-            )
-        self.owns_ray = True
+        if init_ray(self.cfg.run.ray_address, self.cfg.run.num_cpus):
+            self.owns_ray = True
+        self.driver_node = driver_node()
 
     async def close(self) -> None:
         import ray
@@ -175,8 +180,7 @@ class Launcher:
         r = cfg.rollout
         kinds: list[ReplicaKind] = [STANDALONE] * r.standalone_replicas + [HYBRID] * r.hybrid_replicas
         if self._placer is None:  # a placement group reserved its room already
-            cpus, gpus = cfg.trainer.num_cpus + len(kinds) * r.num_cpus, cfg.trainer.num_gpus + len(kinds) * r.num_gpus
-            self._fits("this run", cpus + cfg.task.reward_workers * cfg.task.reward_worker_cpus, gpus, total=True)
+            self._check_room(kinds)
         rewards_s = await self.start_reward_workers()
         opening += [
             ComponentReady(
@@ -184,11 +188,6 @@ class Launcher:
             )
             for i in range(len(self.reward_pool))
         ]
-        replicas = {}
-        for kind in kinds:
-            rid, h, rank, evs = await self.new_replica(kind)
-            opening += evs
-            replicas[rid] = (h, kind, rank)
         tr = (
             trainer.remote_class()
             .options(
@@ -199,6 +198,7 @@ class Launcher:
                     self._placer.trainer_slot() if self._placer else None,
                     cfg.trainer.num_gpus,
                     cfg.trainer.num_cpus,
+                    cfg.trainer.resources,
                 ),
             )
             .remote(
@@ -212,6 +212,14 @@ class Launcher:
             )
         )
         self.actors.append(tr)
+        self.trainer_node = ""
+        if r.hybrid_replicas and self._placer is None and cfg.trainer.resources:  # hybrids live beside it
+            self.trainer_node = str((await self._setup("trainer", tr.where.remote(), value=True)).get("node_id", ""))
+        replicas = {}
+        for kind in kinds:
+            rid, h, rank, evs = await self.new_replica(kind)
+            opening += evs
+            replicas[rid] = (h, kind, rank)
         setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
         times = {comp: await self._setup(comp, ref) for comp, ref in setups.items()}
         now = time.time()
@@ -222,9 +230,9 @@ class Launcher:
         opening += await self.placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
         for rid, (_, kind, rank) in replicas.items():
             opening.append(self.replica_up(rid, kind, rank, times[rid]))
-        self.coordinator = (
+        self.coordinator = (  # it writes the run's records: on the driver's host
             coordinator.remote_class()
-            .options(name=self._name("coordinator"), namespace=NAMESPACE)
+            .options(name=self._name("coordinator"), namespace=NAMESPACE, **on_node(self.driver_node))
             .remote(
                 msgspec.msgpack.encode(cfg),
                 self.run_id,
@@ -268,11 +276,13 @@ class Launcher:
             await self._setup(f"reward worker {i}", h.pid.remote())
         return time.perf_counter() - t0
 
-    async def _setup(self, component: str, ref: Any) -> float:
-        """Await an actor's setup (or start) call; its time, or ``EngineSetupError`` with its cause."""
+    async def _setup(self, component: str, ref: Any, *, value: bool = False) -> Any:
+        """Await an actor's setup (or start) call; its time (``value``: what it returned), or
+        ``EngineSetupError`` with its cause."""
         timeout = self.cfg.run.timeout_s
         try:
-            return float(await asyncio.wait_for(ref, timeout) or 0.0)
+            out = await asyncio.wait_for(ref, timeout)
+            return out if value else float(out or 0.0)
         except TimeoutError:
             raise EngineSetupError(f"{component} did not finish setup within run.timeout_s = {timeout:g}s") from None
         except Exception as e:  # noqa: BLE001 - surface the actor's own error
@@ -304,31 +314,55 @@ class Launcher:
         if h in self.actors:
             self.actors.remove(h)
 
-    def _fits(self, what: str, cpus: float, gpus: float, *, total: bool = False) -> None:
-        """``EngineSetupError`` now, instead of an actor Ray can never schedule (it would wait
-        for resources for ever): the cluster's total (a whole attempt) or free (one more actor)
-        CPUs and GPUs must cover the request."""
-        import ray
+    def _knobs(self) -> dict[str, str]:
+        """Resource -> the config keys that ask for it (for the error that names them)."""
+        cfg = self.cfg
+        out = {
+            "CPU": "trainer.num_cpus + rollout.num_cpus per replica"
+            + (" + task.reward_worker_cpus per reward worker" if cfg.task.reward_workers else "")
+            + f"; a local cluster has run.num_cpus = {cfg.run.num_cpus or os.cpu_count()} CPUs",
+            "GPU": "trainer.num_gpus + rollout.num_gpus per replica",
+        }
+        for key, res in (("rollout.resources", cfg.rollout.resources), ("trainer.resources", cfg.trainer.resources)):
+            for k in res:
+                out[k] = key
+        return out
 
-        have = ray.cluster_resources() if total else ray.available_resources()
-        for res, need, knob in (("CPU", cpus, "num_cpus"), ("GPU", gpus, "num_gpus")):
-            free = float(have.get(res, 0.0))
-            if need > free + 1e-9:
-                workers = (
-                    " + task.reward_worker_cpus per reward worker"
-                    if res == "CPU" and self.cfg.task.reward_workers
-                    else ""
-                )
-                raise EngineSetupError(
-                    f"no room in the Ray cluster for {what}: it needs {need:g} {res}, the cluster has {free:g} "
-                    f"{'in all' if total else 'free'} (trainer.{knob} + rollout.{knob} per replica{workers}; "
-                    f"a local cluster has run.num_cpus = {self.cfg.run.num_cpus or os.cpu_count()} CPUs)"
-                )
+    def _check_room(self, kinds: list[ReplicaKind]) -> None:
+        """``EngineSetupError`` now, instead of actors Ray can never schedule (they would wait
+        for ever): the cluster's total must cover the whole attempt."""
+        cfg, r = self.cfg, self.cfg.rollout
+        n = len(kinds)
+        need = request(
+            cfg.trainer.num_cpus + n * r.num_cpus + cfg.task.reward_workers * cfg.task.reward_worker_cpus,
+            cfg.trainer.num_gpus + n * r.num_gpus,
+        )
+        for k, v in cfg.trainer.resources.items():
+            need[k] = need.get(k, 0.0) + v
+        for k, v in r.resources.items():
+            need[k] = need.get(k, 0.0) + v * r.standalone_replicas
+        check_total(need, "this run", self._knobs())
 
     # -- replicas ------------------------------------------------------------------------
-    def _resources(self, component: str, slot: Any, num_gpus: float, num_cpus: float) -> dict[str, Any]:
+    def _resources(
+        self,
+        component: str,
+        slot: Any,
+        num_gpus: float,
+        num_cpus: float,
+        custom: dict[str, float] | None = None,
+        node: str = "",
+    ) -> dict[str, Any]:
+        """Ray options: a placement bundle (GPU configs), or the plain request — its custom
+        resources (``trainer.resources`` / ``rollout.resources``) pick the nodes; ``node`` pins it
+        (a hybrid replica beside the trainer)."""
         if self._placer is None:
-            return {"num_gpus": num_gpus, "num_cpus": num_cpus}
+            out: dict[str, Any] = {"num_gpus": num_gpus, "num_cpus": num_cpus}
+            if custom:
+                out["resources"] = dict(custom)
+            if node:
+                out.update(on_node(node))
+            return out
         self._slots[component] = slot.bundle if slot is not None else -1
         return dict(self._placer.options(slot, num_gpus=num_gpus, num_cpus=num_cpus))
 
@@ -347,6 +381,7 @@ class Launcher:
                 component=comp,
                 bundle=self._slots.get(comp, -1),
                 node=w.get("node", ""),
+                node_id=w.get("node_id", ""),
                 gpu_ids=w.get("gpu_ids", []),
                 run_id=self.run_id,
                 source="engine",
@@ -368,14 +403,38 @@ class Launcher:
             wall_time=time.time(),
         )
 
-    async def new_replica(self, kind: ReplicaKind, *, mid_run: bool = False) -> tuple[str, Any, int, list[Message]]:
+    async def new_replica(
+        self, kind: ReplicaKind, *, mid_run: bool = False, replacing: str = ""
+    ) -> tuple[str, Any, int, list[Message]]:
         """Register a replica (rank + actor name from the registry) and create its actor; one
-        added ``mid_run`` must fit in what the cluster has free (outside the placement plan)."""
+        added ``mid_run`` must fit in what the cluster has free (outside the placement plan): it
+        waits for room (``ReplicaPending`` to the coordinator, once) up to
+        ``rollout.replacement_wait_s`` — a lost node's capacity back, or a node added."""
         from shunter.actors import rollout
 
         cfg = self.cfg
+        custom = cfg.rollout.resources if kind == STANDALONE else {}
+        node = self.trainer_node if kind == HYBRID else ""
         if mid_run and self._placer is None:  # with a placement plan, it may take a reserved bundle
-            self._fits(f"another {kind} replica", cfg.rollout.num_cpus, cfg.rollout.num_gpus)
+            need = request(cfg.rollout.num_cpus, cfg.rollout.num_gpus, custom)
+            what = f"another {kind} replica" + (f" (replacing {replacing})" if replacing else "")
+            check_total(need, what, self._knobs())
+
+            async def waiting(short: dict[str, float], free: dict[str, float]) -> None:
+                pending = ReplicaPending(
+                    replica_kind=kind,
+                    replacing=replacing,
+                    missing=short,
+                    free=free,
+                    deadline_s=cfg.rollout.replacement_wait_s,
+                    run_id=self.run_id,
+                    source="engine",
+                    wall_time=time.time(),
+                )
+                if self.coordinator is not None:
+                    await self.coordinator.ingest.remote(self.codec.encode_batch([pending]), "engine")
+
+            await wait_for_room(need, what, self._knobs(), cfg.rollout.replacement_wait_s, waiting)
         i = self._made
         self._made += 1
         rid = f"{kind}-{i}"
@@ -388,7 +447,9 @@ class Launcher:
         h = (
             rollout.remote_class()
             .options(
-                name=name, namespace=NAMESPACE, **self._resources(rid, slot, cfg.rollout.num_gpus, cfg.rollout.num_cpus)
+                name=name,
+                namespace=NAMESPACE,
+                **self._resources(rid, slot, cfg.rollout.num_gpus, cfg.rollout.num_cpus, custom, node),
             )
             .remote(
                 self.run_id,
@@ -437,69 +498,3 @@ class Launcher:
         opening = [*opening, *await self.placed({rid: h}), up]
         await self.coordinator.add_replica.remote(rid, h, self.codec.encode_batch(opening))
         return up
-
-
-def local_only() -> None:
-    """Make the local Ray cluster about to start listen on 127.0.0.1 only.
-
-    ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough in Ray 2.60: it replaces a
-    loopback node address with the machine's routable one (``ray/_private/services.py``,
-    ``resolve_ip_for_localhost``) and every server binds from that — the GCS, the raylet,
-    each worker's gRPC server, the runtime-env agent on all interfaces, and the autoscaler's
-    Prometheus metrics (no token) on ``0.0.0.0``. Ray has no bind-address setting; the switch
-    that keeps a node on loopback is ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (it marks the
-    node as local-only), read once at import, so both the variable (for the processes Ray
-    starts) and the constant (for this one, whose ``ray`` may already be imported) are set.
-    ``tests/e2e/test_operator.py`` lists the sockets of a running run's process tree to hold this."""
-    import ray._private.ray_constants as ray_constants
-
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-
-
-def shutdown_keeping_signal_handlers() -> None:
-    """``ray.shutdown()``, then the SIGINT / SIGTERM handlers Python had put back in force.
-
-    Ray 2.60's shutdown resets the process's SIGTERM disposition to the default (terminate)
-    underneath Python, whose ``signal.getsignal`` still reports its own handler: a SIGTERM in
-    the moments after a run stopped (an operator's second signal, a scheduler's) killed the
-    driver before it could say where to ``--resume`` from (outsider report;
-    ``tests/actors/test_ray_shutdown_signals.py``)."""
-    import signal
-    import threading
-
-    import ray
-
-    main = threading.current_thread() is threading.main_thread()
-    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    try:
-        ray.shutdown()
-    finally:
-        for signum, handler in kept.items():
-            if handler is not None:
-                signal.signal(signum, handler)
-
-
-def reap_orphans(record: Path) -> list[str]:
-    """End the processes of the local Ray cluster an earlier driver of this run started and
-    left behind when it was killed (``kill -9`` of ``shunter run``: Ray's GCS, raylet and
-    workers die with it, but its dashboard and runtime-env agents live on, orphaned). Only
-    processes that name that cluster's session folder and whose parent is gone are touched.
-    Returns their names."""
-    import psutil
-
-    try:
-        session = record.read_text().strip()
-    except OSError:
-        return []
-    if not session or not Path(session).is_absolute():
-        return []
-    gone = []
-    for p in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
-        try:
-            if p.info["ppid"] == 1 and session in " ".join(p.info["cmdline"] or ()):
-                p.kill()
-                gone.append(p.info["name"])
-        except psutil.Error:
-            continue
-    return gone

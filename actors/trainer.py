@@ -1,21 +1,26 @@
 """``TrainerWorker``: a Ray actor around the torch ``Trainer`` (via ``TrainerHost``).
 
-Invariant: published weights go into the Ray object store from here; only their handle
-travels in ``WeightsReady`` — the ObjectRef is returned beside the events for the
-executor's handle table, and Ray resolves it on the replica that loads it.
+Invariant: published weights go into the Ray object store from here, once per publish; only
+their handle travels in ``WeightsReady`` — the ObjectRef is returned beside the events for the
+executor's handle table, and Ray resolves it on the replica that loads it. A ``Publish`` that
+names relays (``Publish.deliver``) gets the same ObjectRef to each of them before the answer
+leaves: one call per host, whatever the number of replicas there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import msgspec
 import ray
 
 from shunter.actors.wire import decode_order, encode_events
 from shunter.engine.config import TrainerConfig
-from shunter.events import Stamper
+from shunter.events import Delivery, Stamper
+
+NAMESPACE = "shunter"
 
 
 class TrainerWorker:
@@ -37,6 +42,8 @@ class TrainerWorker:
         self.run_id, self.model_dir, self.seed, self.temperature = run_id, model_dir, seed, temperature
         self.init_from = init_from
         self.host = None
+        self._last: tuple[Any, ray.ObjectRef] | None = None  # (the last blob published, its ObjectRef)
+        self._relays: dict[str, Any] = {}  # relay actor name -> handle
 
     async def setup(self) -> float:
 
@@ -62,12 +69,33 @@ class TrainerWorker:
         )
         core.weight_host = ray.util.get_node_ip_address()
         await asyncio.to_thread(core.setup)
-        self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray")
+        self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray", deliver=self._deliver)
         return time.perf_counter() - t0
+
+    def _put(self, blob: Any) -> ray.ObjectRef:
+        """The published blob in the object store, once per publish (the relays and the
+        coordinator's handle table share the one copy)."""
+        if self._last is None or self._last[0] is not blob:
+            self._last = (blob, ray.put(blob))
+        return self._last[1]
+
+    def _deliver(self, version: int, handle: str, blob: Any, deliveries: list[Delivery]) -> None:
+        """New weights straight to the relays ``Publish.deliver`` names, one call per host; each
+        gives its replicas an ``InstallWeights``. A relay that is gone is skipped: the
+        coordinator takes its replicas as down."""
+        ref = self._put(blob)
+        for d in deliveries:
+            relay = self._relays.get(d.relay)
+            if relay is None:
+                try:
+                    relay = self._relays[d.relay] = ray.get_actor(d.relay, namespace=NAMESPACE)
+                except ValueError:
+                    continue
+            relay.install.remote(version, handle, [ref], d.replica_ids)
 
     async def control(self, data: bytes) -> tuple[bytes, list]:
         events, blob = await self.host.handle(decode_order(data))
-        return encode_events(events), ([ray.put(blob)] if blob is not None else [])
+        return encode_events(events), ([self._put(blob)] if blob is not None else [])
 
     async def watch(self) -> None:
         """Never returns: the executor keeps one call open so that the death of this process

@@ -76,6 +76,8 @@ class Summary:
         self.flight: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.rollout: dict[str, list[tuple[float, int]]] = {}
         self.tokens = 0
+        self.samples = 0
+        """Samples finished (``SampleEnd``)."""
         self.switches = 0
         self._groups: dict[int, list[SampleWork]] = {}  # group -> the work of its finished samples
         self._work: list[list] = []  # per step: [samples, step seconds, publish seconds]
@@ -111,6 +113,7 @@ class Summary:
             case SampleBegin() | SampleResumed():
                 self.flight[m.replica_id].append((m.wall_time, 1))
             case SampleEnd():
+                self.samples += 1
                 self.flight[m.replica_id].append((m.wall_time, -1))
                 sm = m.sample
                 n, observed = len(sm.token_ids), sum(t.observed for t in sm.turns)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import itertools
 import time
 from collections import deque
@@ -85,6 +86,13 @@ class SimResult:
     relay_flushes: int = 0
     relay_folded: int = 0
     """Facts the relays posted, in ``relay_flushes`` messages."""
+    gc_pause_s: float = 0.0
+    """Real seconds the process spent in cyclic-GC passes during the run (the simulator's heap:
+    every simulated replica's objects)."""
+    gc_in_turns_s: float = 0.0
+    """Of those, the seconds that fell inside the coordinator's turns: taken out of its charged
+    time (``handle_s``) — they scan the whole simulated cluster, which a coordinator's own
+    process does not hold."""
 
 
 class ChargedInbox(asyncio.Queue):
@@ -118,6 +126,35 @@ class ChargedInbox(asyncio.Queue):
             debt, self.debt = self.debt, 0.0
             await asyncio.sleep(debt)
         return await super().get()
+
+
+class GcPauses:
+    """Times the cyclic garbage collector's passes while active (``with``): ``total``, and
+    ``turn`` — what fell since the caller last zeroed it (one coordinator turn; the caller sums
+    those into ``in_turns``). A pass inside a turn scans the simulator's whole heap (thousands of simulated
+    replicas), not the coordinator's: the turn is charged without it."""
+
+    def __init__(self, *, active: bool = True) -> None:
+        self.active = active
+        self.total = self.in_turns = self.turn = 0.0
+        self._t0 = 0.0
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            dt = time.perf_counter() - self._t0
+            self.total += dt
+            self.turn += dt
+
+    def __enter__(self) -> GcPauses:
+        if self.active:
+            gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            gc.callbacks.remove(self._cb)
 
 
 def prompts() -> Iterator[PromptSpec]:
@@ -247,7 +284,7 @@ async def _run(
     trainer = TrainerHost(core, Stamper(run_id, "trainer", clock), transport="sim")
     executor = LocalExecutor(run_id, trainer, cores, max_tokens=cfg.rollout.max_tokens, clock=clock)
     trainer.deliver = executor.deliver  # the trainer hands new weights to the nodes' relays
-    relays = _relays(cfg, executor, list(cores), per_relay, run_id, clock)
+    relays = _relays(cfg, executor, list(cores), per_relay, run_id, clock, extra.log.remember if extra else None)
     kept: list[Message] = []
     count = [0]
     recorded: list[Message] = []  # this turn's messages, for the observers once the turn's time is taken
@@ -288,9 +325,12 @@ async def _run(
 
     def timed(msgs: list[Message]) -> None:
         observe()  # what was recorded outside a turn (the opening)
+        pauses.turn = 0.0
         t = timer()
         handle_many(msgs)
-        dt = timer() - t
+        paused = pauses.turn
+        pauses.in_turns += paused
+        dt = timer() - t - paused
         observe()
         spent.append(dt)
         sizes.append(len(msgs))
@@ -304,9 +344,11 @@ async def _run(
                 latency.append(now - posted)
 
     coord.handle_many = timed
+    pauses = GcPauses(active=timer is time.perf_counter)  # a test's fake timer: nothing to take out
     t0, wall0 = clock(), time.perf_counter()
     try:
-        ended = await coord.run()
+        with pauses:
+            ended = await coord.run()
     finally:
         await executor.close()
         observe()  # an end outside a turn (a stall, a crash)
@@ -321,15 +363,20 @@ async def _run(
         sizes,
         latency,
         relays=len(relays),
+        gc_pause_s=pauses.total,
+        gc_in_turns_s=pauses.in_turns,
         relay_cpu_s=[r.cpu_s for r in relays],
         relay_flushes=sum(r.flushes for r in relays),
         relay_folded=sum(r.folded for r in relays),
     )
 
 
-def _relays(cfg: EngineConfig, executor: LocalExecutor, replicas: list[str], per: int, run_id: str, clock):
+def _relays(
+    cfg: EngineConfig, executor: LocalExecutor, replicas: list[str], per: int, run_id: str, clock, encoded
+) -> list[Relay]:
     """One relay per simulated node of ``per`` replicas (0: one for all), each with its own
-    stamp, as each node's relay actor would be."""
+    stamp, as each node's relay actor would be; each encodes its reports once (``encoded``: the
+    event log writes those bytes), as a relay actor does to send them."""
     r = cfg.rollout
     out: list[Relay] = []
     for k in range(0, len(replicas), per or max(1, len(replicas))):
@@ -339,6 +386,7 @@ def _relays(cfg: EngineConfig, executor: LocalExecutor, replicas: list[str], per
             Stamper(run_id, f"relay:{len(out)}", clock),
             window_s=r.report_window_s,
             max_events=r.report_max_events,
+            encoded=encoded,
         )
         out.append(relay)
         for rid in replicas[k : k + (per or len(replicas))]:

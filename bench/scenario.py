@@ -60,11 +60,16 @@ class Variant(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cost: dict[str, Any] = {}
     """Cost-model fields this variant changes (a workload twin: e.g. single-turn samples of
     the same generated length beside multi-turn ones); compare such variants through ``pairs``."""
+    charge_coordinator: bool | None = None
+    """Overrides the scenario's ``charge_coordinator`` for this variant (the same run with the
+    coordinator's CPU not charged is the reference a charged one is compared with, ``pairs``)."""
 
 
 class Cluster(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     gpus: int = 8
     gpus_per_replica: int = 1
+    gpus_per_node: int = 8
+    """GPUs of one host: its replicas answer through one relay (``engine.relay``)."""
 
 
 class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -209,14 +214,16 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             summary = Summary()
             draw = sc.scenario.timeline and out_dir is not None and seed == sc.scenario.seeds[0]
             with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
+                charge = sc.scenario.charge_coordinator if v.charge_coordinator is None else v.charge_coordinator
                 r = run_sim(
                     cfg,
                     cost,
                     seed=seed,
                     keep=draw,
                     sinks=[summary],
-                    charge_coordinator=sc.scenario.charge_coordinator,
+                    charge_coordinator=charge,
                     out_dir=Path(tmp) if sc.scenario.production_sinks else None,
+                    replicas_per_relay=max(1, sc.cluster.gpus_per_node // sc.cluster.gpus_per_replica),
                 )
             if draw:
                 from shunter.bench.timeline import plot_timeline
@@ -239,7 +246,7 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             m["messages"] = float(r.handled)
             m["coordinator_cpu_s"] = r.coordinator_cpu_s
             m["coordinator_share"] = r.coordinator_cpu_s / r.sim_s
-            m.update(loop_figures(r))
+            m.update(loop_figures(r, summary.samples))
             m["replicas"] = float(cfg.rollout.standalone_replicas + cfg.rollout.hybrid_replicas)
             if v.policy == "colocated" and cost.length_sigma == 0 and not cost.lengths_file:
                 m["analytic_wall_s"] = colocated_run_s(cfg, cost)
@@ -277,17 +284,37 @@ def capacity_used(m: dict[str, float], work: list[bound.StepWork], fl: bound.Fle
         m["rollout_work_frac"] = fl.machine.work_s(total) / m["rollout_avail_s"]
 
 
-def loop_figures(r) -> dict[str, float]:
-    """The coordinator's loop: messages per CPU-second it can handle, the rate offered to it
-    (per simulated second), and each message's latency from posting to handled (simulated
-    time, queueing included)."""
+def loop_figures(r, samples: int = 0) -> dict[str, float]:
+    """The coordinator's loop: facts (events, a relay's report counted by the facts it
+    carries), messages (what reached its inbox: a report is one) and finished samples per
+    CPU-second it spends; the facts offered to it per simulated second; each fact's latency
+    from posting to handled (simulated time: queueing and the relay's window included); and
+    what the relays did (messages they posted, facts folded, their own CPU seconds)."""
     lat = sorted(r.latency_s) or [0.0]
-    return {
-        "events_per_s": r.handled / r.coordinator_cpu_s if r.coordinator_cpu_s > 0 else 0.0,
+    cpu = r.coordinator_cpu_s
+    messages = sum(r.turn_sizes)
+    out = {
+        "events_per_s": r.handled / cpu if cpu > 0 else 0.0,
+        "messages_per_cpu_s": messages / cpu if cpu > 0 else 0.0,
+        "samples_per_cpu_s": samples / cpu if cpu > 0 else 0.0,
+        "inbox_messages": float(messages),
         "offered_events_per_s": r.handled / r.sim_s if r.sim_s > 0 else 0.0,
         "latency_p50_ms": 1e3 * lat[len(lat) // 2],
         "latency_p99_ms": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+        "max_turn_ms": 1e3 * max(r.handle_s, default=0.0),
+        "gc_pause_s": r.gc_pause_s,
+        "gc_in_turns_s": r.gc_in_turns_s,
     }
+    if r.relays:
+        out.update(
+            {
+                "relays": float(r.relays),
+                "relay_facts_per_message": r.relay_folded / r.relay_flushes if r.relay_flushes else 0.0,
+                "relay_cpu_s_max": max(r.relay_cpu_s),
+                "relay_share_max": max(r.relay_cpu_s) / r.sim_s if r.sim_s > 0 else 0.0,
+            }
+        )
+    return out
 
 
 def aggregate(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -71,7 +71,9 @@ learn nothing, silently)."""
 End = Callable[..., None]
 _RECORDED_ONLY = frozenset({SampleBegin, SampleResumed})
 """Per-sample facts the coordinator's state already holds (it placed the sample): they are
-recorded, followed by the supervisor and the finale, and shown to the policy — no case below."""
+recorded and shown to the policy, and change nothing here but the view's clock — nor does a
+sample cut by a weight load that resumes on its own replica (``weights_update``, no partial).
+Two in three messages of a busy fleet are such facts; they cost O(1) and touch no replica."""
 
 
 class Applier:
@@ -106,13 +108,14 @@ class Applier:
     def apply(self, ev: Event) -> None:
         st = self.state
         st.seq += 1
-        st.now = max(st.now, ev.wall_time)
+        if ev.wall_time > st.now:
+            st.now = ev.wall_time
+        cls = ev.__class__
+        if cls in _RECORDED_ONLY or (cls is SampleAborted and ev.partial is None and ev.reason == "weights_update"):  # type: ignore[attr-defined]
+            return  # a sample (re)started, or cut to resume where it is: nothing it was placed with changes
         if (rid := getattr(ev, "replica_id", None)) is not None:
             st.touch(rid)
-        if ev.__class__ in _RECORDED_ONLY:
-            pass  # a sample (re)started: nothing here changes but what every event touches
-        else:
-            self._apply(ev)
+        self._apply(ev)
         if (decision := self.supervisor.observe(ev)) is not None:
             self.emit(decision)
         self.finale.observe(ev)

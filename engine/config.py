@@ -70,8 +70,17 @@ class RunConfig(_Section):
         _d("'engine': the policy runs train steps; 'user': the embedding program takes batches and trains."),
     ] = "engine"
     ray_address: Annotated[
-        str, _d("Ray cluster to join; empty: start a local one bound to 127.0.0.1, dashboard off.")
+        str,
+        _d(
+            "Ray cluster to join ('auto', or the head's address as 'ray start --head' printed it; shunter run --address); empty: start a local one bound to 127.0.0.1, dashboard off."
+        ),
     ] = ""
+    relays: Annotated[
+        bool,
+        _d(
+            "One relay actor per host that runs replicas: it holds their generation streams, folds their per-sample facts into one report per rollout.report_window_s and takes new weights from the trainer for them (one call per host a publish). Off: the coordinator's process holds every stream and folds them itself, and weights go to each replica from the coordinator."
+        ),
+    ] = True
     num_cpus: Annotated[float, _d("CPUs of the local Ray cluster (0: all cores).", ge=0)] = 0
     timeout_s: Annotated[PosFloat, _d("Upper bound on any single wait (actor setup, weight load, RPC).")] = 300.0
     stall_timeout_s: Annotated[
@@ -270,6 +279,12 @@ class RolloutConfig(_Section):
             "A replica that dies (its actor or its inference engine) is replaced, up to this many times per replica slot (rank) within an hour, after a backoff that doubles each time; 0: never replaced. The run ends with an error when no replica is left and none can be replaced."
         ),
     ] = 3
+    replacement_wait_s: Annotated[
+        PosFloat,
+        _d(
+            "A replacement (or a replica added mid-run) that finds no room in the Ray cluster — its node lost, its custom resources offered by no node with room — waits this long for room (a node back, or one added: replica.pending says what it waits for) before it counts as a failed start."
+        ),
+    ] = 300.0
     replica_restart_backoff_s: Annotated[
         float, _d("Wait before the first replacement of a replica slot (doubles each time, at most 60 s).", ge=0)
     ] = 2.0
@@ -304,6 +319,18 @@ class RolloutConfig(_Section):
     cpu_bind: Annotated[
         list[str], _d("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")
     ] = []
+    resources: Annotated[
+        dict[str, float],
+        _d(
+            "Custom Ray resources each standalone replica needs (e.g. {node_b = 1}: only nodes started with 'ray start --resources' offering them take replicas); GPU configs reserve them in each replica's placement bundle."
+        ),
+    ] = {}
+    placement_strategy: Annotated[
+        Literal["PACK", "SPREAD", "STRICT_SPREAD"],
+        _d(
+            "GPU configs: how the standalone replicas' placement group lays their bundles over the nodes ('SPREAD': over as many nodes as it can, so a lost node takes few; 'PACK': on as few as it can; 'STRICT_SPREAD': one per node). The trainer's GPUs are always on one node (STRICT_PACK)."
+        ),
+    ] = "SPREAD"
     report_window_s: Annotated[
         float,
         _d(
@@ -363,6 +390,12 @@ class TrainerConfig(_Section):
         ),
     ] = 0
     num_threads: Annotated[PosInt, _d("torch intra-op threads of the trainer.")] = 1
+    resources: Annotated[
+        dict[str, float],
+        _d(
+            "Custom Ray resources the trainer needs (e.g. {node_a = 1}: it runs on a node started with 'ray start --resources' offering them); hybrid replicas live on the trainer's node."
+        ),
+    ] = {}
     num_cpus: Annotated[float, _d("Ray CPUs reserved for the trainer actor.", ge=0)] = 1.0
     device: Annotated[str, _d("torch device; 'auto': cuda if available else cpu.")] = "auto"
     num_gpus: Annotated[
@@ -598,6 +631,13 @@ def check(cfg: EngineConfig) -> None:
         )
     if cfg.task.environment:
         check_env_timeout(cfg.task.env_timeout_s, r.generate_timeout_s)
+    for key, res in (("trainer.resources", t.resources), ("rollout.resources", r.resources)):
+        for name, amount in res.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory") or amount <= 0:
+                raise ConfigError(
+                    f"{key}: {name} = {amount:g} — custom resources are names a node offers ('ray start "
+                    "--resources') with amounts above 0; CPUs and GPUs are num_cpus / num_gpus"
+                )
     if r.cpu_bind and len(r.cpu_bind) != r.standalone_replicas + r.hybrid_replicas:
         raise ConfigError(
             f"rollout.cpu_bind has {len(r.cpu_bind)} entries for {r.standalone_replicas + r.hybrid_replicas} replicas"

@@ -57,21 +57,24 @@ class TaskExecutor:
         """The relay of every replica not in :attr:`relays`."""
         self.relays: dict[str, Relay] = {}
         """Replica id -> the relay its answers go through (a simulated node's, say): see :meth:`route`."""
-        self._relays: dict[int, Relay] = {}  # every relay of ``relays``, once
-        self._outbox: dict[int, tuple[Relay, list[tuple[str, Order]]]] = {}  # relay -> orders this turn
+        self._relays: dict[str, Relay] = {}  # every relay of ``relays``, once, by name
+        self.hand_over: dict[str, str] = {}
+        """Replica id -> the relay (by name) its ``Generate`` orders are handed over to."""
+        self._outbox: dict[str, list[tuple[str, Order]]] = {}  # relay name -> orders this turn
         self._queued = 0
 
     def route(self, target: str, relay: Relay) -> None:
-        """``target``'s answers go through ``relay``."""
+        """``target`` sits behind ``relay`` (in this process): its answers go through it and its
+        ``Generate`` orders are handed over to it once a turn."""
         self.relays[target] = relay
-        self._relays[id(relay)] = relay
+        self._relays[relay.name] = relay
+        self.hand_over[target] = relay.name
 
     def relay_of(self, target: str) -> str:
-        r = self.relays.get(target)
-        return r.name if r is not None else ""
+        return self.hand_over.get(target, "")
 
     def relay_named(self, name: str) -> Relay | None:
-        return next((r for r in self._relays.values() if r.name == name), None)
+        return self._relays.get(name)
 
     def post_through_relay(self, events: list[Message]) -> None:
         """What relays post: on to the coordinator (a relay is made before ``bind``)."""
@@ -81,37 +84,40 @@ class TaskExecutor:
     def bind(self, post: Post) -> None:
         self._post = post
 
-    def send(self, target: str, command: Order) -> None:
-        relay = self.relays.get(target) if command.__class__ is Generate else None
-        if relay is None:
-            self._start(target, command)
-            return
-        box = self._outbox.get(id(relay))
+    def send(self, target: str, command: Order) -> asyncio.Task[None] | None:
+        """Carry ``command`` out in the background; the task doing it (None: handed over to a relay)."""
+        name = self.hand_over.get(target) if command.__class__ is Generate else None
+        if name is None:
+            return self._start(target, command)
+        box = self._outbox.get(name)
         if box is None:
             if not self._outbox:
                 asyncio.get_running_loop().call_soon(self._hand_over)
-            box = self._outbox[id(relay)] = (relay, [])
-        box[1].append((target, command))
+            box = self._outbox[name] = []
+        box.append((target, command))
         self._queued += 1
+        return None
 
     def _hand_over(self) -> None:
-        boxes, self._outbox, self._queued = list(self._outbox.values()), {}, 0
-        for relay, orders in boxes:
-            self._relayed(relay, orders)
+        boxes, self._outbox, self._queued = self._outbox, {}, 0
+        for name, orders in boxes.items():
+            self._relayed(name, orders)
 
-    def _relayed(self, relay: Relay, orders: list[tuple[str, Order]]) -> None:
-        """Hand a turn's orders for the replicas behind ``relay`` over to it (in-process: start
-        them here, timed as the relay's work)."""
+    def _relayed(self, name: str, orders: list[tuple[str, Order]]) -> None:
+        """Hand a turn's orders for the replicas behind relay ``name`` over to it (in-process:
+        start them here, timed as the relay's work)."""
+        relay = self._relays[name]
         t0 = relay.timer()
         for target, cmd in orders:
             self._start(target, cmd)
         relay.cpu_s += relay.timer() - t0
 
-    def _start(self, target: str, command: Order) -> None:
+    def _start(self, target: str, command: Order) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._call(target, command))
         self._tasks.add(task)
         self._targets[task] = target
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

@@ -53,9 +53,8 @@ class LocalExecutor(TaskExecutor):
         if blob is not None:
             self._keep(handle, blob)
         for d in deliveries:
-            relay = self.relay_named(d.relay)
-            if relay is not None:
-                self._relayed(relay, [(rid, InstallWeights(version=version, handle=handle)) for rid in d.replica_ids])
+            if self.relay_named(d.relay) is not None:
+                self._relayed(d.relay, [(rid, InstallWeights(version=version, handle=handle)) for rid in d.replica_ids])
 
     def _keep(self, handle: str, blob: bytes) -> None:
         self.blobs[handle] = blob

@@ -64,13 +64,21 @@ class EventLog:
         self.repaired: Repair | None = repair(path) if path.is_file() else None
         self._f = open(path, "ab", buffering=1 << 20)  # noqa: SIM115 - closed in close(); flushed below
         self._encode = Codec().encode
+        self._known: dict[int, tuple[Message, bytes]] = {}
         self._n = 0
         self._flushed = time.monotonic()
         self.feed = feed
         """Gets each message's bytes as encoded here: one encoding per message for both."""
 
+    def remember(self, msg: Message, body: bytes) -> None:
+        """``msg``, about to be recorded, is ``body`` encoded (by the relay that made it, or as it
+        came over the wire): written as it is, never encoded twice. Held with the message itself,
+        so no other message can be taken for it."""
+        self._known[id(msg)] = (msg, body)
+
     def __call__(self, msg: Message) -> None:
-        body = self._encode(msg)
+        known = self._known.pop(id(msg), None) if self._known else None
+        body = known[1] if known is not None and known[0] is msg else self._encode(msg)
         self._f.write(frame_header(body))  # a frame, as Codec.frame makes it, from the one encoding
         self._f.write(body)
         if self.feed is not None:
@@ -82,6 +90,7 @@ class EventLog:
             self._flushed = now
 
     def close(self) -> None:
+        self._known.clear()
         self._f.close()
 
 
@@ -152,7 +161,7 @@ class LogSink:
                 fields["repeats"] = n
         level = (
             "warning"
-            if tag.endswith(("slow", "lost")) or fields.get("errors")
+            if tag.endswith(("slow", "lost", "pending")) or fields.get("errors")
             else "error"
             if tag.endswith(("failed", "rejected")) or fields.get("reason") == "error"
             else "info"

@@ -30,7 +30,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from shunter.events import Message, Stamper
+from shunter.events import Codec, Message, Stamper
 from shunter.events.relay import REPORTED, RelayReport
 
 Post = Callable[[list[Message]], None]
@@ -47,14 +47,19 @@ class Relay:
         window_s: float,
         max_events: int = 512,
         timer: Callable[[], float] = time.perf_counter,
+        encoded: Callable[[Message, bytes], None] | None = None,
     ) -> None:
         """``post`` takes what the relay sends on (reports and the facts it does not fold);
-        ``stamp`` stamps its reports; ``timer`` measures the relay's own CPU time (:attr:`cpu_s`)."""
+        ``stamp`` stamps its reports; ``timer`` measures the relay's own CPU time (:attr:`cpu_s`);
+        ``encoded(report, body)`` gets each report's encoding, made here once, before it is
+        posted (the event log writes those bytes instead of encoding the report again)."""
         if window_s < 0 or max_events < 1:
             raise ValueError(f"a relay needs window_s >= 0 and max_events >= 1, got {window_s}, {max_events}")
         self.name, self.post, self.stamp = name, post, stamp
         self.window_s, self.max_events = window_s, max_events
         self.timer = timer
+        self.encoded = encoded
+        self._codec = Codec() if encoded is not None else None
         self._held: list[Message] = []
         self._flush_at: asyncio.TimerHandle | None = None
         self._since = 0.0  # when the first fact held now came (the loop's clock)
@@ -121,7 +126,10 @@ class Relay:
         if len(held) == 1 and not held_s:  # a report of one fact that never waited is the fact
             self.post(held)
             return
-        self.post([self.stamp(RelayReport(relay=self.name, events=held, held_s=held_s))])  # type: ignore[arg-type]
+        report = self.stamp(RelayReport(relay=self.name, events=held, held_s=held_s))  # type: ignore[arg-type]
+        if self.encoded is not None and self._codec is not None:
+            self.encoded(report, self._codec.encode(report))
+        self.post([report])
 
     def _post_alone(self, events: list[Message]) -> None:
         self.passed += len(events)

@@ -70,6 +70,7 @@ from shunter.events.replicas import (
     RankReleased,
     ReplicaDown,
     ReplicaGivenUp,
+    ReplicaPending,
     ReplicaRestart,
     ReplicaUp,
 )
@@ -155,6 +156,7 @@ __all__ = [
     "Rebalance",
     "ReplicaDown",
     "ReplicaGivenUp",
+    "ReplicaPending",
     "ReplicaRestart",
     "ReplicaUp",
     "ReplicaView",

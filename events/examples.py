@@ -35,7 +35,9 @@ CASES: list[e.Message] = [
     e.ComponentFailed(component="standalone-0", error="boom", **ENV),
     e.EventRejected(origin="user", error="truncated", nbytes=3, **ENV),
     e.PolicyFailed(policy="separate", on_kind="trainer.step_end", error="ValueError: x", **ENV),
-    e.ComponentPlaced(component="standalone-0", bundle=1, node="10.0.0.1", gpu_ids=["1"], **ENV),
+    e.ComponentPlaced(
+        component="standalone-0", bundle=1, node="10.0.0.1", gpu_ids=["1"], node_id="5e1f0c2a9b7d", **ENV
+    ),
     e.CommandFailed(command_kind="rollout.generate", target="standalone-0", error="died", group_id=3, **ENV),
     e.SampleBegin(sample_id="3.1", group_id=3, replica_id="standalone-0", version=1, **ENV),
     e.SampleEnd(replica_id="standalone-0", sample=SAMPLE, **ENV),
@@ -97,6 +99,14 @@ CASES: list[e.Message] = [
         attempt=1,
         delay_s=2.0,
         reason="its inference engine died during rollout.generate: EngineDead: the vLLM engine core is gone",
+        **ENV,
+    ),
+    e.ReplicaPending(
+        replica_kind="standalone",
+        replacing="standalone-0",
+        missing={"node_b": 1.0},
+        free={"node_b": 0.0},
+        deadline_s=300.0,
         **ENV,
     ),
     e.ReplicaGivenUp(

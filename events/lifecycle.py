@@ -98,14 +98,17 @@ class ComponentReady(Event, frozen=True, kw_only=True, tag="component.ready"):
 
 class ComponentPlaced(Event, frozen=True, kw_only=True, tag="component.placed"):
     """Where a component's actor runs: its placement-group bundle (-1: outside any group),
-    node and the GPUs Ray gave it.
+    node (its address, and Ray's id of it: hosts may share an address) and the GPUs Ray gave it.
 
-    ``Engine -> coordinator (executor: which wire a replica gets)``, after its setup."""
+    ``Engine -> coordinator (executor: which wire a replica gets, which host's relay it is
+    behind)``, after its setup."""
 
     component: str
     bundle: int = -1
     node: str = ""
     gpu_ids: list[str] = []
+    node_id: str = ""
+    """Ray's node id (hex) of the host it runs on ("": unknown)."""
 
 
 class ComponentFailed(Event, frozen=True, kw_only=True, tag="component.failed"):

@@ -88,3 +88,21 @@ class ReplicaGivenUp(Event, frozen=True, kw_only=True, tag="replica.given_up"):
     rank: int
     attempts: int
     reason: str
+
+
+class ReplicaPending(Event, frozen=True, kw_only=True, tag="replica.pending"):
+    """A replica on its way — the replacement of one that was lost, or one added — waits for
+    room in the Ray cluster: ``missing`` is what it asks for that no node has free now (a lost
+    node's capacity, a custom resource only some nodes offer), ``free`` what the cluster has of it.
+
+    ``Engine -> coordinator, policy``, once, when the wait begins: the replica starts as soon as
+    room appears (a node comes back, or an operator adds one: ``RankAssigned``, ``ReplicaUp``),
+    or, past ``deadline_s`` (``rollout.replacement_wait_s``), counts as a start that failed
+    (``ComponentFailed``, and the supervisor decides again)."""
+
+    replica_kind: ReplicaKind
+    replacing: str = ""
+    """The replica it replaces ("": one added with ``Engine.add_replica``)."""
+    missing: dict[str, float]
+    free: dict[str, float]
+    deadline_s: float

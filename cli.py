@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--output-dir", help="override run.output_dir")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="override run.ray_address: join the Ray cluster 'ray start --head' started ('auto': the one on this "
+        "machine); without it the run starts its own local cluster",
+    )
+    r.add_argument(
         "--run-id", help="the run's id (default: '<run.name>-<random>'); its records go to <output_dir>/<id>"
     )
     r.add_argument(
@@ -83,6 +89,8 @@ def _run(args) -> int:
         over["run"]["output_dir"] = args.output_dir
     if args.no_progress:
         over["run"]["progress"] = False
+    if args.address:
+        over["run"]["ray_address"] = args.address
     try:
         cfg = load_config(args.config, over)
     except ConfigError as e:

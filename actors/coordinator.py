@@ -155,9 +155,10 @@ class CoordinatorActor:
                     "timeout_s": self.cfg.run.timeout_s,
                     "generate_timeout_s": ro.generate_timeout_s,
                 }
-                if self.cfg.run.relays
+                if self.cfg.run.relays != "none"
                 else None
             ),
+            relay_here=self.cfg.run.relays == "all",
         )
         self.executor.relay = Relay(  # the replicas whose streams this process holds: folded here
             "local",

@@ -67,12 +67,14 @@ class RayExecutor(Relays, TaskExecutor):
         weight_group: str = "",
         group_timeout_s: float = 120.0,
         relays: dict[str, float] | None = None,
+        relay_here: bool = False,
     ) -> None:
         """``trainer``: None for a relay's executor (replicas only); ``relays``: the settings of
         the relay actors to make, one per host that runs replicas (``actors.relays``; None: none —
-        this process holds every generation stream itself)."""
+        this process holds every generation stream itself); ``relay_here``: on this process's
+        host too (else its replicas' streams are held here)."""
         super().__init__()
-        self._init_relays(run_id, relays)
+        self._init_relays(run_id, relays, relay_here)
         self.trainer = trainer
         self.replicas = dict(replicas)
         self.timeout_s = timeout_s
@@ -129,7 +131,7 @@ class RayExecutor(Relays, TaskExecutor):
         """A replica's relay actor, which the trainer hands new weights to (none for a weight
         group: each load there is paired with the trainer's send)."""
         name = self.hand_over.get(target, "")
-        return name if name in self._actors and not self.weight_group else ""
+        return name if name in self._actors and target in self._confirmed and not self.weight_group else ""
 
     def pending(self) -> int:
         return super().pending() + self.relayed_pending()

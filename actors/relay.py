@@ -110,9 +110,14 @@ class RelayActor:
         ex.replicas[replica_id] = handle
         ex._down.discard(replica_id)
 
-    def run(self, targets: list[str], data: bytes) -> None:
-        """A turn's ``Generate`` orders for this host's replicas (``targets[i]`` takes order ``i``)."""
+    def run(self, targets: list[str], data: bytes, handles: dict[str, Any] | None = None) -> None:
+        """A turn's ``Generate`` orders for this host's replicas (``targets[i]`` takes order ``i``);
+        ``handles``: replicas among them this relay may not know yet (Ray runs an async actor's
+        calls in any order, so an ``add`` may come after)."""
         ex = self._ready()
+        for rid, h in (handles or {}).items():
+            if rid not in ex.replicas:
+                self.add(rid, h)
         for target, order in zip(targets, codec().decode_batch(data), strict=True):
             task = ex.send(target, order)
             if isinstance(order, Generate) and task is not None:

@@ -1,4 +1,6 @@
-"""The coordinator's side of the relays: one ``RelayActor`` per host that runs replicas.
+"""The coordinator's side of the relays: one ``RelayActor`` per host that runs replicas
+(``run.relays``: 'auto' leaves out the coordinator's own host, whose replicas this process
+serves itself through its in-process relay).
 
 ``Relays`` (a part of ``RayExecutor``) makes a host's relay when the first replica lands there
 (``ComponentPlaced`` names the node), hands each loop turn's ``Generate`` orders for that host
@@ -39,12 +41,18 @@ class Relays:
     replicas: dict[str, Any]
     _down: set[str]
     _post: Callable[[list[Message]], None] | None
+    hand_over: dict[str, str]
+    _replica_down: Callable[[str, str], None]
+    flush_relays: Callable[[], None]
 
-    def _init_relays(self, run_id: str, settings: dict[str, float] | None) -> None:
+    def _init_relays(self, run_id: str, settings: dict[str, float] | None, here: bool = False) -> None:
         """``settings``: the relays' ``window_s`` / ``max_events`` / ``timeout_s`` /
-        ``generate_timeout_s`` (None: no relay actors — this process holds every stream)."""
+        ``generate_timeout_s`` (None: no relay actors — this process holds every stream);
+        ``here``: a relay actor on this process's own host too."""
         self.run_id = run_id
         self.relay_settings = settings
+        self.relay_here = here
+        self._here = ""  # this process's node id (its replicas need no relay actor unless ``here``)
         self.known: Callable[[Message, bytes], None] | None = None
         """Given each report with its bytes as they came (the event log writes them as they are)."""
         self._actors: dict[str, Any] = {}  # relay name -> its actor
@@ -52,20 +60,34 @@ class Relays:
         self._made: dict[str, int] = {}  # node id -> relays made there
         self._open: dict[str, int] = {}  # relay name -> Generate calls handed over and not finished
         self._streams: dict[str, asyncio.Task[None]] = {}
-
-    def _replica_down(self, replica_id: str, reason: str) -> None:
-        raise NotImplementedError
-
-    def flush_relays(self) -> None:
-        raise NotImplementedError
+        self._confirmed: set[str] = set()  # replicas their relay has acknowledged (``add``)
 
     def place(self, replica_id: str, node_id: str) -> None:
         """A replica landed on ``node_id``: from now on its generation goes through that host's relay."""
         if self.relay_settings is None or not node_id or replica_id not in self.replicas:
             return
+        if not self.relay_here:
+            if not self._here:
+                import ray
+
+                self._here = ray.get_runtime_context().get_node_id()
+            if node_id == self._here:
+                return  # served from this process: its relay is the in-process one
         name = self._node_relay.get(node_id) or self._new_relay(node_id)
-        self.hand_over[replica_id] = name  # type: ignore[attr-defined]
-        self._actors[name].add.remote(replica_id, self.replicas[replica_id])
+        self.hand_over[replica_id] = name
+        self._confirmed.discard(replica_id)
+        ref = self._actors[name].add.remote(replica_id, self.replicas[replica_id])
+        asyncio.get_running_loop().create_task(self._confirm(replica_id, name, ref))
+
+    async def _confirm(self, replica_id: str, name: str, ref: Any) -> None:
+        """The relay knows the replica (Ray does not keep an async actor's calls in order: until
+        then, orders carry its handle, and the trainer hands it no weights through the relay)."""
+        try:
+            await ref
+        except Exception:  # noqa: BLE001 - the relay died: its stream says so
+            return
+        if self.hand_over.get(replica_id) == name:
+            self._confirmed.add(replica_id)
 
     def _new_relay(self, node_id: str) -> str:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -104,7 +126,9 @@ class Relays:
             super()._relayed(name, orders)  # type: ignore[misc]
             return
         self._open[name] += len(orders)
-        handle.run.remote([t for t, _ in orders], codec().encode_batch([o for _, o in orders]))
+        targets = [t for t, _ in orders]
+        new = {t: self.replicas[t] for t in set(targets) if t not in self._confirmed and t in self.replicas}
+        handle.run.remote(targets, codec().encode_batch([o for _, o in orders]), new)
 
     def relayed_pending(self) -> int:
         return sum(self._open.values())
@@ -143,7 +167,7 @@ class Relays:
             self._post(out)
 
     def _lost(self, name: str, why: str) -> None:
-        behind = [rid for rid, r in self.hand_over.items() if r == name]  # type: ignore[attr-defined]
+        behind = [rid for rid, r in self.hand_over.items() if r == name]
         for node, n in list(self._node_relay.items()):
             if n == name:
                 del self._node_relay[node]
@@ -151,7 +175,8 @@ class Relays:
         self._open.pop(name, None)
         self._streams.pop(name, None)
         for rid in behind:
-            self.hand_over.pop(rid, None)  # type: ignore[attr-defined]
+            self.hand_over.pop(rid, None)
+            self._confirmed.discard(rid)
             self._replica_down(rid, why)
 
     def close_relays(self) -> None:

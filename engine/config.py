@@ -76,11 +76,11 @@ class RunConfig(_Section):
         ),
     ] = ""
     relays: Annotated[
-        bool,
+        Literal["auto", "all", "none"],
         _d(
-            "One relay actor per host that runs replicas: it holds their generation streams, folds their per-sample facts into one report per rollout.report_window_s and takes new weights from the trainer for them (one call per host a publish). Off: the coordinator's process holds every stream and folds them itself, and weights go to each replica from the coordinator."
+            "Relay actors, one per host that runs replicas: each holds its host's generation streams, folds their per-sample facts into one report per rollout.report_window_s and takes new weights from the trainer for them (one call per host a publish). 'auto': on every host but the driver's (whose replicas the coordinator's own process serves, folding alike: on one machine no extra process); 'all': on the driver's host too (new weights reach its replicas from the trainer, not the coordinator); 'none': the coordinator's process holds every stream."
         ),
-    ] = True
+    ] = "auto"
     num_cpus: Annotated[float, _d("CPUs of the local Ray cluster (0: all cores).", ge=0)] = 0
     timeout_s: Annotated[PosFloat, _d("Upper bound on any single wait (actor setup, weight load, RPC).")] = 300.0
     stall_timeout_s: Annotated[

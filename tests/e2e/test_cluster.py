@@ -1,0 +1,201 @@
+"""A run across Ray nodes started the way operators start them (issue 28): ``ray start --head``
+with a custom resource ``node_a``, ``ray start --address=…`` with ``node_b`` — two raylets, two
+node ids, two object stores on this one machine — and ``shunter run --address`` whose trainer
+asks for ``node_a`` and whose replica asks for ``node_b`` (``examples/sort_cluster.toml``).
+
+Mid-run the replica's node is lost as an operator loses one: ``kill -9`` of its raylet (its
+workers, the vLLM engine among them, die with it). The replica is reported down, its replacement
+waits for room (``replica.pending``: no node offers ``node_b`` any more) until an operator adds a
+node that does, and the run completes there: every prompt group trained once, none skipped, the
+replacement named and placed on the new node, weights loaded across nodes (the replica's relay
+took them from the trainer's object store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shunter.engine.records import trained_groups
+from shunter.events import (
+    ComponentPlaced,
+    LogReader,
+    RelayReport,
+    ReplicaDown,
+    ReplicaPending,
+    ReplicaRestart,
+    ReplicaUp,
+    StepEnd,
+    WeightsLoaded,
+    read_log,
+)
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = Path(sys.executable).parent / "ray"
+STEPS = 60
+LOSE_AT = 8
+
+
+class RayNodes:
+    """Raylets started with the ``ray`` CLI under a temp folder of their own, so their processes
+    are told apart from any other Ray cluster on the machine (the test session's) and ended
+    without ``ray stop`` (which would end every cluster here)."""
+
+    def __init__(self) -> None:
+        self.temp = Path(tempfile.mkdtemp(prefix="shr", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_DEDUP_LOGS": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+        self.address = ""
+        self.raylets: set[str] = set()  # pids of its raylets, living or killed
+        self.started: set[int] = set()  # pids that appeared while a node started
+
+    def _start(self, *args: str) -> None:
+        before = set(psutil.pids())
+        out = subprocess.run(
+            [str(RAY), "start", "--num-cpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        self.started |= set(psutil.pids()) - before  # the node's daemons (their titles hide their folder)
+
+    def head(self, resources: dict[str, float]) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self._start(
+            "--head", f"--port={port}", f"--temp-dir={self.temp}", "--include-dashboard=false",
+            f"--resources={json.dumps(resources)}",
+        )  # fmt: skip
+        self.address = f"127.0.0.1:{port}"
+        self.processes()  # remember its raylet
+        return self.address
+
+    def add(self, resources: dict[str, float]) -> None:
+        self._start(f"--address={self.address}", f"--resources={json.dumps(resources)}")
+        self.processes()  # remember its raylet
+
+    def processes(self) -> list[psutil.Process]:
+        """Its processes: those naming its folder, and those its raylets started (Ray's agents set
+        their own process titles, but keep ``RAY_RAYLET_PID`` in their environment)."""
+        mine = str(self.temp)
+        found = [p for p in psutil.process_iter(["cmdline", "name"]) if mine in " ".join(p.info["cmdline"] or ())]
+        self.raylets |= {str(p.pid) for p in found if "raylet" in (p.info["name"] or "")}
+        for p in psutil.process_iter():
+            try:
+                if p not in found and (p.pid in self.started or p.environ().get("RAY_RAYLET_PID") in self.raylets):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
+    def kill_node(self, resource: str) -> int:
+        """``kill -9`` the raylet of the node that offers ``resource``; its pid."""
+        for p in self.processes():
+            cmd = " ".join(p.info["cmdline"] or ())
+            if "raylet" in p.name() and resource in cmd:
+                p.kill()
+                return p.pid
+        raise AssertionError(f"no raylet offers {resource}: {[p.name() for p in self.processes()]}")
+
+    def stop(self) -> None:
+        procs = self.processes()
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _wait(check, what: str, timeout: float, proc: subprocess.Popen, err: Path):
+    """Poll ``check()`` (reading the run's own records) until it holds; fail naming ``what``
+    if the run exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before {what}: {err.read_text()[-3000:]}")
+        time.sleep(0.5)  # polling the run's event log, which another process writes
+    raise AssertionError(f"no {what} within {timeout:g}s: {err.read_text()[-3000:]}")
+
+
+def _messages(log: Path) -> list:
+    return list(read_log(log)) if log.exists() else []
+
+
+def test_a_run_across_two_raylets_survives_losing_its_replica_node(tmp_path):
+    nodes = RayNodes()
+    try:
+        address = nodes.head({"node_a": 1})
+        nodes.add({"node_b": 1})
+        err = tmp_path / "stderr.txt"
+        run = tmp_path / "runs" / "cl"
+        log = run / "events.bin"
+        with open(err, "w") as e, open(tmp_path / "stdout.txt", "w") as o:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "shunter.cli", "run", str(ROOT / "examples" / "sort_cluster.toml"),
+                 "--address", address, "--steps", str(STEPS), "--no-progress", "--run-id", "cl",
+                 "--output-dir", str(tmp_path / "runs")],
+                cwd=tmp_path,
+                env={**nodes.env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+                stdout=o,
+                stderr=e,
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            _wait(lambda: sum(isinstance(m, StepEnd) for m in _messages(log)) >= LOSE_AT, "steps", 300, proc, err)
+            nodes.kill_node("node_b")
+            _wait(lambda: any(isinstance(m, ReplicaPending) for m in _messages(log)), "replica.pending", 120, proc, err)
+            nodes.add({"node_b": 1})  # an operator adds a node: the replacement lands there
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        said = err.read_text()
+        assert proc.returncode == 0, said[-3000:]
+    finally:
+        nodes.stop()
+
+    msgs = list(LogReader(log))  # the frames as written: relays' reports among them
+    facts = list(read_log(log))
+    placed = {m.component: m.node_id for m in facts if isinstance(m, ComponentPlaced)}
+    up = [m.replica_id for m in facts if isinstance(m, ReplicaUp)]
+    assert len(up) == 2, up  # the first replica and its replacement
+    first, second = up
+    assert len({placed["trainer"], placed[first], placed[second]}) == 3  # three raylets, three nodes
+    down = [m for m in facts if isinstance(m, ReplicaDown)]
+    assert [m.replica_id for m in down] == [first]
+    assert [m.replica_id for m in facts if isinstance(m, ReplicaRestart)] == [first]
+    pending = next(m for m in facts if isinstance(m, ReplicaPending))
+    assert pending.replacing == first and pending.missing == {"node_b": 1.0}
+    assert f"replica.pending: the replacement of {first} waits for room" in said
+    # the replicas' facts came folded by their node's relay actor, one per node
+    relays = {m.relay for m in msgs if isinstance(m, RelayReport)}
+    assert len(relays) == 2 and all(".relay." in r for r in relays), relays
+    # weights crossed nodes: the replacement loaded versions the trainer (on node_a) published
+    assert any(isinstance(m, WeightsLoaded) and m.replica_id == second and m.version > 0 for m in facts)
+    # nothing trained twice, no prompt skipped
+    steps = trained_groups(log)
+    groups = Counter(g for _, gs in steps for g in gs)
+    assert len(steps) == STEPS
+    assert set(groups.values()) == {1}, "a group trained twice"
+    assert sorted(groups) == list(range(len(groups))), "prompts skipped"

@@ -14,7 +14,9 @@ the machine's details:
   shunter's worker extension (``cuda_ipc``) and vLLM's own weight-transfer engine
   (``vllm_ipc``) — publish and load split into their parts, without Ray or the coordinator;
 - ``rpc``: the round trip of vLLM's engine-core calls a load makes, around no work, idle,
-  decoding, and with another process's kernels on the GPU (``bench/gpu_rpc.py``).
+  decoding, and with another process's kernels on the GPU (``bench/gpu_rpc.py``);
+- ``relay_sync``, ``fanout``: weights straight from the trainer to the replicas' relay, with
+  requests in flight; 1, 2 and 4 replicas on the device (``bench/gpu_relay.py``).
 
 Across two GPUs of one host (issue 7; a config with ``weight_transport = "nccl"``, e.g.
 ``examples/gpu2_qwen05b.toml``):
@@ -82,6 +84,8 @@ PARTS = (
     "separate2",
     "colocated2",
     "lend2",
+    "relay_sync",
+    "fanout",
 )
 
 
@@ -195,6 +199,9 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
             # hops, from the stamps: to the trainer and its publish; back to the coordinator and
             # its policy; to the replica, which cuts its requests in flight and loads
             "to_trainer_and_publish_s": ready.wall_time - m.wall_time,
+            # after the publish: on the direct path the trainer -> relay -> replica hops and the load
+            "ready_to_loaded_s": last.wall_time - ready.wall_time,
+            "replicas_loaded": float(len(loads)),
         }
         if cmd is not None:
             row["load_at"] = cmd.wall_time
@@ -548,6 +555,10 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 events, run_dir = run(cfg(over))
                 res[part] = sync_figures(run_dir / "events.bin", floor)
                 res[part]["ended"] = _ended(events)
+            elif part in ("relay_sync", "fanout"):
+                from shunter.bench.gpu_relay import fanout, relay_sync
+
+                res[part] = (relay_sync if part == "relay_sync" else fanout)(cfg, run, sync_figures, floor, _ended)
             elif part == "rollout":
                 r = base.rollout
                 # The same closed batch for all three, each timed from its first request to its

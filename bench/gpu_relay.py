@@ -1,0 +1,53 @@
+"""GPU parts of issue 28: weights straight from the trainer to the replicas (``run.relays =
+"all"``: the trainer hands each new version to the host's relay, which gives its replicas an
+``InstallWeights``; the coordinator and its policy are off the path).
+
+- ``relay_sync``: one replica sharing the device with the trainer, staleness 8 so it is still
+  generating as each load lands; ``PublishWeights`` -> last ``WeightsLoaded`` per version (median
+  of the publishes past the first), its hops from the stamps and the copy floor beside it;
+- ``fanout``: the same with 1, 2 and 4 replicas on the device: the trainer's publish time (what a
+  publish costs it) must not grow with the replicas (one publish, one relay call, many readers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+DIRECT = {"run": {"policy": "separate", "relays": "all"}, "rollout": {"max_staleness": 8}}
+
+
+def relay_sync(cfg: Callable[[dict], Any], run, sync_figures, floor: float, ended) -> dict:
+    events, run_dir = run(cfg(DIRECT))
+    out = sync_figures(run_dir / "events.bin", floor)
+    out["ended"] = ended(events)
+    return out
+
+
+def fanout(cfg: Callable[[dict], Any], run, sync_figures, floor: float, ended) -> dict:
+    out: dict = {}
+    mems = {1: 0.25, 2: 0.18, 3: 0.14, 4: 0.12}
+    wanted = [int(x) for x in os.environ.get("SHUNTER_FANOUT", "1,2,4").split(",")]  # a shorter call: fewer
+    for n, mem in ((n, mems[n]) for n in wanted):
+        over = {
+            **DIRECT,
+            "rollout": {
+                **DIRECT["rollout"],
+                "standalone_replicas": n,
+                "num_gpus": round(0.6 / n, 3),
+                "gpu_memory_utilization": mem,
+            },
+        }
+        try:
+            events, run_dir = run(cfg(over))
+        except Exception as e:  # noqa: BLE001 - one size failing leaves the others' figures
+            out[f"replicas_{n}"] = {"error": str(e)[:2000]}
+            continue
+        figs = sync_figures(run_dir / "events.bin", floor)
+        figs["ended"] = ended(events)
+        out[f"replicas_{n}"] = figs
+        print(f"fanout {n}: publish {figs.get('median_publish_s')} end-to-end {figs.get('median_end_to_end_s')}", flush=True)
+    pub = {k: v.get("median_publish_s") for k, v in out.items() if isinstance(v, dict)}
+    out["trainer_publish_s"] = pub
+    return out

@@ -21,6 +21,8 @@ simulated one are measured by the same code.
 
 from __future__ import annotations
 
+import statistics
+
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -28,6 +30,7 @@ from shunter.bench.bound import SampleWork, StepWork
 from shunter.events import (
     Message,
     ModeChanged,
+    PublishWeights,
     ReplicaUp,
     RunEnded,
     RunStarted,
@@ -37,6 +40,7 @@ from shunter.events import (
     SampleResumed,
     StepBegin,
     StepEnd,
+    WeightsLoaded,
     WeightsReady,
 )
 from shunter.events.view import ROLLOUT
@@ -79,6 +83,10 @@ class Summary:
         self.samples = 0
         """Samples finished (``SampleEnd``)."""
         self.switches = 0
+        self.publishes: list[float] = []
+        """Each publish's trainer time (``WeightsReady.duration_s``)."""
+        self._asked: float | None = None  # the last PublishWeights not yet answered
+        self._synced: dict[int, list[float]] = {}  # version -> [asked at, last loaded at]
         self._groups: dict[int, list[SampleWork]] = {}  # group -> the work of its finished samples
         self._work: list[list] = []  # per step: [samples, step seconds, publish seconds]
 
@@ -101,8 +109,16 @@ class Summary:
                     self._work[-1][1] += m.duration_s
             case WeightsReady():
                 self.trainer_busy += m.duration_s
+                self.publishes.append(m.duration_s)
+                if self._asked is not None:
+                    self._synced[m.version] = [self._asked, self._asked]
+                    self._asked = None
                 if self._work:
                     self._work[-1][2] += m.duration_s
+            case PublishWeights():
+                self._asked = m.wall_time
+            case WeightsLoaded() if m.version in self._synced:
+                self._synced[m.version][1] = max(self._synced[m.version][1], m.wall_time)
             case ReplicaUp():
                 self.rollout.setdefault(m.replica_id, []).append(
                     (float("-inf") if m.mode == ROLLOUT else 0.0, 1 if m.mode == ROLLOUT else 0)
@@ -150,6 +166,11 @@ class Summary:
             out["trainer_idle_steady_frac"] = max(0.0, 1 - self.trainer_busy / steady)
         if self.stale:
             out["staleness_mean"] = sum(self.stale) / len(self.stale)
+        if self.publishes:
+            out["publish_s"] = statistics.median(self.publishes)
+        synced = [b - a for a, b in self._synced.values() if b > a]
+        if synced:  # PublishWeights -> the last replica serving the version
+            out["sync_s"] = statistics.median(synced)
         return out
 
     def work(self) -> list[StepWork]:

@@ -41,7 +41,7 @@ from shunter.engine.local import LocalExecutor
 from shunter.engine.loop import Coordinator
 from shunter.engine.ranks import RankTable
 from shunter.engine.records import RunSinks
-from shunter.engine.relay import Relay
+from shunter.engine.relay import Relay, route_through_relays
 from shunter.engine.rollout import RolloutCore
 from shunter.engine.trainer_host import TrainerHost
 from shunter.events import (
@@ -186,7 +186,8 @@ def run_sim(
     writing there; ``timer``: what measures the coordinator's time per message (a test
     passes a fake one); ``replicas_per_relay``: replicas per simulated node, each node's
     answers folded by a relay of its own (``engine.relay``, with ``rollout.report_window_s``;
-    0: one relay for all, as in one process). The caller's ``sinks`` are observers: they see
+    0: one relay for all; ``run.relays = "none"``: one in the coordinator's process, which then
+    sends every order and weight load itself). The caller's ``sinks`` are observers: they see
     each turn's messages (a report's facts one by one) after the turn, outside its charged time."""
     # nothing in a simulation waits on I/O or threads: time may jump as soon as no callback is ready
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
@@ -278,13 +279,31 @@ async def _run(
             ),
         ]
     table.check()
-    core = SimTrainer(cost, replicas=cfg.rollout.standalone_replicas)  # hybrids on the trainer GPUs: IPC
+    n = cfg.rollout.standalone_replicas
+    hosts = 0 if cfg.run.relays == "none" else -(-(n + cfg.rollout.hybrid_replicas) // (per_relay or max(1, n)))
+    core = SimTrainer(cost, replicas=n, relays=hosts)  # hybrids on the trainer GPUs: IPC
     if resume is not None:
         core.load(str(resume))
     trainer = TrainerHost(core, Stamper(run_id, "trainer", clock), transport="sim")
     executor = LocalExecutor(run_id, trainer, cores, max_tokens=cfg.rollout.max_tokens, clock=clock)
     trainer.deliver = executor.deliver  # the trainer hands new weights to the nodes' relays
-    relays = _relays(cfg, executor, list(cores), per_relay, run_id, clock, extra.log.remember if extra else None)
+    r = cfg.rollout
+    encoded = extra.log.remember if extra else None
+    if cfg.run.relays == "none":  # the coordinator's process holds every stream and folds them itself
+        local = Relay("local", executor.post_through_relay, Stamper(run_id, "relay:local", clock),
+                      window_s=r.report_window_s, max_events=r.report_max_events, encoded=encoded)  # fmt: skip
+        executor.relay, relays = local, [local]
+    else:
+        relays = route_through_relays(
+            executor,
+            list(cores),
+            per_relay,
+            run_id,
+            clock,
+            window_s=r.report_window_s,
+            max_events=r.report_max_events,
+            encoded=encoded,
+        )
     kept: list[Message] = []
     count = [0]
     recorded: list[Message] = []  # this turn's messages, for the observers once the turn's time is taken
@@ -369,26 +388,3 @@ async def _run(
         relay_flushes=sum(r.flushes for r in relays),
         relay_folded=sum(r.folded for r in relays),
     )
-
-
-def _relays(
-    cfg: EngineConfig, executor: LocalExecutor, replicas: list[str], per: int, run_id: str, clock, encoded
-) -> list[Relay]:
-    """One relay per simulated node of ``per`` replicas (0: one for all), each with its own
-    stamp, as each node's relay actor would be; each encodes its reports once (``encoded``: the
-    event log writes those bytes), as a relay actor does to send them."""
-    r = cfg.rollout
-    out: list[Relay] = []
-    for k in range(0, len(replicas), per or max(1, len(replicas))):
-        relay = Relay(
-            f"node:{len(out)}",
-            executor.post_through_relay,
-            Stamper(run_id, f"relay:{len(out)}", clock),
-            window_s=r.report_window_s,
-            max_events=r.report_max_events,
-            encoded=encoded,
-        )
-        out.append(relay)
-        for rid in replicas[k : k + (per or len(replicas))]:
-            executor.route(rid, relay)
-    return out

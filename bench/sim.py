@@ -29,10 +29,11 @@ context again (no prefix cache is modelled).
 Trainer: an optimizer step on ``t`` tokens over ``trainer_gpus`` data-parallel GPUs takes
 ``train_step_s + train_s_per_token * t / trainer_gpus`` plus a ring all-reduce of
 ``grad_bytes`` (``2 (g - 1) / g * grad_bytes / allreduce_Bps``); publishing takes
-``weight_bytes / sync_bandwidth_Bps + sync_latency_s + sync_s_per_replica * replicas`` (the
-standalone replicas; hybrid ones share the trainer's GPUs and map its buffer; a
-transport that sends to each replica in turn costs the trainer more the more replicas there
-are; 0 for one that publishes once and lets replicas fetch); a replica applies weights in
+``weight_bytes / sync_bandwidth_Bps + sync_latency_s + sync_s_per_replica * replicas +
+sync_s_per_relay * relays`` (the standalone replicas; hybrid ones share the trainer's GPUs and
+map its buffer; a transport that sends to each replica in turn costs the trainer more the more
+replicas there are; 0 for one that publishes once and lets replicas fetch — the trainer then
+hands the version to each host's relay, ``sync_s_per_relay`` a host); a replica applies weights in
 ``load_s``, sleeps in ``sleep_s``, wakes in ``wake_s``.
 """
 
@@ -82,6 +83,9 @@ class CostModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     sync_bandwidth_Bps: float = 50e9
     sync_latency_s: float = 0.05
     sync_s_per_replica: float = 0.0
+    sync_s_per_relay: float = 0.0
+    """The trainer's cost of handing a new version to one host's relay (one call per host: the
+    replicas behind it read the one published copy); paid when the replicas sit behind relays."""
     load_s: float = 0.05
     sleep_s: float = 0.5
     wake_s: float = 0.5
@@ -108,8 +112,13 @@ class CostModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     def train_s(self, tokens: int) -> float:
         return self.train_step_s + self.train_s_per_token * tokens / self.trainer_gpus + self.allreduce_s()
 
-    def publish_s(self, replicas: int = 0) -> float:
-        return self.weight_bytes / self.sync_bandwidth_Bps + self.sync_latency_s + self.sync_s_per_replica * replicas
+    def publish_s(self, replicas: int = 0, relays: int = 0) -> float:
+        return (
+            self.weight_bytes / self.sync_bandwidth_Bps
+            + self.sync_latency_s
+            + self.sync_s_per_replica * replicas
+            + self.sync_s_per_relay * relays
+        )
 
     def lengths(self, seed: int) -> LengthSampler:
         return LengthSampler(self, seed)
@@ -282,10 +291,12 @@ def sim_reward(prompt: str, response: str, answer: str) -> float:
 class SimTrainer:
     """The trainer core with simulated step, publish and offload times."""
 
-    def __init__(self, cost: CostModel, replicas: int = 0) -> None:
+    def __init__(self, cost: CostModel, replicas: int = 0, relays: int = 0) -> None:
         self.cost = cost
         self.replicas = replicas
         """Replicas the weights go to (what a per-replica transport costs the trainer)."""
+        self.relays = relays
+        """Hosts' relays the trainer hands each version to."""
         self.step = 0
         self.version = 0
         self.published_nbytes = int(cost.weight_bytes)
@@ -304,7 +315,7 @@ class SimTrainer:
         }
 
     async def publish(self) -> bytes:
-        await asyncio.sleep(self.cost.publish_s(self.replicas))
+        await asyncio.sleep(self.cost.publish_s(self.replicas, self.relays))
         self.version += 1
         return b"sim-weights"
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from shunter.events import Codec, Message, Stamper
 from shunter.events.relay import REPORTED, RelayReport
@@ -134,3 +135,34 @@ class Relay:
     def _post_alone(self, events: list[Message]) -> None:
         self.passed += len(events)
         self.post(events)
+
+
+def route_through_relays(
+    executor: Any,
+    replicas: list[str],
+    per: int,
+    run_id: str,
+    clock: Callable[[], float],
+    *,
+    window_s: float,
+    max_events: int,
+    encoded: Callable[[Message, bytes], None] | None = None,
+) -> list[Relay]:
+    """In one process (the simulator, the unit tier): one relay per ``per`` replicas (a host's),
+    each with its own stamp, routed on ``executor`` (``TaskExecutor.route``) — the trainer hands
+    new weights to them (``LocalExecutor.deliver``) and their replicas' facts are folded there."""
+    out: list[Relay] = []
+    per = per or max(1, len(replicas))
+    for k in range(0, len(replicas), per):
+        relay = Relay(
+            f"node:{len(out)}",
+            executor.post_through_relay,
+            Stamper(run_id, f"relay:{len(out)}", clock),
+            window_s=window_s,
+            max_events=max_events,
+            encoded=encoded,
+        )
+        out.append(relay)
+        for rid in replicas[k : k + per]:
+            executor.route(rid, relay)
+    return out

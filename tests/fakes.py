@@ -267,6 +267,7 @@ def local_run(
     prompts=None,
     respond=None,
     rewards=None,
+    relays: int = 0,
 ):
     """A real ``Coordinator`` over in-process replicas (``RolloutCore`` + ``FakeBackend``)
     and a ``TrainerHost`` around ``FakeTrainerCore``, on the loop's clock (run it under
@@ -278,7 +279,9 @@ def local_run(
     (training stream, validation prompts) instead of the task's (a dataset's, say); ``respond``:
     what the fake engines answer (``FakeBackend``); ``rewards``: a function of the replica id giving
     the ``Rewards`` its samples are scored with (as a run's reward workers would); ``cfg.task.environment``
-    makes the runs multi-turn."""
+    makes the runs multi-turn; ``relays``: replicas per relay (``engine.relay``, with the config's
+    ``rollout.report_window_s``: facts folded into reports, the trainer handing weights to the
+    relays); 0: none, every fact posted as it comes."""
     from pathlib import Path
 
     from shunter.engine import snapshot
@@ -337,6 +340,20 @@ def local_run(
         max_tokens=cfg.rollout.max_tokens,
         clock=loop_clock,
     )
+    if relays:
+        from shunter.engine.relay import route_through_relays
+
+        executor.trainer.deliver = executor.deliver
+        r = cfg.rollout
+        route_through_relays(
+            executor,
+            [f"{kind}-{rank}" for rank, kind in enumerate(kinds)],
+            relays,
+            run_id,
+            loop_clock,
+            window_s=r.report_window_s,
+            max_events=r.report_max_events,
+        )
     stream, val = run_prompts(cfg) if prompts is None else prompts
     store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
     coord = Coordinator(
@@ -381,15 +398,18 @@ class Crash(BaseException):
     like a kill: the loop's fault barrier contains errors, not the death of its process)."""
 
 
-async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: float = 0.001, fired=None):
+async def run_with_faults(
+    c, schedule: list[tuple[int, str]], root, token_s: float = 0.001, fired=None, relays: int = 0
+):
     """Run to the end, resuming from the last checkpoint after each lost trainer or
     coordinator. Returns (prompt ids per counted step, every StepEnd, attempts, last
-    coordinator); the faults actually injected are appended to ``fired``."""
+    coordinator); the faults actually injected are appended to ``fired``; ``relays``: replicas
+    per relay (``local_run``)."""
     import asyncio
     import shutil
 
     from shunter.engine.checkpoint import CheckpointStore
-    from shunter.events import ComponentFailed, SampleEnd, Stamper, StepEnd, Stop
+    from shunter.events import ComponentFailed, RelayReport, SampleEnd, Stamper, StepEnd, Stop
 
     fired = [] if fired is None else fired
     pending = sorted(schedule)
@@ -398,13 +418,16 @@ async def run_with_faults(c, schedule: list[tuple[int, str]], root, token_s: flo
     while True:
         attempts += 1
         assert attempts <= len(schedule) + 1, "more attempts than faults"
-        coord, _, trainer = local_run(c, token_s=token_s, checkpoints=root, resume=resume)
+        coord, _, trainer = local_run(c, token_s=token_s, checkpoints=root, resume=resume, relays=relays)
         killed = set()
 
         armed: list[bool] = []
 
         def chaos(m, coord=coord, killed=killed, armed=armed):
-            if armed and isinstance(m, SampleEnd):  # a stop lands at any moment, not only between steps
+            ended = isinstance(m, SampleEnd) or (
+                isinstance(m, RelayReport) and any(isinstance(e, SampleEnd) for e in m.events)
+            )
+            if armed and ended:  # a stop lands at any moment, not only between steps
                 armed.clear()
                 coord.post(Stamper(coord.state.run_id, "user")(Stop(reason="stopped")))
             if not isinstance(m, StepEnd):

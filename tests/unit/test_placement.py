@@ -90,3 +90,39 @@ def test_configs_that_do_not_fit_are_refused_by_name_when_loaded(trainer, rollou
         return
     with pytest.raises(ConfigError, match=match):
         cfg(trainer, rollout)
+
+
+def test_custom_resources_pick_the_nodes_the_trainer_side_on_one_node_the_replicas_spread():
+    """Issue 28: ``trainer.resources`` ride in the trainer's bundle, ``rollout.resources`` in each
+    standalone replica's; the trainer's side is one group laid on one node (``STRICT_PACK``), the
+    replicas' another, laid by ``rollout.placement_strategy``."""
+    p = plan(
+        cfg(
+            {"num_gpus": 0.5, "num_cpus": 1, "resources": {"node_a": 1}},
+            {"standalone_replicas": 2, "hybrid_replicas": 1, "num_gpus": 0.4, "num_cpus": 0.5,
+             "resources": {"node_b": 0.5}, "placement_strategy": "STRICT_SPREAD"},
+        )
+    )  # fmt: skip
+    assert p.bundles[0] == {"GPU": 1.0, "CPU": 1.5, "node_a": 1.0}
+    assert p.bundles[1:] == [{"GPU": 1.0, "CPU": 0.5, "node_b": 0.5}] * 2
+    (side, s1), (rest, s2) = p.groups()
+    assert (side, s1) == ([p.bundles[0]], "STRICT_PACK") and (rest, s2) == (p.bundles[1:], "STRICT_SPREAD")
+    assert [p.locate(s.bundle) for s in p.standalone] == [(1, 0), (1, 1)] and p.locate(p.trainer.bundle) == (0, 0)
+
+
+def test_replicas_sharing_the_trainers_gpu_make_one_group():
+    p = plan(cfg({"num_gpus": 0.3}, {"standalone_replicas": 2, "num_gpus": 0.3, "share_trainer_gpu": True, "resources": {"x": 1}}))
+    assert [g for _, g in p.groups()] == ["STRICT_PACK"] and p.bundles == [{"GPU": 1.0, "CPU": 2.0, "x": 2.0}]
+
+
+@pytest.mark.parametrize(
+    ("section", "resources", "match"),
+    [
+        ("trainer", {"node_a": 0}, "trainer.resources: node_a = 0"),
+        ("rollout", {"GPU": 1}, "rollout.resources: GPU = 1 .* num_cpus / num_gpus"),
+        ("rollout", {"node_b": -1}, "above 0"),
+    ],
+)
+def test_custom_resources_that_name_no_node_or_no_amount_are_refused(section, resources, match):
+    with pytest.raises(ConfigError, match=match):
+        cfg(**{section: {"resources": resources}})

@@ -60,8 +60,13 @@ def table(result: dict) -> str:
             "sim_over_analytic",
             "coordinator_share",
             "events_per_s",
+            "samples_per_cpu_s",
+            "messages_per_cpu_s",
             "latency_p50_ms",
             "latency_p99_ms",
+            "gc_in_turns_s",
+            "publish_s",
+            "sync_s",
         )
         if any(k in m for m in metrics.values())
     ]

@@ -22,7 +22,6 @@ simulated one are measured by the same code.
 from __future__ import annotations
 
 import statistics
-
 from collections import defaultdict
 from collections.abc import Iterable
 

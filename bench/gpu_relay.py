@@ -47,7 +47,10 @@ def fanout(cfg: Callable[[dict], Any], run, sync_figures, floor: float, ended) -
         figs = sync_figures(run_dir / "events.bin", floor)
         figs["ended"] = ended(events)
         out[f"replicas_{n}"] = figs
-        print(f"fanout {n}: publish {figs.get('median_publish_s')} end-to-end {figs.get('median_end_to_end_s')}", flush=True)
+        print(
+            f"fanout {n}: publish {figs.get('median_publish_s')} end-to-end {figs.get('median_end_to_end_s')}",
+            flush=True,
+        )
     pub = {k: v.get("median_publish_s") for k, v in out.items() if isinstance(v, dict)}
     out["trainer_publish_s"] = pub
     return out

@@ -135,7 +135,9 @@ class Finale:
             case "draining":
                 self.phase = "publishing"
                 if t.steps_since_publish > 0 and st.trainer_driver == "engine" and not self._half_cycle:
-                    self.issue(PublishWeights(replica_ids=[r.replica_id for r in st.replicas.values() if r.mode == ROLLOUT]))
+                    self.issue(
+                        PublishWeights(replica_ids=[r.replica_id for r in st.replicas.values() if r.mode == ROLLOUT])
+                    )
                     return False
             case "publishing":
                 self.phase = "loading"

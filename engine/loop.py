@@ -312,7 +312,7 @@ class Coordinator:
         self._current = msg
         self._record(msg)
         if msg.__class__ is RelayReport:
-            self._report(msg)  # type: ignore[arg-type]
+            self._report(msg)
         elif isinstance(msg, Intent):
             self._stage = "intent"
             self.intents.carry_out(msg)

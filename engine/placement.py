@@ -94,19 +94,19 @@ def plan(cfg: EngineConfig) -> Placement | None:
                 f"= {used:g} GPUs, more than one — lower the fractions (or raise trainer.gpus)"
             )
     bundles = [{"GPU": 1.0, "CPU": (t.num_cpus if g == 0 else 0) + n * r.num_cpus} for g, n in enumerate(guests)]
-    for k, v in t.resources.items():
-        bundles[0][k] = bundles[0].get(k, 0.0) + v
+    for name, v in t.resources.items():
+        bundles[0][name] = bundles[0].get(name, 0.0) + v
     if r.share_trainer_gpu:
-        for k, v in r.resources.items():
-            bundles[0][k] = bundles[0].get(k, 0.0) + v * r.standalone_replicas
+        for name, v in r.resources.items():
+            bundles[0][name] = bundles[0].get(name, 0.0) + v * r.standalone_replicas
     trainer = Slot(TRAINER_BUNDLE, t.num_gpus, t.num_cpus)
     if not r.share_trainer_gpu:
         for _ in range(r.standalone_replicas):
             standalone.append(Slot(len(bundles), r.num_gpus, r.num_cpus))
             bundles.append({"GPU": 1.0, "CPU": r.num_cpus, **r.resources})
     for b in bundles:  # Ray refuses zero-valued resources in a bundle
-        for k in [k for k, v in b.items() if v == 0]:
-            del b[k]
+        for name in [name for name, v in b.items() if v == 0]:
+            del b[name]
     return Placement(
         bundles=bundles,
         trainer=trainer,

@@ -125,7 +125,7 @@ class LogSink:
 
     def __call__(self, msg: Message) -> None:
         if msg.__class__ is RelayReport:  # its facts, as if alone (most return at the next line)
-            for ev in msg.events:  # type: ignore[attr-defined]
+            for ev in msg.events:
                 if ev.__class__ is WeightsLoaded or (ev.__class__ is SampleAborted and ev.reason == "failed"):
                     self(ev)
             return
@@ -214,7 +214,7 @@ class MetricsSink:
 
     def __call__(self, msg: Message) -> None:
         if msg.__class__ is RelayReport:
-            for ev in msg.events:  # type: ignore[attr-defined]
+            for ev in msg.events:
                 if ev.__class__ is SampleEnd:
                     self._tokens += len(ev.sample.token_ids)
         elif isinstance(msg, SampleEnd):

@@ -1,19 +1,20 @@
 """``TrainerHost``: turns trainer commands into calls on a trainer core and events back.
 
-Invariant: one command at a time (a lock), each answered by its events — except the
-weight-group commands (``JoinWeightGroup`` -> ``WeightGroupOpened``, ``SendWeights`` ->
-``WeightsSent``, ``LeaveWeightGroup``), which touch only the published copies and run beside
-a training step, so a replica's weight load never waits for one; otherwise —
-``Train`` -> ``StepBegin`` + ``StepEnd``; ``Publish`` -> ``WeightsReady`` (the weight blob is
-returned beside the events, never inside one; the relays ``Publish.deliver`` names get the
-version first, from here, so those replicas load it without waiting on the coordinator); ``OffloadState``/``OnloadState`` ->
-``Offloaded``/``Onloaded``; ``SaveCheckpoint`` -> ``TrainerStateSaved``. A ``Train`` whose
-user loss fails (``UserCodeError``) is answered by ``CommandFailed(user_code=...)`` and the
-trainer takes the next order as usual. Heavy work runs in a thread so the host's loop stays
-live. The core is anything with ``train_step(samples, loss_fn_spec)``, ``publish``,
-``offload``, ``onload``, ``step`` and ``version`` (and ``save(path) -> bytes written`` to take
-part in checkpoints) — the torch ``Trainer`` (plain methods, run in a thread), or a simulator
-(coroutine methods that spend virtual time).
+Invariant: one command at a time (a lock), each answered by its events — except the weight-
+group commands (``JoinWeightGroup`` -> ``WeightGroupOpened``, ``SendWeights`` ->
+``WeightsSent``, ``LeaveWeightGroup``), which touch only the published copies and run beside a
+training step, so a replica's weight load never waits for one; otherwise — ``Train`` ->
+``StepBegin`` + ``StepEnd``; ``Publish`` -> ``WeightsReady`` (the weight blob is returned
+beside the events, never inside one; the relays ``Publish.deliver`` names get the version
+first, from here, so those replicas load it without waiting on the coordinator);
+``OffloadState``/``OnloadState`` -> ``Offloaded``/``Onloaded``; ``SaveCheckpoint`` ->
+``TrainerStateSaved``. A ``Train`` whose user loss fails (``UserCodeError``) is answered by
+``CommandFailed(user_code=...)`` and the trainer takes the next order as usual. Heavy work
+runs in a thread so the host's loop stays live. The core is anything with
+``train_step(samples, loss_fn_spec)``, ``publish``, ``offload``, ``onload``, ``step`` and
+``version`` (and ``save(path) -> bytes written`` to take part in checkpoints) — the torch
+``Trainer`` (plain methods, run in a thread), or a simulator (coroutine methods that spend
+virtual time).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from shunter.events import (
     WeightsSent,
     tag_of,
 )
-
 
 Deliver = Callable[[int, str, Any, list[Delivery]], None]
 """(version, handle, the published payload, deliveries): see ``TrainerHost``'s ``deliver``."""

@@ -43,6 +43,6 @@ def flatten(msgs: Iterable[Message]) -> Iterator[Message]:
     """The messages with every report replaced by the facts it carries."""
     for m in msgs:
         if m.__class__ is RelayReport:
-            yield from m.events  # type: ignore[attr-defined]
+            yield from m.events
         else:
             yield m

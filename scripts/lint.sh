@@ -8,7 +8,8 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 core=(loop apply intents inflight batches guard finale cuts summary errors state buffer dispatcher executor
       snapshot local rollout trainer_host backend config checkpoint records placement ranks supervisor model_dir
-      datasets deadlines rewards environments turns replica_modes replica_validation replica_envs heartbeat batch_stats math_reward)
+      datasets deadlines rewards environments turns replica_modes replica_validation replica_envs heartbeat batch_stats math_reward
+      relay)
 args=(-p shunter.events -p shunter.policies -p shunter.engine.tasks)
 for m in "${core[@]}"; do args+=(-m "shunter.engine.$m"); done
 # mypy sees the package under its installed name through a link (the repository root is the package)

@@ -109,9 +109,7 @@ async def test_a_relay_killed_by_the_os_takes_its_replicas_down_once(ray_cluster
     try:
         ex.send("standalone-0", gen(0))
         await until(lambda: any(isinstance(m, SampleEnd) for m in flatten(got)))
-        relay = next(
-            p for p in psutil.process_iter(["cmdline"]) if "RelayActor" in " ".join(p.info["cmdline"] or ())
-        )
+        relay = next(p for p in psutil.process_iter(["cmdline"]) if "RelayActor" in " ".join(p.info["cmdline"] or ()))
         os.kill(relay.pid, signal.SIGKILL)
         await until(lambda: any(isinstance(m, ReplicaDown) for m in got))
         down = [m for m in got if isinstance(m, ReplicaDown)]

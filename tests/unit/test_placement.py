@@ -111,7 +111,12 @@ def test_custom_resources_pick_the_nodes_the_trainer_side_on_one_node_the_replic
 
 
 def test_replicas_sharing_the_trainers_gpu_make_one_group():
-    p = plan(cfg({"num_gpus": 0.3}, {"standalone_replicas": 2, "num_gpus": 0.3, "share_trainer_gpu": True, "resources": {"x": 1}}))
+    p = plan(
+        cfg(
+            {"num_gpus": 0.3},
+            {"standalone_replicas": 2, "num_gpus": 0.3, "share_trainer_gpu": True, "resources": {"x": 1}},
+        )
+    )
     assert [g for _, g in p.groups()] == ["STRICT_PACK"] and p.bundles == [{"GPU": 1.0, "CPU": 2.0, "x": 2.0}]
 
 

@@ -107,6 +107,7 @@ def test_a_report_is_the_same_run_as_its_facts_alone():
     def once(relays: int):
         policy = Counting()
         c = cfg(run={"total_steps": 6}, rollout={"standalone_replicas": 4, "report_window_s": 0.02})
+
         async def go():
             coord, _, trainer = local_run(c, policy=policy, relays=relays)
             ended, seen = await run_to_end(coord)
@@ -181,7 +182,10 @@ def test_a_replica_lost_with_facts_held_in_its_relay_has_them_posted_before_its_
 
 @settings(max_examples=8, deadline=None)
 @given(
-    schedule=st.lists(st.tuples(st.integers(1, 10), st.sampled_from(("kill_replica", "trainer_dies", "coordinator_crashes", "stop"))), max_size=4),
+    schedule=st.lists(
+        st.tuples(st.integers(1, 10), st.sampled_from(("kill_replica", "trainer_dies", "coordinator_crashes", "stop"))),
+        max_size=4,
+    ),
     staleness=st.integers(0, 2),
 )
 @example(schedule=[(2, "kill_replica"), (4, "coordinator_crashes"), (5, "kill_replica")], staleness=1)

@@ -67,11 +67,45 @@ async def test_a_full_disk_ends_the_run_and_every_reader_hears_of_it(ray_cluster
 
 def test_an_actor_the_cluster_has_no_room_for_is_refused_at_once_not_left_waiting(ray_cluster, tmp_path):
     """Ray would keep an unschedulable actor pending for ever (an ``add_replica`` that never
-    comes up); the launcher checks the room first and says what is missing."""
-    from shunter.actors.launch import Launcher
+    comes up); the launcher checks the cluster first and says what is missing — CPUs, or a
+    custom resource no node offers (with the command that starts one)."""
+    from shunter.actors.cluster import check_total, request
     from shunter.engine.errors import EngineSetupError
 
-    launcher = Launcher(from_dict({"run": {"output_dir": str(tmp_path)}}), "no-room", tmp_path)
     with pytest.raises(EngineSetupError, match=r"no room in the Ray cluster for another replica: it needs 64 CPU"):
-        launcher._fits("another replica", 64, 0)
-    launcher._fits("a small one", 0.01, 0)
+        check_total(request(64, 0), "another replica", {"CPU": "rollout.num_cpus"})
+    with pytest.raises(EngineSetupError, match=r"'node_b' \(rollout.resources\) and no node offers it .*ray start"):
+        check_total(request(0.5, 0, {"node_b": 1}), "another replica", {"node_b": "rollout.resources"})
+    check_total(request(0.01, 0), "a small one", {})
+
+
+async def test_a_replica_without_room_waits_saying_for_what_then_gives_up_past_its_deadline(ray_cluster):
+    """Room that can come back (a lost node's, another run's) is waited for: once said (the
+    ``ReplicaPending`` the launcher sends), then an error past the deadline naming what was missing."""
+    from shunter.actors.cluster import request, wait_for_room
+    from shunter.engine.errors import EngineSetupError
+
+    free = ray_cluster.available_resources().get("CPU", 0.0)
+
+    @ray_cluster.remote(num_cpus=free)
+    class Hog:
+        """Holds the cluster's free CPUs (a node's capacity gone)."""
+
+        def ready(self) -> bool:
+            return True
+
+    hog = Hog.remote()
+    await hog.ready.remote()
+    said: list = []
+
+    async def waiting(short, have):
+        said.append((short, have))
+
+    try:
+        with pytest.raises(EngineSetupError, match=r"within 1s \(rollout.replacement_wait_s\): it needs 0.5 CPU"):
+            await wait_for_room(request(0.5, 0), "a replacement", {"CPU": "rollout.num_cpus"}, 1.0, waiting, poll_s=0.1)
+        assert said == [({"CPU": 0.5}, {"CPU": 0.0})]
+    finally:
+        ray_cluster.kill(hog)
+    # the room comes back (the hog's CPUs freed a moment after its kill): the wait ends, no error
+    assert 0 <= await wait_for_room(request(0.5, 0), "a replacement", {}, 30.0, waiting, poll_s=0.1) < 30

@@ -8,7 +8,8 @@ workers, the vLLM engine among them, die with it). The replica is reported down,
 waits for room (``replica.pending``: no node offers ``node_b`` any more) until an operator adds a
 node that does, and the run completes there: every prompt group trained once, none skipped, the
 replacement named and placed on the new node, weights loaded across nodes (the replica's relay
-took them from the trainer's object store)."""
+took them from the trainer's object store) — the same bytes: the replica's final held-out scores
+are the final checkpoint's, computed here by HF transformers."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from shunter.events import (
     ReplicaRestart,
     ReplicaUp,
     StepEnd,
+    ValidateEnd,
     WeightsLoaded,
     read_log,
 )
@@ -58,6 +60,8 @@ class RayNodes:
         self.temp = Path(tempfile.mkdtemp(prefix="shr", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
         self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_DEDUP_LOGS": "0"}
         self.env.pop("RAY_ADDRESS", None)
+        # set to 0 by a local run in this process (actors.cluster.local_only): it forbids a second node
+        self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         self.address = ""
         self.raylets: set[str] = set()  # pids of its raylets, living or killed
         self.started: set[int] = set()  # pids that appeared while a node started
@@ -138,6 +142,41 @@ def _wait(check, what: str, timeout: float, proc: subprocess.Popen, err: Path):
     raise AssertionError(f"no {what} within {timeout:g}s: {err.read_text()[-3000:]}")
 
 
+def _greedy_scores(folder: Path, run: Path) -> dict:
+    """The run's held-out prompts scored greedily by HF transformers on its final checkpoint's
+    model (the weights of the last version published), as the replicas' validation scores them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from shunter.engine.checkpoint import CheckpointStore
+    from shunter.engine.config import load_config
+    from shunter.engine.datasets import run_prompts
+    from shunter.engine.tasks import load_task
+
+    cfg = load_config(ROOT / "examples" / "sort_cluster.toml")
+    found = CheckpointStore(run / "checkpoints").latest()
+    assert found is not None
+    model_dir = found[0] / "model"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    task = load_task(cfg.task.name)
+    rewards = []
+    with torch.no_grad():
+        for p in run_prompts(cfg)[1]:
+            ids = torch.tensor([tok.encode(p.text, add_special_tokens=False)])
+            out = model.generate(
+                ids,
+                do_sample=False,
+                max_new_tokens=cfg.rollout.max_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.eos_token_id,
+            )[0, ids.shape[1] :].tolist()
+            text = tok.decode([t for t in out if t != tok.eos_token_id], skip_special_tokens=True)
+            rewards.append(task.reward(p.text, text, p.answer))
+    n = len(rewards)
+    return {"version": found[1].version, "reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
+
+
 def _messages(log: Path) -> list:
     return list(read_log(log)) if log.exists() else []
 
@@ -193,6 +232,14 @@ def test_a_run_across_two_raylets_survives_losing_its_replica_node(tmp_path):
     assert len(relays) == 2 and all(".relay." in r for r in relays), relays
     # weights crossed nodes: the replacement loaded versions the trainer (on node_a) published
     assert any(isinstance(m, WeightsLoaded) and m.replica_id == second and m.version > 0 for m in facts)
+    # the replica on another node served the bytes the trainer published: its final held-out
+    # validation (greedy, on the last version, which the run's final checkpoint holds) scores
+    # what the checkpoint's weights score when run here by HF transformers
+    final = [m for m in facts if isinstance(m, ValidateEnd)][-1]
+    mine = _greedy_scores(tmp_path, run)
+    assert final.version == mine["version"]
+    assert abs(final.metrics["exact"] - mine["exact"]) <= 1 / 128 + 1e-9, (final.metrics, mine)  # a greedy tie at most
+    assert abs(final.metrics["reward_mean"] - mine["reward_mean"]) <= 0.01, (final.metrics, mine)
     # nothing trained twice, no prompt skipped
     steps = trained_groups(log)
     groups = Counter(g for _, gs in steps for g in gs)

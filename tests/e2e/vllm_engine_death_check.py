@@ -27,7 +27,12 @@ async def run(model_dir: Path) -> list[str]:
     from shunter.engine.backend import EngineDead
 
     fails: list[str] = []
-    be = VLLMBackend(EngineSpec(model_dir=str(model_dir), seed=0, max_model_len=64, max_num_seqs=4))
+    # float32: vLLM's CPU build picks bfloat16 where the CPU reports AMX, and on a VM that reports
+    # it without enabling it the engine's worker process dies of SIGILL on its first step (seen
+    # 2026-12-04); the check is about the core's death, not the dtype
+    be = VLLMBackend(
+        EngineSpec(model_dir=str(model_dir), seed=0, max_model_len=64, max_num_seqs=4, extra={"dtype": "float32"})
+    )
     await be.start()
     r = await be.generate("warm", [5, 6, 7], GenParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     if len(r.token_ids) != 4:

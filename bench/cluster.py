@@ -9,7 +9,9 @@ unless ``charge_coordinator`` is set: then every real second the coordinator spe
 message is a simulated second before it takes the next one (``ChargedInbox``), so a coordinator
 that cannot keep up slows the simulated run, as it would a real one, and its messages queue.
 Each message's latency is measured from its posting to the end of its handling, queueing
-included, in simulated time.
+included, in simulated time (a relay's report: from its first fact's arrival at the relay). The
+process's own cyclic-GC passes inside a turn are taken out of the charge (``GcPauses``): they
+scan the simulated cluster's heap, not a coordinator's.
 """
 
 from __future__ import annotations

@@ -222,6 +222,9 @@ def sync_figures(log: Path, floor_gbps: float, floor_s: float | None = None) -> 
         ):
             if k in last.detail:
                 row[f"replica_{k}"] = last.detail[k]
+        row.update({f"trainer_{k}": float(v) for k, v in ready.detail.items()})  # the publish's parts
+        if "arrived_at" in last.detail:  # the hops trainer -> (relay ->) replica, stamp to stamp
+            row["to_replica_s"] = last.detail["arrived_at"] - ready.wall_time
         sent = [x for x in msgs[i:] if isinstance(x, WeightsSent) and x.version == ready.version]
         if sent:
             row["trainer_send_s"] = max(x.duration_s for x in sent)

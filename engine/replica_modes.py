@@ -54,6 +54,10 @@ class WeightsAndModes:
     def _stamp(self, e: E) -> E:
         raise NotImplementedError
 
+    def _wall(self) -> float:
+        """The wall clock events are stamped with (virtual in a simulation)."""
+        raise NotImplementedError
+
     async def _cut(self, reason: Running) -> int:
         raise NotImplementedError
 
@@ -81,7 +85,7 @@ class WeightsAndModes:
             await self._consume(blob)
             self._pending_weights = (version, blob)
             return []
-        t0 = _now()
+        t0, arrived = _now(), self._wall()
         await self._stable.acquire()  # a validation in progress finishes on the weights it began with
         self._open.clear()
         try:
@@ -94,7 +98,7 @@ class WeightsAndModes:
             self._open.set()
             self._stable.release()
         t3 = _now()
-        detail = {"wait_s": t1 - t0, "abort_s": t2 - t1, "load_s": t3 - t2}
+        detail = {"wait_s": t1 - t0, "abort_s": t2 - t1, "load_s": t3 - t2, "arrived_at": arrived}
         if self.weight_update == "keep":
             detail["kept"] = float(kept)
         detail.update(

@@ -440,6 +440,9 @@ class RolloutCore(WeightsAndModes, Validation, Environments):
     def _stamp(self, e: E) -> E:
         return self.stamp(e)
 
+    def _wall(self) -> float:
+        return self.stamp.clock()
+
     @contextlib.contextmanager
     def _streams_wait(self) -> Iterator[None]:
         """Every open stream's samples wait on this (a weight load): they beat meanwhile."""

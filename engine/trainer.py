@@ -112,6 +112,7 @@ class Trainer:
         self.sender = None  # engine.weight_group.WeightSender for the nccl / gloo transports
         self.weight_host = "127.0.0.1"  # the address replicas reach this trainer's weight groups at
         self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
+        self.last_publish: dict[str, float] = {}  # seconds the last publish spent, by part (WeightsReady.detail)
         self.steps_since_publish = 0
         self._items_cache: tuple[tuple[int, ...], list[tuple[str, torch.Tensor]], torch.Tensor | None] | None = None
         self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
@@ -378,7 +379,9 @@ class Trainer:
         """Bump the version and return the weights' payload (HF names): a safetensors blob,
         or a CUDA IPC package (ours or vLLM's format) for replicas on the trainer's GPU
         (``weight_transport``)."""
+        t0 = time.perf_counter()
         items, source = self._publish_items()
+        t1 = time.perf_counter()
         dtype = self.publish_dtype
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
         if self._publisher is not None:
@@ -386,8 +389,10 @@ class Trainer:
             if wire in weight_transport.COLLECTIVE_TRANSPORTS:  # hybrid replicas on this GPU map the handle
                 wire = weight_transport.CUDA_IPC if self.device.startswith("cuda") else weight_transport.FLAT
             blob = self._publisher.publish(items, dtype, wire=wire, version=self.version + 1, source=source)
+            self.last_publish = {"items_s": t1 - t0, **self._publisher.last}
         else:
             blob = weight_transport.to_safetensors(items, dtype)
+            self.last_publish = {"items_s": t1 - t0, "pack_s": time.perf_counter() - t1}
         self.version += 1
         self.steps_since_publish = 0
         return blob

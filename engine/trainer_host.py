@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -122,12 +123,19 @@ class TrainerHost:
                         ),
                     ], None
                 case Publish():
+                    p0 = time.perf_counter()  # the parts in real seconds (the loop's clock may tick in ms)
                     blob = await self._run(core.publish)
+                    p1 = time.perf_counter()
                     nbytes = getattr(core, "published_nbytes", None) or len(blob)  # a simulator models the size
                     transport = getattr(core, "transport", None) or self.transport
                     handle = f"{transport}:{core.version}"
                     if cmd.deliver and self.deliver is not None:
                         self.deliver(core.version, handle, blob, cmd.deliver)
+                    parts = {k: float(v) for k, v in (getattr(core, "last_publish", None) or {}).items()}
+                    if parts:  # the hop to the worker thread and back: what the core's own parts leave
+                        parts["thread_s"] = max(0.0, p1 - p0 - sum(parts.values()))
+                        if cmd.deliver:
+                            parts["deliver_s"] = time.perf_counter() - p1
                     return [
                         self.stamp(
                             WeightsReady(
@@ -136,6 +144,7 @@ class TrainerHost:
                                 transport=transport,
                                 nbytes=nbytes,
                                 duration_s=_now() - t0,
+                                detail=parts,
                             )
                         )
                     ], blob

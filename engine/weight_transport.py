@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import threading
+import time
 import uuid
 
 import torch
@@ -133,6 +134,9 @@ class FlatPublisher:
         self._allocs = [0, 0]
         """How often each buffer was (re)allocated: with the token, the ``buffer`` id a package
         names — the same id is the same memory, so a receiver may keep its mapping."""
+        self.last: dict[str, float] = {}
+        """Seconds the last publish spent: ``copy_s`` (the cast copy issued), ``sync_s`` (waiting
+        for it on the device, shared with whatever else runs there), ``pack_s`` (the package)."""
 
     def publish(
         self,
@@ -154,6 +158,7 @@ class FlatPublisher:
         if wire in IPC_TRANSPORTS and device.type != "cuda":
             raise ValueError(f"{wire} needs the weights on a CUDA device, they are on {device}")
         k = self._next
+        t0 = time.perf_counter()
         with self._locks[k]:  # waits for a send still reading this buffer
             buf = self._bufs[k]
             if buf is None or buf.numel() != total or buf.dtype != dtype or buf.device != device:
@@ -161,9 +166,11 @@ class FlatPublisher:
                 buf = self._bufs[k] = torch.empty(total, dtype=dtype, device=device)
                 self._allocs[k] += 1
             entries = pack_into(buf, items, source)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            t1 = time.perf_counter()
+            if device.type == "cuda":  # the copy's own stream only: other streams' work is not waited for
+                torch.cuda.current_stream(device).synchronize()
             self._versions[k] = version
+        t2 = time.perf_counter()
         self._next ^= 1
         nbytes = total * buf.element_size()
         layout = {
@@ -176,10 +183,13 @@ class FlatPublisher:
         if wire == VLLM_IPC:
             gpu = str(torch.cuda.get_device_properties(device).uuid)
             _, args = reduce_tensor(buf.view(torch.uint8))
-            return VLLM_MAGIC + pickle.dumps(vllm_update_info(entries, dtype, {gpu: args}))
-        if wire == FLAT:
-            return FLAT_MAGIC + pickle.dumps(layout)
-        return MAGIC + pickle.dumps({"handle": reduce_tensor(buf), **layout})
+            out = VLLM_MAGIC + pickle.dumps(vllm_update_info(entries, dtype, {gpu: args}))
+        elif wire == FLAT:
+            out = FLAT_MAGIC + pickle.dumps(layout)
+        else:
+            out = MAGIC + pickle.dumps({"handle": reduce_tensor(buf), **layout})
+        self.last = {"copy_s": t1 - t0, "sync_s": t2 - t1, "pack_s": time.perf_counter() - t2}
+        return out
 
     def buffer(self, version: int) -> tuple[torch.Tensor, threading.Lock]:
         """The flat buffer holding ``version`` and its lock (hold it while reading)."""

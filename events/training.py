@@ -49,6 +49,10 @@ class WeightsReady(Event, frozen=True, kw_only=True, tag="trainer.weights_ready"
     transport: str
     nbytes: int
     duration_s: float
+    detail: dict[str, float] = {}
+    """Seconds by part of the publish (``items_s``, ``copy_s``, ``sync_s``, ``pack_s``,
+    ``thread_s``, ``deliver_s`` — the object store and the relays' calls); empty where the
+    trainer reports none (a simulated one)."""
 
 
 class WeightsSent(Event, frozen=True, kw_only=True, tag="trainer.weights_sent"):
@@ -96,7 +100,9 @@ class WeightsLoaded(Event, frozen=True, kw_only=True, tag="rollout.weights_loade
     """In-flight samples cut by this load (they resume on the new weights)."""
     detail: dict[str, float] = {}
     """Where the time went: ``abort_s`` (cutting the requests in flight), ``load_s`` (the
-    backend's load), and what the backend reports (``open_s``, ``decode_s`` ...)."""
+    backend's load), and what the backend reports (``open_s``, ``decode_s`` ...);
+    ``arrived_at``: the wall clock (epoch seconds) when the order reached the replica, so the
+    hops before it are this minus the sender's stamp."""
 
 
 class ModeChanged(Event, frozen=True, kw_only=True, tag="replica.mode_changed"):

@@ -31,11 +31,12 @@ REVISIONS = {
     "trainer.publish_weights": 2,
     "trainer.publish": 2,
     "component.placed": 2,
+    "trainer.weights_ready": 2,
 }
 """Tags whose message lost fields (issue 13: intents carry nothing the coordinator fills in) or
 gained optional ones (issue 14: ``RunResumed.skipped``; issue 28: ``PublishWeights.replica_ids``,
 ``Publish.deliver`` — weights straight to the replicas' relays; ``ComponentPlaced.node_id`` — hosts
-that share an address told apart)."""
+that share an address told apart; ``WeightsReady.detail`` — the publish's parts)."""
 
 LEGACY: dict[str, e.Message] = {
     "replica.switch_to_rollout": e.SwitchToRollout(replica_ids=["hybrid-1"], **ENV),
@@ -48,6 +49,9 @@ LEGACY: dict[str, e.Message] = {
     "trainer.publish_weights": e.PublishWeights(**ENV),
     "trainer.publish": e.Publish(**ENV),
     "component.placed": e.ComponentPlaced(component="standalone-0", bundle=1, node="10.0.0.1", gpu_ids=["1"], **ENV),
+    "trainer.weights_ready": e.WeightsReady(
+        version=2, handle="ray:2", transport="ray", nbytes=2_000_000, duration_s=0.01, **ENV
+    ),
 }
 """What the first golden file of a revised tag decodes to now (old event logs stay readable)."""
 

@@ -159,6 +159,7 @@ class CoordinatorActor:
                 else None
             ),
             relay_here=self.cfg.run.relays == "all",
+            direct_weights=self.cfg.run.direct_weights,
         )
         self.executor.relay = Relay(  # the replicas whose streams this process holds: folded here
             "local",

@@ -15,6 +15,12 @@ which broadcasts while the replica receives. Both halves are bounded; a failed h
 the group, and the next load joins a new one. A replica that joins late or restarts gets
 the current weights this way before it takes requests (the coordinator loads them first).
 
+Direct loads (``direct_weights``): a replica this process serves itself (no relay actor in
+front of it) and in rollout takes a new version from the trainer — ``relay_of`` names it under
+``DIRECT``, the ``Publish`` carries its handle, the trainer orders the load, and its answer's
+ObjectRef comes back beside ``WeightsReady``; it is read here like the answer to a load sent
+from here (:meth:`_start` with the reply), with the same bounds and failure events.
+
 Each version crosses a group once: the loads of one replica go out one at a time, and one
 whose version the group already carried (a sleeping replica received it, now it wakes with
 it) goes without a send — the replica's half receives only a version it has not received
@@ -35,6 +41,7 @@ from shunter.engine.backend import EngineDead
 from shunter.engine.errors import bounded
 from shunter.engine.executor import TRAINER, TaskExecutor
 from shunter.events import (
+    DIRECT,
     CommandFailed,
     ComponentFailed,
     EnterRollout,
@@ -44,6 +51,7 @@ from shunter.events import (
     JoinWeightGroup,
     LeaveWeightGroup,
     Order,
+    Publish,
     ReplicaDown,
     RunValidation,
     SendWeights,
@@ -68,11 +76,14 @@ class RayExecutor(Relays, TaskExecutor):
         group_timeout_s: float = 120.0,
         relays: dict[str, float] | None = None,
         relay_here: bool = False,
+        direct_weights: bool = True,
     ) -> None:
         """``trainer``: None for a relay's executor (replicas only); ``relays``: the settings of
         the relay actors to make, one per host that runs replicas (``actors.relays``; None: none —
         this process holds every generation stream itself); ``relay_here``: on this process's
-        host too (else its replicas' streams are held here)."""
+        host too (else its replicas' streams are held here); ``direct_weights``: the trainer
+        orders the loads of the replicas served here itself (else they are sent from here once
+        ``WeightsReady`` is back)."""
         super().__init__()
         self._init_relays(run_id, relays, relay_here)
         self.trainer = trainer
@@ -89,6 +100,7 @@ class RayExecutor(Relays, TaskExecutor):
         self._carried: dict[str, int] = {}  # replica id -> the last version its current group carried
         self._loading: dict[str, asyncio.Lock] = {}  # replica id -> held while a load's pair is out
         self._watches: dict[str, asyncio.Task] = {}  # component -> the call that reports its death
+        self.direct_weights = direct_weights
 
     def add_replica(self, replica_id: str, handle) -> None:
         self.replicas[replica_id] = handle
@@ -128,10 +140,15 @@ class RayExecutor(Relays, TaskExecutor):
             del self._refs[old]
 
     def relay_of(self, target: str) -> str:
-        """A replica's relay actor, which the trainer hands new weights to (none for a weight
-        group: each load there is paired with the trainer's send)."""
+        """A replica's relay actor, which the trainer hands new weights to, or ``DIRECT`` for
+        one this process serves (none for a weight group: each load there is paired with the
+        trainer's send)."""
+        if self.weight_group or target in self._down or target not in self.replicas:
+            return ""
         name = self.hand_over.get(target, "")
-        return name if name in self._actors and target in self._confirmed and not self.weight_group else ""
+        if name in self._actors:
+            return name if target in self._confirmed else ""
+        return DIRECT if self.direct_weights and self.trainer is not None else ""
 
     def pending(self) -> int:
         return super().pending() + self.relayed_pending()
@@ -260,12 +277,27 @@ class RayExecutor(Relays, TaskExecutor):
             self.retire(replica_id)
             self._emit([ReplicaDown(replica_id=replica_id, reason=reason)])
 
-    async def _call(self, target: str, cmd: Order) -> None:
+    async def _call(self, target: str, cmd: Order, reply=None) -> None:
+        """``reply``: the ObjectRef of ``target``'s answer to ``cmd`` when the trainer sent it
+        (a ``DIRECT`` load), else it is sent from here."""
         data = codec().encode(cmd)
         refs: list = []
         try:
-            if target == TRAINER:
-                out, refs = await asyncio.wait_for(self.trainer.control.remote(data), self.timeout_s)
+            if reply is not None:
+                out = await asyncio.wait_for(reply, self.timeout_s)
+            elif target == TRAINER:
+                direct = {
+                    rid: self.replicas[rid]
+                    for d in (cmd.deliver if isinstance(cmd, Publish) else ())
+                    if d.relay == DIRECT
+                    for rid in d.replica_ids
+                    if rid in self.replicas
+                }
+                call = self.trainer.control.remote(data, direct) if direct else self.trainer.control.remote(data)
+                out, refs, *more = await asyncio.wait_for(call, self.timeout_s)
+                if more and more[0]:
+                    self._loads(self._decoded(target, out, refs), more[0])
+                    return
             else:
                 h = self.replicas[target]
                 if isinstance(cmd, Generate):  # a stream: each sample's events as it ends
@@ -340,17 +372,26 @@ class RayExecutor(Relays, TaskExecutor):
             return
         self._decoded(target, out, refs)
 
-    def _decoded(self, target: str, out: bytes, refs: list | None = None) -> None:
+    def _loads(self, events: list, installs: dict) -> None:
+        """The trainer's ``DIRECT`` loads, under way: each answer is read as a call of its own."""
+        ready = next((e for e in events if isinstance(e, WeightsReady)), None)
+        if ready is None:  # nothing was published (the answer says why): the loads fail there
+            return
+        for rid, ref in installs.items():
+            self._start(rid, InstallWeights(version=ready.version, handle=ready.handle), reply=ref)
+
+    def _decoded(self, target: str, out: bytes, refs: list | None = None) -> list:
         """Deliver the events in a reply (bytes that do not decode: ``EventRejected``)."""
         try:
             events = codec().decode_batch(out)
         except msgspec.MsgspecError as e:
             self._emit([EventRejected(origin=target, error=str(e), nbytes=len(out))])
-            return
+            return []
         for ev in events:
             if isinstance(ev, WeightsReady) and refs:
                 self.keep_weights(ev.handle, refs[0])
         self._deliver(events, target)
+        return events
 
     def _emit(self, events: list) -> None:
         self._deliver([self.stamp(e) for e in events])

@@ -4,12 +4,17 @@ Invariant: published weights go into the Ray object store from here, once per pu
 their handle travels in ``WeightsReady`` — the ObjectRef is returned beside the events for the
 executor's handle table, and Ray resolves it on the replica that loads it. A ``Publish`` that
 names relays (``Publish.deliver``) gets the same ObjectRef to each of them before the answer
-leaves: one call per host, whatever the number of replicas there.
+leaves: one call per host, whatever the number of replicas there. Replicas named under
+``DIRECT`` (those the coordinator's process serves) get their ``InstallWeights`` from here,
+one call each, the blob inline when it is small (a CUDA IPC package: no object-store round
+trip); the answers' ObjectRefs go back beside ``WeightsReady`` (``control``'s third item) and
+the coordinator reads them as if it had sent the loads itself — one hop fewer than a relay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from typing import Any
 
@@ -18,9 +23,16 @@ import ray
 
 from shunter.actors.wire import decode_order, encode_events
 from shunter.engine.config import TrainerConfig
-from shunter.events import Delivery, Stamper
+from shunter.events import DIRECT, Delivery, InstallWeights, Stamper
+
+INLINE_BYTES = 100 * 1024
+"""A published blob up to this size travels inside each direct ``InstallWeights`` call (Ray's
+own inline limit for arguments); a larger one goes once into the object store."""
 
 NAMESPACE = "shunter"
+_CALL: contextvars.ContextVar[tuple[dict[str, Any], dict[str, ray.ObjectRef]]] = contextvars.ContextVar("direct")
+"""This control call's (replica id -> handle for its ``DIRECT`` loads, replica id -> ObjectRef
+of each one's answer): per call (each runs in its own task), as calls overlap here."""
 
 
 class TrainerWorker:
@@ -80,11 +92,15 @@ class TrainerWorker:
         return self._last[1]
 
     def _deliver(self, version: int, handle: str, blob: Any, deliveries: list[Delivery]) -> None:
-        """New weights straight to the relays ``Publish.deliver`` names, one call per host; each
-        gives its replicas an ``InstallWeights``. A relay that is gone is skipped: the
-        coordinator takes its replicas as down."""
-        ref = self._put(blob)
+        """New weights straight to the relays ``Publish.deliver`` names, one call per host (each
+        gives its replicas an ``InstallWeights``), and to the ``DIRECT`` replicas one call each.
+        A relay that is gone is skipped: the coordinator takes its replicas as down."""
+        ref: ray.ObjectRef | None = None
         for d in deliveries:
+            if d.relay == DIRECT:
+                self._direct(version, handle, blob, d.replica_ids)
+                continue
+            ref = ref or self._put(blob)
             relay = self._relays.get(d.relay)
             if relay is None:
                 try:
@@ -93,9 +109,25 @@ class TrainerWorker:
                     continue
             relay.install.remote(version, handle, [ref], d.replica_ids)
 
-    async def control(self, data: bytes) -> tuple[bytes, list]:
+    def _direct(self, version: int, handle: str, blob: Any, replica_ids: list[str]) -> None:
+        from shunter.actors.wire import codec
+
+        data = codec().encode(InstallWeights(version=version, handle=handle))
+        small = isinstance(blob, bytes | bytearray) and len(blob) <= INLINE_BYTES
+        payload = blob if small else self._put(blob)
+        handles, installs = _CALL.get(({}, {}))
+        for rid in replica_ids:
+            h = handles.get(rid)
+            if h is not None:  # one the coordinator did not hand over: it hears of no answer, and retries
+                installs[rid] = h.control.remote(data, payload)
+
+    async def control(self, data: bytes, replicas: dict[str, Any] | None = None) -> tuple[bytes, list, dict]:
+        """(events, [the published blob's ObjectRef] after a publish, {replica id: ObjectRef of
+        its answer} for the ``DIRECT`` loads); ``replicas``: the handles of those replicas."""
+        installs: dict[str, ray.ObjectRef] = {}
+        _CALL.set((replicas or {}, installs))
         events, blob = await self.host.handle(decode_order(data))
-        return encode_events(events), ([self._put(blob)] if blob is not None else [])
+        return encode_events(events), ([self._put(blob)] if blob is not None else []), installs
 
     async def watch(self) -> None:
         """Never returns: the executor keeps one call open so that the death of this process

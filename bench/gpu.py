@@ -15,8 +15,9 @@ the machine's details:
   (``vllm_ipc``) — publish and load split into their parts, without Ray or the coordinator;
 - ``rpc``: the round trip of vLLM's engine-core calls a load makes, around no work, idle,
   decoding, and with another process's kernels on the GPU (``bench/gpu_rpc.py``);
-- ``relay_sync``, ``fanout``: weights straight from the trainer to the replicas' relay, with
-  requests in flight; 1, 2 and 4 replicas on the device (``bench/gpu_relay.py``).
+- ``relay_sync``, ``fanout``: weights straight from the trainer to the replicas (directly, through
+  the host's relay, and through the coordinator for comparison), with requests in flight; 1, 2
+  and 4 replicas on the device (``bench/gpu_relay.py``).
 
 Across two GPUs of one host (issue 7; a config with ``weight_transport = "nccl"``, e.g.
 ``examples/gpu2_qwen05b.toml``):

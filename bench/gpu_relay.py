@@ -1,12 +1,16 @@
-"""GPU parts of issue 28: weights straight from the trainer to the replicas (``run.relays =
-"all"``: the trainer hands each new version to the host's relay, which gives its replicas an
-``InstallWeights``; the coordinator and its policy are off the path).
+"""GPU parts of issue 28: weights straight from the trainer to the replicas, with requests in
+flight (staleness 8, so each replica is still generating as each load lands).
 
-- ``relay_sync``: one replica sharing the device with the trainer, staleness 8 so it is still
-  generating as each load lands; ``PublishWeights`` -> last ``WeightsLoaded`` per version (median
-  of the publishes past the first), its hops from the stamps and the copy floor beside it;
-- ``fanout``: the same with 1, 2 and 4 replicas on the device: the trainer's publish time (what a
-  publish costs it) must not grow with the replicas (one publish, one relay call, many readers).
+- ``relay_sync``: one replica sharing the device with the trainer; ``PublishWeights`` -> last
+  ``WeightsLoaded`` per version (median of the publishes past the first), its hops from the
+  stamps and the copy floor beside it, for each path in one machine start:
+  ``direct`` (the default: the trainer orders the replica's load itself, trainer -> replica),
+  ``relay`` (``run.relays = "all"``: trainer -> the host's relay -> replica) and
+  ``coordinator`` (``run.direct_weights = false``: trainer -> coordinator -> replica, the
+  coordinator ordering the load once ``WeightsReady`` is back); ``SHUNTER_SYNC_PATHS`` picks some;
+- ``fanout``: the relay path with 1, 2 and 4 replicas on the device: the trainer's publish time
+  (what a publish costs it) must not grow with the replicas (one publish, one relay call, many
+  readers).
 """
 
 from __future__ import annotations
@@ -15,13 +19,27 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-DIRECT = {"run": {"policy": "separate", "relays": "all"}, "rollout": {"max_staleness": 8}}
+ROLLOUT = {"max_staleness": 8}
+PATHS = {
+    "direct": {"run": {"policy": "separate"}, "rollout": ROLLOUT},
+    "relay": {"run": {"policy": "separate", "relays": "all"}, "rollout": ROLLOUT},
+    "coordinator": {"run": {"policy": "separate", "direct_weights": False}, "rollout": ROLLOUT},
+}
+DIRECT = PATHS["relay"]  # the fan-out's path: one hand-over per host
 
 
 def relay_sync(cfg: Callable[[dict], Any], run, sync_figures, floor: float, ended) -> dict:
-    events, run_dir = run(cfg(DIRECT))
-    out = sync_figures(run_dir / "events.bin", floor)
-    out["ended"] = ended(events)
+    out: dict = {}
+    for path in os.environ.get("SHUNTER_SYNC_PATHS", ",".join(PATHS)).split(","):
+        try:
+            events, run_dir = run(cfg(PATHS[path]))
+        except Exception as e:  # noqa: BLE001 - one path failing leaves the others' figures
+            out[path] = {"error": str(e)[:2000]}
+            continue
+        figs = sync_figures(run_dir / "events.bin", floor)
+        figs["ended"] = ended(events)
+        out[path] = figs
+        print(f"relay_sync {path}: end-to-end {figs.get('median_end_to_end_s')}", flush=True)
     return out
 
 

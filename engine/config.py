@@ -78,9 +78,15 @@ class RunConfig(_Section):
     relays: Annotated[
         Literal["auto", "all", "none"],
         _d(
-            "Relay actors, one per host that runs replicas: each holds its host's generation streams, folds their per-sample facts into one report per rollout.report_window_s and takes new weights from the trainer for them (one call per host a publish). 'auto': on every host but the driver's (whose replicas the coordinator's own process serves, folding alike: on one machine no extra process); 'all': on the driver's host too (new weights reach its replicas from the trainer, not the coordinator); 'none': the coordinator's process holds every stream."
+            "Relay actors, one per host that runs replicas: each holds its host's generation streams, folds their per-sample facts into one report per rollout.report_window_s and takes new weights from the trainer for them (one call per host a publish). 'auto': on every host but the driver's (whose replicas the coordinator's own process serves, folding alike: on one machine no extra process); 'all': on the driver's host too; 'none': the coordinator's process holds every stream."
         ),
     ] = "auto"
+    direct_weights: Annotated[
+        bool,
+        _d(
+            "New weights go from the trainer straight to each replica the coordinator's process serves (the trainer orders its load as it publishes: one hop fewer than a relay, two fewer than through the coordinator); false: the coordinator orders those loads once the trainer has published. Replicas behind a relay actor take weights from it either way; a collective weight transport (nccl / gloo) pairs every load with a send and goes through the coordinator."
+        ),
+    ] = True
     num_cpus: Annotated[float, _d("CPUs of the local Ray cluster (0: all cores).", ge=0)] = 0
     timeout_s: Annotated[PosFloat, _d("Upper bound on any single wait (actor setup, weight load, RPC).")] = 300.0
     stall_timeout_s: Annotated[

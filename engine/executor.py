@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from shunter.engine.relay import Relay
 from shunter.events import Generate, Message, Order
@@ -112,8 +112,9 @@ class TaskExecutor:
             self._start(target, cmd)
         relay.cpu_s += relay.timer() - t0
 
-    def _start(self, target: str, command: Order) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._call(target, command))
+    def _start(self, target: str, command: Order, **how: Any) -> asyncio.Task[None]:
+        """``how``: passed on to ``_call`` (the Ray executor's ``reply``, say)."""
+        task = asyncio.get_running_loop().create_task(self._call(target, command, **how))
         self._tasks.add(task)
         self._targets[task] = target
         task.add_done_callback(self._done)

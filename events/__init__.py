@@ -47,6 +47,7 @@ from shunter.events.lifecycle import (
 )
 from shunter.events.logfile import Damage, LogReader, TornLog, read_log, repair
 from shunter.events.orders import (
+    DIRECT,
     CutSamples,
     Delivery,
     EnterRollout,
@@ -188,6 +189,7 @@ __all__ = [
     "TornLog",
     "Damage",
     "Delivery",
+    "DIRECT",
     "LogReader",
     "repair",
     "Train",

@@ -101,13 +101,21 @@ class Publish(Order, frozen=True, kw_only=True, tag="trainer.publish"):
     ``coordinator -> trainer`` for a ``PublishWeights`` (or the end of a run); answered by
     ``WeightsReady``. ``deliver``: the trainer then hands the new version to each relay named
     there, once, for its replicas (the relay gives each an ``InstallWeights``; each replica
-    answers ``WeightsLoaded`` to the coordinator through its relay)."""
+    answers ``WeightsLoaded`` to the coordinator through its relay); a ``Delivery`` to
+    ``DIRECT`` names replicas the trainer gives the ``InstallWeights`` itself (those the
+    coordinator's process serves: their answers come back to it beside ``WeightsReady``)."""
 
     deliver: list[Delivery] = []
 
 
+DIRECT = "direct"
+"""``Delivery.relay`` for replicas the trainer orders to load itself, one call each (no relay
+between: the fewest hops from a publish to a load)."""
+
+
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
-    """Replicas behind one relay that load a version straight from the trainer (``Publish``)."""
+    """Replicas behind one relay (or ``DIRECT``) that load a version straight from the trainer
+    (``Publish``)."""
 
     relay: str
     replica_ids: list[str]

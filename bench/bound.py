@@ -226,6 +226,19 @@ def overlapped_s(
 ) -> float:
     """``gen``: ``generation(work, machine)`` when already computed (it does not depend on
     ``replicas``, the gate or the train times: a search over splits computes it once)."""
+    finish = overlapped_finishes(work, machine, replicas, gate, first_at, gen)
+    return finish[-1] if finish else 0.0
+
+
+def overlapped_finishes(
+    work: Sequence[StepWork],
+    machine: Machine,
+    replicas: int,
+    gate: Gate | None = None,
+    first_at: float = 0.0,
+    gen: Generation | None = None,
+) -> list[float]:
+    """When each step's train (and publish) ends in the overlapped bound (``overlapped_s``)."""
     g = gen if gen is not None else generation(work, machine)
     finish: list[float] = []
     for s, w in enumerate(work):
@@ -236,7 +249,7 @@ def overlapped_s(
             if first >= 0:
                 ready = max(ready, finish[first] + alone)
         finish.append(max(finish[-1] if finish else 0.0, ready) + w.train_s)
-    return finish[-1] if finish else 0.0
+    return finish
 
 
 def serial_s(

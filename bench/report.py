@@ -17,6 +17,7 @@ COLUMNS = [
     ("best_split_speedup_vs_colocated", "best split's bound vs colocated", "{:.2f}x"),
     ("step_s", "step (s)", "{:.1f}"),
     ("frac_of_bound", "of its true bound", "{:.0%}"),
+    ("frac_of_best_split_bound", "of the best split's bound", "{:.0%}"),
     ("frac_of_stale_bound", "of its bound at its staleness", "{:.0%}"),
     ("frac_of_first_step_bound", "of its bound given its first step", "{:.0%}"),
     ("first_step_s", "first batch (s)", "{:.0f}"),
@@ -109,6 +110,11 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
         ax.set_xlabel("idle fraction of wall time (median)")
         ax.legend()
         made.append(_save(plt, fig, ax, out_dir / f"{name}-idle.png"))
+    if any("gap_split_s" in m for m in metrics.values()):
+        from shunter.bench.gap import plot_gaps
+
+        fig, ax = plot_gaps(plt, metrics)
+        made.append(_save(plt, fig, ax, out_dir / f"{name}-gap.png"))
     return made
 
 

@@ -20,7 +20,8 @@ Every variant's result carries the true bound (``shunter.bench.bound``) of its o
 schedule — ``bound_s``, ``frac_of_bound``; ``stale_bound_s``, ``frac_of_stale_bound`` at the
 variant's staleness bound — and ``best_split_bound_s``: the least overlapped bound over every
 trainer:rollout split of the same GPUs for the same work (the ceiling a better split could
-reach). The replicas' capacity is the cost model's (``bound.ModelMachine``: at most
+reach), ``frac_of_best_split_bound`` and ``gap_<part>_s``: the distance to it cut into named
+parts that add up (``shunter.bench.gap``). The replicas' capacity is the cost model's (``bound.ModelMachine``: at most
 ``max_in_flight_per_replica`` sequences and ``kv_tokens`` of context per decode step).
 """
 
@@ -44,6 +45,7 @@ from shunter.bench import bound
 from shunter.bench.analysis import Summary
 from shunter.bench.analytic import colocated_run_s
 from shunter.bench.cluster import run_sim
+from shunter.bench.gap import Gaps
 from shunter.bench.sim import CostModel
 from shunter.engine import lengths
 from shunter.engine.config import EngineConfig, from_dict, merge
@@ -211,7 +213,7 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
     for seed in sc.scenario.seeds:
         for v in sc.variant:
             cfg, cost = variant_setup(sc, v)
-            summary = Summary()
+            summary, gaps = Summary(), Gaps()
             draw = sc.scenario.timeline and out_dir is not None and seed == sc.scenario.seeds[0]
             with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
                 charge = sc.scenario.charge_coordinator if v.charge_coordinator is None else v.charge_coordinator
@@ -220,7 +222,7 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
                     cost,
                     seed=seed,
                     keep=draw,
-                    sinks=[summary],
+                    sinks=[summary, gaps],
                     charge_coordinator=charge,
                     out_dir=Path(tmp) if sc.scenario.production_sinks else None,
                     replicas_per_relay=max(1, sc.cluster.gpus_per_node // sc.cluster.gpus_per_replica),
@@ -241,6 +243,9 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             fl = fleet(sc, v, cfg, cost)
             m.update(bound.figures(work, fl, schedule_of(v), m["wall_s"], gate(cfg), m.get("first_step_s")))
             m["best_split_bound_s"] = best_split_s(sc, cost, work, fl.machine)
+            m["frac_of_best_split_bound"] = m["best_split_bound_s"] / m["wall_s"]
+            parts = gaps.parts(work, fl, schedule_of(v), m["best_split_bound_s"], gate(cfg))
+            m.update({f"gap_{k}_s": x for k, x in parts.items()})  # wall - best split bound, by cause
             capacity_used(m, work, fl)
             m["cpu_s"] = r.cpu_wall_s
             m["messages"] = float(r.handled)

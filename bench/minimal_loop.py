@@ -41,6 +41,7 @@ async def run_minimal(cfg: EngineConfig) -> dict[str, float]:
     from shunter.engine.tiny_model import build_tiny_model
     from shunter.engine.trainer import Trainer
 
+    start = time.perf_counter()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     m, r, t = cfg.model, cfg.rollout, cfg.trainer
     if m.build_tiny:
@@ -125,6 +126,7 @@ async def run_minimal(cfg: EngineConfig) -> dict[str, float]:
     k = max(1, len(rewards) // 5)
     return {
         "wall_s": wall,
+        "total_s": wall + (t0 - start),  # with the model build, the trainer's setup and the engine's start
         "steps": float(steps),
         "step_s": wall / max(1, steps),
         "samples": float(len(rewards)),

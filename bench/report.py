@@ -58,6 +58,8 @@ def table(result: dict) -> str:
         k
         for k in (
             "time_vs_reference",
+            "time_vs_minimal loop",
+            "total_time_vs_minimal loop",
             "sim_over_analytic",
             "coordinator_share",
             "events_per_s",
@@ -104,8 +106,9 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(8, 3.5))
         names = list(metrics)
         y = range(len(names))
-        ax.barh([i - 0.2 for i in y], [metrics[n]["trainer_idle_frac"]["median"] for n in names], 0.4, label="trainer")
-        ax.barh([i + 0.2 for i in y], [metrics[n]["rollout_idle_frac"]["median"] for n in names], 0.4, label="rollout")
+        med = [(metrics[n].get("trainer_idle_frac", {}), metrics[n].get("rollout_idle_frac", {})) for n in names]
+        ax.barh([i - 0.2 for i in y], [t.get("median", 0.0) for t, _ in med], 0.4, label="trainer")  # 0: not measured
+        ax.barh([i + 0.2 for i in y], [r.get("median", 0.0) for _, r in med], 0.4, label="rollout")
         ax.set_yticks(list(y), names)
         ax.set_xlabel("idle fraction of wall time (median)")
         ax.legend()

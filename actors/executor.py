@@ -174,7 +174,7 @@ class RayExecutor(Relays, TaskExecutor):
 
     async def _ask(self, target: str, cmd, timeout: float) -> list:
         if target == TRAINER:
-            out, _ = await asyncio.wait_for(self.trainer.control.remote(codec().encode(cmd)), timeout)
+            out, *_ = await asyncio.wait_for(self.trainer.control.remote(codec().encode(cmd)), timeout)
         else:
             out = await asyncio.wait_for(self.replicas[target].control.remote(codec().encode(cmd), None), timeout)
         events = codec().decode_batch(out)

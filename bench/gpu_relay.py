@@ -8,9 +8,10 @@ flight (staleness 8, so each replica is still generating as each load lands).
   ``relay`` (``run.relays = "all"``: trainer -> the host's relay -> replica) and
   ``coordinator`` (``run.direct_weights = false``: trainer -> coordinator -> replica, the
   coordinator ordering the load once ``WeightsReady`` is back); ``SHUNTER_SYNC_PATHS`` picks some;
-- ``fanout``: the relay path with 1, 2 and 4 replicas on the device: the trainer's publish time
-  (what a publish costs it) must not grow with the replicas (one publish, one relay call, many
-  readers).
+- ``fanout``: 1, 2 and 4 replicas on the device, on the path ``SHUNTER_FANOUT_PATH`` names
+  (default ``direct``): the trainer's publish time (what a publish costs it) must not grow with
+  the replicas (one publish, one copy, many readers; on the direct path one small call per
+  replica, on the relay path one per host).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ PATHS = {
     "relay": {"run": {"policy": "separate", "relays": "all"}, "rollout": ROLLOUT},
     "coordinator": {"run": {"policy": "separate", "direct_weights": False}, "rollout": ROLLOUT},
 }
-DIRECT = PATHS["relay"]  # the fan-out's path: one hand-over per host
 
 
 def relay_sync(cfg: Callable[[dict], Any], run, sync_figures, floor: float, ended) -> dict:
@@ -47,11 +47,12 @@ def fanout(cfg: Callable[[dict], Any], run, sync_figures, floor: float, ended) -
     out: dict = {}
     mems = {1: 0.25, 2: 0.18, 3: 0.14, 4: 0.12}
     wanted = [int(x) for x in os.environ.get("SHUNTER_FANOUT", "1,2,4").split(",")]  # a shorter call: fewer
+    path = PATHS[os.environ.get("SHUNTER_FANOUT_PATH", "direct")]
     for n, mem in ((n, mems[n]) for n in wanted):
         over = {
-            **DIRECT,
+            **path,
             "rollout": {
-                **DIRECT["rollout"],
+                **path["rollout"],
                 "standalone_replicas": n,
                 "num_gpus": round(0.6 / n, 3),
                 "gpu_memory_utilization": mem,

@@ -163,12 +163,21 @@ def schedule_of(v: Variant) -> bound.Schedule:
     return "lending" if (v.hybrid or v.policy == "lend_when_idle") else "overlapped"
 
 
+def bound_batch(sc: Scenario) -> int:
+    """The batch the bound's replica may run: the largest ``max_in_flight_per_replica`` the
+    scenario or any of its variants allows. A variant that admits fewer sequences (to keep its
+    stragglers fast or its KV cache from preempting) is measured against the same machine as
+    the others: a lower cap never loosens its bound."""
+    caps = [from_dict(merge(sc.engine, v.engine), origin=sc.scenario.name).rollout.max_in_flight_per_replica for v in sc.variant]
+    return max([from_dict(sc.engine, origin=sc.scenario.name).rollout.max_in_flight_per_replica, *caps])
+
+
 def fleet(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bound.Fleet:
     """The variant's replicas, as the cost model has them (``variant_setup``'s GPU accounting)."""
     r = cfg.rollout
     always = r.standalone_replicas if v.policy != "colocated" else r.hybrid_replicas
     return bound.Fleet(
-        machine=bound.ModelMachine(cost, r.max_in_flight_per_replica),
+        machine=bound.ModelMachine(cost, max(r.max_in_flight_per_replica, bound_batch(sc))),
         replicas=always,
         lendable=r.hybrid_replicas if schedule_of(v) == "lending" else 0,
         gpus=sc.cluster.gpus,

@@ -174,3 +174,23 @@ def test_a_fleet_busy_with_stragglers_is_far_from_its_bound():
     )
     m = run_scenario(sc, log=lambda *_: None)["metrics"]["separate"]
     assert m["frac_of_bound"]["max"] < 0.5
+
+
+def test_a_variant_that_admits_fewer_sequences_is_held_to_the_same_machine():
+    """A lower ``max_in_flight_per_replica`` is the variant's choice, not the hardware's: its
+    bound (and the best split's) is the one of the largest batch the scenario allows, so
+    capping the batch can never loosen the figure it is judged by."""
+    from shunter.bench.scenario import bound_batch, fleet, variant_setup
+
+    capped = Variant(name="capped", policy="separate", trainer_gpus=2, max_staleness=2)
+    capped = msgspec.structs.replace(capped, engine={"rollout": {"max_in_flight_per_replica": 8}})
+    wide = Variant(name="wide", policy="separate", trainer_gpus=2, max_staleness=2)
+    sc = scenario([capped, wide], max_in_flight_per_replica=64)
+    sc = msgspec.structs.replace(sc, scenario=msgspec.structs.replace(sc.scenario, baseline=""))
+    assert bound_batch(sc) == 64
+    for v in sc.variant:
+        cfg, cost = variant_setup(sc, v)
+        assert fleet(sc, v, cfg, cost).machine.max_batch == 64
+    res = run_scenario(sc, log=lambda *_: None)["metrics"]
+    assert res["capped"]["bound_s"]["median"] == pytest.approx(res["wide"]["bound_s"]["median"], rel=0.05)
+    assert res["capped"]["frac_of_bound"]["max"] <= 1 + 1e-6

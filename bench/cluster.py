@@ -95,6 +95,16 @@ class SimResult:
     """Of those, the seconds that fell inside the coordinator's turns: taken out of its charged
     time (``handle_s``) — they scan the whole simulated cluster, which a coordinator's own
     process does not hold."""
+    kv_occupancy: float | None = None
+    """How full the replicas' KV caches were while they worked: reserved KV tokens integrated over
+    their busy time, over ``kv_tokens`` times that time (None: no KV limit, or nothing ran)."""
+
+
+def kv_occupancy(models: list, kv_tokens: int) -> float | None:
+    busy = sum(m.busy_s for m in models)
+    if not kv_tokens or busy <= 0:
+        return None
+    return sum(m.kv_token_s for m in models) / (kv_tokens * busy)
 
 
 class ChargedInbox(asyncio.Queue):
@@ -237,12 +247,13 @@ async def _run(
     version = CheckpointStore(resume.parent).verify(resume).version if resume is not None else 0
     table = RankTable(run_id)
     kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
-    cores, opening = {}, []
+    cores, opening, models = {}, [], []
     for i, kind in enumerate(kinds):
         rid = f"{kind}-{i}"
         lease = table.assign(rid, kind)
         mode = ROLLOUT if kind == STANDALONE else TRAINER
         backend = SimBackend(cost, seed=seed * 100_003 + lease.rank, sleeping=mode == TRAINER)
+        models.append(backend.model)
         turns = cost.tool_calls_max > 0
         cores[rid] = RolloutCore(
             rid,
@@ -388,5 +399,6 @@ async def _run(
         gc_in_turns_s=pauses.in_turns,
         relay_cpu_s=[r.cpu_s for r in relays],
         relay_flushes=sum(r.flushes for r in relays),
+        kv_occupancy=kv_occupancy(models, cost.kv_tokens),
         relay_folded=sum(r.folded for r in relays),
     )

@@ -107,6 +107,11 @@ class ReplicaModel:
         self.preemptions = 0
         self.prefilled_s = 0.0
         """Seconds of prefill work done (recomputation included)."""
+        self.busy_s = 0.0
+        """Seconds with a sequence running or prefilling (not frozen)."""
+        self.kv_token_s = 0.0
+        """KV tokens reserved, integrated over ``busy_s``: ``kv_token_s / (kv_tokens * busy_s)``
+        is how full the cache was while the replica worked (the bound fills it at every step)."""
 
     # -- queries ------------------------------------------------------------------------
     def __contains__(self, rid: str) -> bool:
@@ -248,6 +253,9 @@ class ReplicaModel:
     def _steps(self, k: float) -> None:
         if k <= 0:
             return
+        dt = self._dt(k)
+        self.busy_s += dt
+        self.kv_token_s += dt * (self.reserved() + len(self.running) * k / 2)  # contexts grow a token a step
         if self.prefilling:
             done = min(self.prefilling[0].work, k * self.chunk_s)
             self.prefilling[0].work -= done

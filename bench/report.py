@@ -23,6 +23,7 @@ COLUMNS = [
     ("first_step_s", "first batch (s)", "{:.0f}"),
     ("trainer_idle_steady_frac", "trainer idle after the first batch", "{:.0%}"),
     ("rollout_work_frac", "decode capacity used", "{:.0%}"),
+    ("kv_occupancy", "KV cache full while generating", "{:.0%}"),
     ("trainer_idle_frac", "trainer idle", "{:.0%}"),
     ("rollout_idle_frac", "rollout idle", "{:.0%}"),
     ("staleness_mean", "staleness", "{:.2f}"),

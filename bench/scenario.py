@@ -257,6 +257,8 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             m.update({f"gap_{k}_s": x for k, x in parts.items()})  # wall - best split bound, by cause
             capacity_used(m, work, fl)
             m["cpu_s"] = r.cpu_wall_s
+            if r.kv_occupancy is not None:
+                m["kv_occupancy"] = r.kv_occupancy
             m["messages"] = float(r.handled)
             m["coordinator_cpu_s"] = r.coordinator_cpu_s
             m["coordinator_share"] = r.coordinator_cpu_s / r.sim_s

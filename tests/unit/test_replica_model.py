@@ -152,3 +152,16 @@ def test_books_balance_under_random_traffic(reqs, kv, d, e):
             done[rid] = n
         assert not kv or m.reserved() <= kv + 1e-6
     assert done == {f"r{i}": target for i, (_, _, target) in enumerate(arrivals)}
+    # the KV books: never fuller than the cache, and no busy time when nothing ran
+    assert m.busy_s >= 0 and m.kv_token_s >= 0
+    assert not kv or m.kv_token_s <= kv * m.busy_s * (1 + 1e-9) + 1e-9
+
+
+def test_kv_occupancy_integrates_the_growing_context():
+    """One sequence, context 100, 100 tokens at 0.01 s a step: busy 1 s, its context grows
+    100 -> 200, so the cache of 1,000 tokens is 15 % full on average while it works."""
+    m = ReplicaModel(Cost(kv_tokens=1000))
+    m.submit("a", 100, 100)
+    run(m)
+    assert m.busy_s == pytest.approx(1.0)
+    assert m.kv_token_s / (1000 * m.busy_s) == pytest.approx(0.15, rel=0.01)

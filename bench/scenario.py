@@ -168,8 +168,8 @@ def bound_batch(sc: Scenario) -> int:
     scenario or any of its variants allows. A variant that admits fewer sequences (to keep its
     stragglers fast or its KV cache from preempting) is measured against the same machine as
     the others: a lower cap never loosens its bound."""
-    caps = [from_dict(merge(sc.engine, v.engine), origin=sc.scenario.name).rollout.max_in_flight_per_replica for v in sc.variant]
-    return max([from_dict(sc.engine, origin=sc.scenario.name).rollout.max_in_flight_per_replica, *caps])
+    tables = [sc.engine, *(merge(sc.engine, v.engine) for v in sc.variant)]
+    return max(from_dict(t, origin=sc.scenario.name).rollout.max_in_flight_per_replica for t in tables)
 
 
 def fleet(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bound.Fleet:

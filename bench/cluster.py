@@ -28,6 +28,7 @@ from pathlib import Path
 
 import looptime
 
+from shunter.bench.replica_model import ReplicaModel
 from shunter.bench.sim import (
     CostModel,
     SimBackend,
@@ -100,7 +101,8 @@ class SimResult:
     their busy time, over ``kv_tokens`` times that time (None: no KV limit, or nothing ran)."""
 
 
-def kv_occupancy(models: list, kv_tokens: int) -> float | None:
+def kv_occupancy(models: list[ReplicaModel], kv_tokens: int) -> float | None:
+    """``SimResult.kv_occupancy`` over the replicas' models."""
     busy = sum(m.busy_s for m in models)
     if not kv_tokens or busy <= 0:
         return None
@@ -399,6 +401,6 @@ async def _run(
         gc_in_turns_s=pauses.in_turns,
         relay_cpu_s=[r.cpu_s for r in relays],
         relay_flushes=sum(r.flushes for r in relays),
-        kv_occupancy=kv_occupancy(models, cost.kv_tokens),
         relay_folded=sum(r.folded for r in relays),
+        kv_occupancy=kv_occupancy(models, cost.kv_tokens),
     )

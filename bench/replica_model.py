@@ -210,11 +210,11 @@ class ReplicaModel:
                 break
             dt = self._dt(k)
             if self.t + dt <= now + TOL_S:
-                self._steps(k)
+                self._steps(k, dt)
                 self.t += dt
                 self._settle(out)
                 continue
-            self._steps(self._k_in(now - self.t))
+            self._steps(self._k_in(now - self.t), now - self.t)
             break
         self.t = max(self.t, now)
         return out
@@ -250,10 +250,10 @@ class ReplicaModel:
             return dt / self.step_s()
         return 2 * dt / (b + math.sqrt(b * b + 4 * a * dt))
 
-    def _steps(self, k: float) -> None:
+    def _steps(self, k: float, dt: float) -> None:
+        """Run ``k`` steps that take ``dt`` seconds (``_dt(k)``, computed by the caller)."""
         if k <= 0:
             return
-        dt = self._dt(k)
         self.busy_s += dt
         self.kv_token_s += dt * (self.reserved() + len(self.running) * k / 2)  # contexts grow a token a step
         if self.prefilling:

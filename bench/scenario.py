@@ -177,7 +177,7 @@ def fleet(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bound
     r = cfg.rollout
     always = r.standalone_replicas if v.policy != "colocated" else r.hybrid_replicas
     return bound.Fleet(
-        machine=bound.ModelMachine(cost, max(r.max_in_flight_per_replica, bound_batch(sc))),
+        machine=bound.ModelMachine(cost, bound_batch(sc)),  # the variant's own cap is among them
         replicas=always,
         lendable=r.hybrid_replicas if schedule_of(v) == "lending" else 0,
         gpus=sc.cluster.gpus,

@@ -10,10 +10,10 @@ constraint, so each part is computed from the work and the machine, never from b
   know the first batch's lengths; a sequence in a full batch decodes slower than alone). The
   parts are not independent: the bound's first step (the longest sample alone, every other
   one at a full batch) and its generation rate (every replica at a full batch) cannot both
-  hold. Measured on ``long_tail`` (separate 9:7, staleness 16, seed 1): admitting at most 64
-  groups until the first step cut this part from 390 s to 23 s and grew ``rollout`` from
-  487 s to 975 s (the run 3 % longer); capping each replica at 96 or 160 sequences until then
-  traded the same way;
+  hold. Measured on ``long_tail`` (separate 9:7, staleness 16, seed 1, with a patch to
+  ``InFlight.pump`` that was not kept): admitting at most 64 groups until the first step cut
+  this part from 390 s to 23 s and grew ``rollout`` from 487 s to 975 s (the run 3 % longer);
+  capping each replica at 96 or 160 sequences until then traded the same way;
 - ``gate``: the staleness gate on top (``on_stale = "wait"``: a step's groups start only once the
   weights ``max_staleness`` versions older are out).
 

@@ -16,9 +16,31 @@ from pathlib import Path
 
 from shunter.engine.config import ConfigError, load_config, schema
 
+EXIT_STATUSES: dict[int, str] = {
+    0: "the run completed; every policy check passed; the event log read whole",
+    1: "the run failed or did not start (its error is printed: a crash, a stall, unusable data, no model); "
+    "a policy check failed; the event log is damaged",
+    2: "a usage error: a bad config, option or argument; a checkpoint --resume cannot use; no event log at the path",
+    130: "stopped by Ctrl-C: the run stopped at a consistent cut and saved a checkpoint (--resume continues it); "
+    "a second Ctrl-C stops at once, without saving",
+    143: "stopped by SIGTERM (kill, a scheduler's preemption): as 130",
+}
+"""The CLI's exit statuses, one table: ``shunter --help`` prints it and the README holds the
+same rows (a test keeps them equal)."""
+OK, FAILED, USAGE = 0, 1, 2
+
+
+def exit_statuses() -> str:
+    return "exit statuses:\n" + "\n".join(f"  {k:<4} {v}" for k, v in EXIT_STATUSES.items())
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="shunter", description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = argparse.ArgumentParser(
+        prog="shunter",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog=exit_statuses(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run an async RL job from a TOML config")
     r.add_argument("config")
@@ -76,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "check-policy":
         return _check_policy(args)
     print(json.dumps(schema(), indent=2))
-    return 0
+    return OK
 
 
 def _run(args) -> int:
@@ -95,7 +117,7 @@ def _run(args) -> int:
         cfg = load_config(args.config, over)
     except ConfigError as e:
         print(f"shunter: bad config: {e}", file=sys.stderr)
-        return 2
+        return USAGE
     from shunter.api import EngineSetupError
     from shunter.engine.checkpoint import CheckpointError
     from shunter.progress import run_with_progress
@@ -104,17 +126,17 @@ def _run(args) -> int:
         ended = asyncio.run(run_with_progress(cfg, resume=args.resume, run_id=args.run_id))
     except CheckpointError as e:
         print(f"shunter: cannot resume: {e}", file=sys.stderr)
-        return 2
+        return USAGE
     except EngineSetupError as e:
         print(f"shunter: the run did not start: {e}", file=sys.stderr)
-        return 1
+        return FAILED
     except (KeyboardInterrupt, asyncio.CancelledError):  # stopped on the way out; progress said how to resume
         from shunter import progress
 
         return progress.exit_on_next_signal()  # the run is saved: one more signal on the way out exits
     if ended.reason == "error":
         print(f"shunter: the run failed: {ended.error}", file=sys.stderr)
-    return 0 if ended.reason == "completed" else 1
+    return OK if ended.reason == "completed" else FAILED
 
 
 def _check_policy(args) -> int:
@@ -129,14 +151,14 @@ def _check_policy(args) -> int:
             raise ValueError("--options must be a JSON object")
     except ValueError as e:
         print(f"shunter: bad --options: {e}", file=sys.stderr)
-        return 2
+        return USAGE
     with import_paths([os.getcwd()]):
         try:
             subject = contract.subject_for(args.policy, options, standalone=args.standalone, hybrid=args.hybrid)
             subject.make()  # options the constructor refuses: a usage error, said once
         except ValueError as e:
             print(f"shunter: {e}", file=sys.stderr)
-            return 2
+            return USAGE
         subject.time_limit_s, subject.budget_ms = args.time_limit, args.budget_ms
         setup = f"{subject.standalone} standalone + {subject.hybrid} hybrid replicas"
         print(f"checking {args.policy} with {setup}", flush=True)
@@ -148,7 +170,7 @@ def _check_policy(args) -> int:
     failed = [r.check for r in results if not r.ok]
     verdict = f"{len(failed)} of {len(results)} checks failed ({', '.join(failed)})" if failed else "all passed"
     print(f"{args.policy}: {verdict}")
-    return 1 if failed else 0
+    return FAILED if failed else OK
 
 
 def _checks() -> list[str]:
@@ -192,14 +214,14 @@ def _events(args) -> int:
             f"shunter: no event log at {path}" + (" (a folder: its events.bin?)" if path.is_dir() else ""),
             file=sys.stderr,
         )
-        return 2
+        return USAGE
     if unknown := sorted(set(args.kind or ()) - set(BY_TAG)):
         print(f"shunter: unknown --kind {', '.join(unknown)} (tags: shunter.events.BY_TAG)", file=sys.stderr)
-        return 2
+        return USAGE
     if args.repair:
         fix = repair(path)
         print(fix.describe() if fix else f"{path}: whole, nothing to repair", file=sys.stderr)
-        return 0
+        return OK
     reader = LogReader(path)
     for msg in reader:
         if args.kind and tag_of(msg) not in args.kind:
@@ -213,7 +235,7 @@ def _events(args) -> int:
             "bytes aside and the readable frames in place",
             file=sys.stderr,
         )
-    return 1 if reader.damage else 0
+    return FAILED if reader.damage else OK
 
 
 if __name__ == "__main__":

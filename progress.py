@@ -159,7 +159,7 @@ STOPPED = False
 
 async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
     """Show the run's events until it ends; errors once, then at the 10th, 100th … repeat."""
-    val = ""
+    val, shown = "", ""
     tokens, t0 = 0, None
     repeats: dict[str, int] = {}
     async for ev in engine.events():
@@ -170,13 +170,16 @@ async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
             m = ev.metrics
             rate = tokens / (ev.wall_time - t0) if t0 and ev.wall_time > t0 else 0.0
             bar.update(ev.step - bar.n)
-            bar.set_postfix_str(
+            shown = (
                 f"reward {m.get('batch/reward_mean', 0):.3f} | stale {m.get('batch/staleness_mean', 0):.2f}"
-                f" | {rate:.0f} tok/s{val}",
-                refresh=False,
+                f" | {rate:.0f} tok/s"
             )
+            bar.set_postfix_str(shown + val, refresh=False)
         elif isinstance(ev, ValidateEnd):
-            val = f" | val exact {ev.metrics.get('exact', 0):.2f}"
+            # the bar shows the newest validation at once, with the weights it scored: the final
+            # one comes after the last step and is the one the summary prints
+            val = f" | val exact {ev.metrics.get('exact', 0):.2f} (version {ev.version})"
+            bar.set_postfix_str(shown + val)
             for err in ev.errors:  # the user's reward / environment failed on held-out prompts
                 line = f"{tag_of(ev)}: version {ev.version}: {err[:300]}"
                 key = f"{tag_of(ev)}: {err.partition(' failed on ')[0][:160]}"  # per piece of user code

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import looptime
 
-from shunter.bench.replica_model import ReplicaModel
+from shunter.bench.replica_model import Books, ReplicaModel
 from shunter.bench.sim import (
     CostModel,
     SimBackend,
@@ -99,6 +99,8 @@ class SimResult:
     kv_occupancy: float | None = None
     """How full the replicas' KV caches were while they worked: reserved KV tokens integrated over
     their busy time, over ``kv_tokens`` times that time (None: no KV limit, or nothing ran)."""
+    books: list[Books] = field(default_factory=list)
+    """Each replica model's books: what its time went to (``shunter.bench.replica_model.Books``)."""
 
 
 def kv_occupancy(models: list[ReplicaModel], kv_tokens: int) -> float | None:
@@ -403,4 +405,5 @@ async def _run(
         relay_flushes=sum(r.flushes for r in relays),
         relay_folded=sum(r.folded for r in relays),
         kv_occupancy=kv_occupancy(models, cost.kv_tokens),
+        books=[m.books() for m in models],
     )

@@ -39,7 +39,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 TOL_S = 2e-6
 """Events this close to the clock are due (the simulated clock ticks in microseconds)."""
@@ -71,6 +71,33 @@ class _Req:
     """Prefill seconds still to do (prefilling)."""
     token: int = 0
     """Identifies its finish entry in the heap (stale entries are skipped)."""
+    preempted: bool = False
+    """It was preempted: its next prefill recomputes a context it had."""
+
+
+class Books(NamedTuple):
+    """What one replica's time went to, integrated while it worked (``ReplicaModel.books``)."""
+
+    busy_s: float
+    """Seconds with a sequence running or prefilling (not frozen)."""
+    steps: float
+    """Steps taken in those seconds."""
+    seq_steps: float
+    """Running sequences summed over the steps (the tokens decoded)."""
+    kv_steps: float
+    """KV tokens reserved summed over the steps."""
+    recompute_s: float
+    """Prefill seconds spent again on the contexts of preempted sequences (vLLM's recompute)."""
+
+    def packing_s(self, cost: ReplicaCost, max_batch: int) -> float:
+        """Seconds of the steps' fixed part (``decode_step_s``) beyond the fewest steps that could
+        carry the same tokens and KV: a step holds at most ``max_batch`` sequences and
+        ``kv_tokens`` of context (the bound's count, ``shunter.bench.bound.ModelMachine``). An
+        admission that leaves KV free, or a batch that shrinks, takes more steps for the work."""
+        need = self.seq_steps / max_batch
+        if cost.kv_tokens:
+            need = max(need, self.kv_steps / cost.kv_tokens)
+        return cost.decode_step_s * max(0.0, self.steps - need)
 
 
 def prefill_s(cost: ReplicaCost, context: int) -> float:
@@ -112,8 +139,12 @@ class ReplicaModel:
         self.kv_token_s = 0.0
         """KV tokens reserved, integrated over ``busy_s``: ``kv_token_s / (kv_tokens * busy_s)``
         is how full the cache was while the replica worked (the bound fills it at every step)."""
+        self._steps_n = self._seq_steps = self._kv_steps = self._recompute_s = 0.0
 
     # -- queries ------------------------------------------------------------------------
+    def books(self) -> Books:
+        return Books(self.busy_s, self._steps_n, self._seq_steps, self._kv_steps, self._recompute_s)
+
     def __contains__(self, rid: str) -> bool:
         return rid in self.running or any(r.rid == rid for r in (*self.prefilling, *self.waiting))
 
@@ -254,8 +285,13 @@ class ReplicaModel:
         """Run ``k`` steps that take ``dt`` seconds (``_dt(k)``, computed by the caller)."""
         if k <= 0:
             return
+        b = len(self.running)
+        kv = self.reserved() + b * k / 2  # the mean over the k steps: every context grows a token a step
         self.busy_s += dt
-        self.kv_token_s += dt * (self.reserved() + len(self.running) * k / 2)  # contexts grow a token a step
+        self.kv_token_s += dt * kv
+        self._steps_n += k
+        self._seq_steps += b * k
+        self._kv_steps += k * kv
         if self.prefilling:
             done = min(self.prefilling[0].work, k * self.chunk_s)
             self.prefilling[0].work -= done
@@ -304,6 +340,7 @@ class ReplicaModel:
             self._s0 -= r.ctx - r.g0
             r.made += grown
             r.ctx += round(grown)
+            r.preempted = True
             self.waiting.appendleft(r)
             self.preemptions += 1
         if not self.running:
@@ -317,6 +354,9 @@ class ReplicaModel:
                 return
             self.waiting.popleft()
             r.work = prefill_s(self.cost, r.ctx)
+            if r.preempted:
+                self._recompute_s += r.work
+                r.preempted = False
             if r.work <= 0:
                 self._join(r)
             else:

@@ -256,6 +256,7 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             parts = gaps.parts(work, fl, schedule_of(v), m["best_split_bound_s"], gate(cfg))
             m.update({f"gap_{k}_s": x for k, x in parts.items()})  # wall - best split bound, by cause
             capacity_used(m, work, fl)
+            rollout_ledger(m, r.books, cost, fl.machine)
             m["cpu_s"] = r.cpu_wall_s
             if r.kv_occupancy is not None:
                 m["kv_occupancy"] = r.kv_occupancy
@@ -298,6 +299,31 @@ def capacity_used(m: dict[str, float], work: list[bound.StepWork], fl: bound.Fle
         for w in work:
             total = total.plus(fl.machine.load(w.samples))
         m["rollout_work_frac"] = fl.machine.work_s(total) / m["rollout_avail_s"]
+
+
+def rollout_ledger(m: dict[str, float], books, cost, machine) -> None:
+    """Where the replicas' rollout time went besides trained work (``rollout_work_frac``), each a
+    share of ``rollout_avail_s`` read from the replica models' books, never from busy flags:
+
+    - ``rollout_packing_frac``: steps' fixed part beyond the fewest steps that carry the same
+      tokens and KV (a cache or batch left part empty: the bound fills both at every step);
+    - ``rollout_recompute_frac``: prefill again of preempted sequences' contexts;
+    - ``rollout_stopped_frac``: nothing running (idle, or paused for a weight update);
+    - ``rollout_other_frac``: the rest — work on samples that were never trained (in flight at
+      the end, dropped), prefixes re-prefilled after an abort, a prefill chunk's last step.
+
+    With ``rollout_work_frac`` they add up to 1."""
+    avail = m.get("rollout_avail_s", 0.0)
+    if not books or avail <= 0 or "rollout_work_frac" not in m or not hasattr(machine, "max_batch"):
+        return
+    busy = sum(b.busy_s for b in books)
+    shares = {
+        "packing": sum(b.packing_s(cost, machine.max_batch) for b in books) / avail,
+        "recompute": sum(b.recompute_s for b in books) / avail,
+        "stopped": max(0.0, avail - busy) / avail,
+    }
+    shares["other"] = 1 - m["rollout_work_frac"] - sum(shares.values())
+    m.update({f"rollout_{k}_frac": x for k, x in shares.items()})
 
 
 def loop_figures(r, samples: int = 0) -> dict[str, float]:

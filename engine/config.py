@@ -490,7 +490,7 @@ def from_dict(data: dict[str, Any], *, origin: str = "config", overrides: dict[s
     try:
         check(cfg)
     except ConfigError as e:  # a rule across fields: say which of them the caller's overrides set
-        given = _leaves(overrides or {})
+        given = [k for k in _leaves(overrides or {}) if k in str(e)]  # only fields the rule names
         if not given:
             raise
         raise ConfigError(f"{e} (overrides given over {origin}: {', '.join(given)})") from None

@@ -180,7 +180,8 @@ def _object(line: str, where: str, *, first: bool) -> dict[str, Any]:
     try:
         value = json.loads(line, parse_float=_json_float)
     except json.JSONDecodeError as e:
-        value, cause = None, f"not valid JSON ({e.msg} at column {e.colno})"
+        # json's messages may end in "at" ("Unterminated string starting at"): one "at" here
+        value, cause = None, f"not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
     except ValueError as e:  # an int longer than Python parses
         value, cause = None, f"not valid JSON ({e})"
     else:

@@ -16,7 +16,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 echo "setup: installing shunter[cpu,dev] into .venv (first time: about 2 minutes)" >&2
-.venv/bin/python -m pip install -q -e ".[cpu,dev]"
+# setuptools says "Editable installation ... folders with the same name as your package" for every
+# editable install that maps the package to its folders through a finder (ours: shunter = the repo
+# root); it is a notice, not a fault: filtered so that a fresh setup prints nothing it need not
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[cpu,dev]"
 # PyPI's builds of these break `import transformers` models next to torch 2.13.0+cpu
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "$want" > "$stamp"

@@ -152,6 +152,11 @@ def test_no_simulated_schedule_beats_its_bound():
         assert 0 < m["frac_of_bound"]["max"] <= 1 + 1e-6, name
         assert m["frac_of_bound"]["max"] <= m["frac_of_first_step_bound"]["max"] <= 1 + 1e-6, name
         assert 0 < m["rollout_work_frac"]["max"] <= 1 + 1e-6, name
+        # the replicas' ledger: trained work, packing, recompute, stopped and the rest make 1
+        ledger = ("work", "packing", "recompute", "stopped", "other")
+        assert sum(m[f"rollout_{k}_frac"]["median"] for k in ledger) == pytest.approx(1.0, abs=0.02), name
+        for k in ledger:
+            assert -1e-6 <= m[f"rollout_{k}_frac"]["min"] <= 1 + 1e-6, (name, k)
         assert m["bound_first_step_s"]["max"] <= m["first_step_s"]["max"] + 1e-6, name
         assert m["best_split_bound_s"]["median"] > 0
         # the best split's bound is never above the variant's own overlapped bound
@@ -174,6 +179,8 @@ def test_a_fleet_busy_with_stragglers_is_far_from_its_bound():
     )
     m = run_scenario(sc, log=lambda *_: None)["metrics"]["separate"]
     assert m["frac_of_bound"]["max"] < 0.5
+    # the ledger names why: steps that carried 4 sequences where 256 fit
+    assert m["rollout_packing_frac"]["min"] > 0.5
 
 
 def test_a_variant_that_admits_fewer_sequences_is_held_to_the_same_machine():

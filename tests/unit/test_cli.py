@@ -42,3 +42,24 @@ def test_run_resume_from_a_folder_without_checkpoints_exits_2_naming_it(tmp_path
     assert main(["run", str(cfg), "--resume", str(tmp_path / "runs" / "gone")]) == 2
     err = capsys.readouterr().err
     assert "cannot resume" in err and "gone" in err
+
+
+def test_exit_statuses_are_one_table_in_the_help_and_the_readme(capsys):
+    """``shunter --help`` and the README list the same exit statuses, and the codes the CLI
+    returns are among them."""
+    import re
+    from pathlib import Path
+
+    import pytest
+
+    from shunter import cli
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    helped = capsys.readouterr().out
+    readme = (Path(cli.__file__).parent / "README.md").read_text()
+    rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", readme, flags=re.M))
+    assert {int(k): v for k, v in rows.items()} == cli.EXIT_STATUSES
+    for code, meaning in cli.EXIT_STATUSES.items():
+        assert f"{code:<4} {meaning}" in helped
+    assert {cli.OK, cli.FAILED, cli.USAGE, 130, 143} == set(cli.EXIT_STATUSES)

@@ -69,6 +69,13 @@ def test_toml_file_and_overrides(tmp_path):
         load_config(p, {"trainer": {"train_batch_size": 100}})
     with pytest.raises(ConfigError, match=r"generate_timeout_s"):
         load_config(p, {"rollout": {"generate_timeout_s": float("inf")}})
+    # an override the failing rule does not involve is not named (``--no-progress`` sets one)
+    with pytest.raises(ConfigError) as e:
+        load_config(p, {"trainer": {"train_batch_size": 100}, "run": {"progress": False}})
+    assert "trainer.train_batch_size" in str(e.value) and "run.progress" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(p, {"rollout": {"standalone_replicas": 0, "hybrid_replicas": 0}, "run": {"progress": False}})
+    assert "overrides given" in str(e.value) and "run.progress" not in str(e.value)
     p.write_text("[run]\ntotal_steps = 0\n")
     with pytest.raises(ConfigError, match=r"^/.*c\.toml: Expected"):  # the file's own value: the file
         load_config(p, {"trainer": {"lr": 1e-3}})

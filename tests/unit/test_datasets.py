@@ -167,6 +167,11 @@ def test_a_bad_line_past_the_first_megabyte_is_named_by_its_own_number(tmp_path)
     f.write_text("".join(lines))
     with pytest.raises(DataError, match=r"big.jsonl:line 7001: not valid JSON \(Expecting value at column 34\)"):
         read_rows(f)
+    lines[7000] = '{"prompt": "1>", "reward_model": "cut\n'  # a line cut inside a string
+    f.write_text("".join(lines))
+    with pytest.raises(DataError) as e:
+        read_rows(f)
+    assert "not valid JSON (Unterminated string starting at column 34)" in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,8 @@ def test_the_newest_sequence_is_preempted_when_the_cache_fills_and_recomputed_la
     assert done["a"][1] == 80 and done["b"][1] == 80
     assert done["b"][0] > done["a"][0]
     assert m.prefilled_s > prefill_s(c, 10) * 2  # b's context was prefilled again
+    # the books name the recomputation: all the prefill but the two prompts'
+    assert m.books().recompute_s == pytest.approx(m.prefilled_s - 2 * prefill_s(c, 10))
     assert not m.running and not m.waiting and not m.prefilling
 
 
@@ -136,7 +138,8 @@ def test_a_request_that_can_never_fit_is_refused():
     e=st.sampled_from([0.0, 1e-3]),
 )
 def test_books_balance_under_random_traffic(reqs, kv, d, e):
-    m = ReplicaModel(Cost(kv_tokens=kv, decode_s_per_kv_token=d, prefill_s_per_token=e, decode_step_s_per_seq=1e-3))
+    c = Cost(kv_tokens=kv, decode_s_per_kv_token=d, prefill_s_per_token=e, decode_step_s_per_seq=1e-3)
+    m = ReplicaModel(c)
     arrivals = sorted(reqs)
     done: dict[str, int] = {}
     last = 0.0
@@ -155,6 +158,25 @@ def test_books_balance_under_random_traffic(reqs, kv, d, e):
     # the KV books: never fuller than the cache, and no busy time when nothing ran
     assert m.busy_s >= 0 and m.kv_token_s >= 0
     assert not kv or m.kv_token_s <= kv * m.busy_s * (1 + 1e-9) + 1e-9
+    b = m.books()
+    assert 0 <= b.recompute_s <= m.prefilled_s + 1e-9
+    assert 0 <= b.packing_s(c, 10**6) <= c.decode_step_s * b.steps + 1e-9
+
+
+def test_packing_counts_the_steps_a_fuller_replica_would_not_have_taken():
+    """One sequence, context 100 -> 200 over 100 steps of 0.01 s: 15,000 KV token-steps. A
+    cache of 1,000 tokens could carry them in 15 steps, so 85 steps' fixed part is packing loss
+    on a replica of batch 256; on a replica of batch 1 the 100 steps were the fewest possible."""
+    c = Cost(kv_tokens=1000)
+    m = ReplicaModel(c)
+    m.submit("a", 100, 100)
+    run(m)
+    b = m.books()
+    assert (b.steps, b.seq_steps) == (pytest.approx(100), pytest.approx(100))
+    assert b.kv_steps == pytest.approx(100 * 150, rel=0.01)
+    assert b.packing_s(c, 256) == pytest.approx(0.85, rel=0.01)
+    assert b.packing_s(c, 1) == pytest.approx(0.0, abs=1e-9)
+    assert b.recompute_s == 0.0
 
 
 def test_kv_occupancy_integrates_the_growing_context():

@@ -127,6 +127,35 @@ def test_a_validation_whose_reward_failed_is_a_warning_line_and_a_printed_line_n
     assert "command.failed" not in capsys.readouterr().err
 
 
+def test_the_bar_ends_on_the_final_validation_and_names_its_version():
+    """The final validation comes after the last step: the bar must show it (the summary prints
+    it), not the last in-run one, and say which weights each figure scored."""
+    import asyncio
+
+    from tqdm import tqdm
+
+    from shunter.events import RunEnded, StepEnd, ValidateEnd
+    from shunter.progress import _follow
+
+    evs = [
+        StepEnd(step=1, batch_id=0, duration_s=1.0, metrics={"batch/reward_mean": 0.1}, **ENV),
+        ValidateEnd(version=1, duration_s=1.0, metrics={"exact": 0.06}, **ENV),
+        StepEnd(step=2, batch_id=1, duration_s=1.0, metrics={"batch/reward_mean": 0.2}, **ENV),
+        ValidateEnd(version=2, duration_s=1.0, metrics={"exact": 0.164}, **ENV),
+    ]
+
+    class Run:
+        ended = RunEnded(reason="completed", steps=2, **ENV)
+
+        async def events(self):
+            for ev in evs:
+                yield ev
+
+    bar = tqdm(disable=True)
+    asyncio.run(_follow(Run(), bar))
+    assert bar.postfix.startswith("reward 0.200") and bar.postfix.endswith("val exact 0.16 (version 2)")
+
+
 def test_a_long_list_of_names_in_a_log_line_says_how_many_it_leaves_out(tmp_path):
     """A list of strings is cut to its first 8 in a log line (long ValidateEnd.errors); one of a
     large fleet's replica ids must say it was cut, not read as the whole fleet."""

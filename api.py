@@ -22,20 +22,24 @@ the attempt are replaced, the registry (which outlives attempts and keeps its ta
 disk) releases their ranks, and ``events()`` goes on with ``RunResumed`` — the failed
 attempt's ``RunEnded`` is in the event log, not in the stream. ``Engine(cfg,
 resume=path)`` continues a run from a checkpoint after the whole program stopped.
+
+The ``Engine``'s parts: this module builds it and runs its lifecycle (start, restarts from a
+checkpoint, close); ``api_replicas`` adds and replaces replicas mid-run; ``api_steering`` holds
+the calls on a running run (``events``, ``submit``, ``wait``, ``stop``, and the user-driven
+``next_batch`` / ``train`` / ``publish_weights``). Those two are mixins of ``Engine``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-import warnings
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
+from shunter.api_replicas import EngineReplicas
+from shunter.api_steering import EngineSteering
+from shunter.api_steering import _loss_spec as _loss_spec
 from shunter.engine.checkpoint import CheckpointStore, Found, resolve
 from shunter.engine.config import EngineConfig, load_config
 from shunter.engine.errors import (
@@ -45,26 +49,13 @@ from shunter.engine.errors import (
     NoBatchError,
     RunEndedError,
     UserCodeError,
-    describe,
 )
 from shunter.events import (
-    Batch,
     Codec,
-    CommandFailed,
-    ComponentFailed,
-    Event,
-    Intent,
-    IntentRejected,
     Message,
-    RelayReport,
-    ReplicaRestart,
     ReplicaUp,
     RunEnded,
-    StepEnd,
-    TrainBatch,
-    WeightsReady,
 )
-from shunter.events.vocab import HYBRID, STANDALONE
 
 __all__ = [
     "Engine",
@@ -77,7 +68,7 @@ __all__ = [
 ]
 
 
-class Engine:
+class Engine(EngineReplicas, EngineSteering):
     def __init__(
         self,
         config: EngineConfig | str | Path,
@@ -276,86 +267,6 @@ class Engine:
                 self._resume, self._restart_reason = found, reason
         self._supervise()
 
-    # -- replacing dead replicas ---------------------------------------------------------------
-    def _supervise(self) -> None:
-        """Carry out the replacements the coordinator's supervisor asks for (``ReplicaRestart``)
-        for as long as this attempt runs, whether or not the caller reads ``events()``."""
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervising(self.coordinator))
-
-    async def _supervising(self, coordinator: Any) -> None:
-        pending: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                try:
-                    items, over = await coordinator.restarts.remote(5.0)
-                except Exception:  # noqa: BLE001 - the coordinator is gone: its attempt is over
-                    return
-                for data in items:
-                    task = asyncio.get_running_loop().create_task(self._replace(self._codec.decode(data)))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                if over:
-                    return
-        finally:
-            for task in pending:
-                task.cancel()
-
-    async def _replace(self, restart: ReplicaRestart) -> None:
-        """One replacement: wait out the backoff, then start a replica as ``add_replica`` does;
-        one that cannot even be made is reported (``ComponentFailed`` naming the replica it was
-        to replace), so the coordinator tries again or gives the slot up."""
-        await asyncio.sleep(restart.delay_s)  # the backoff itself, not a synchronisation
-        try:
-            rid = await self.add_replica(restart.replica_kind, replacing=restart.replica_id)
-        except RunEndedError:
-            return
-        except Exception as e:  # noqa: BLE001 - it could not even be made (no room, no registry): say so
-            failed = ComponentFailed(
-                component=restart.replica_id,
-                error=describe(e),
-                run_id=self.run_id,
-                source="engine",
-                wall_time=time.time(),
-            )
-            await self._live().ingest.remote(self._codec.encode_batch([failed]), "engine")
-            return
-        try:
-            await self.replica_ready(rid)
-        except EngineSetupError:
-            pass  # bring_up told the coordinator (ComponentFailed naming it)
-
-    async def add_replica(self, kind: str = STANDALONE, *, replacing: str = "") -> str:
-        """Start one more replica while the run goes on (elastic capacity, or a replacement
-        for one that died — it takes the smallest free rank). Returns its id as soon as the
-        registry gave it a rank and its actor exists (milliseconds, once the cluster has room
-        for it: without room it waits — ``ReplicaPending`` says for what — up to
-        ``rollout.replacement_wait_s``, then raises ``EngineSetupError``); the engine starts in the
-        background — ``await engine.replica_ready(rid)`` waits for it, and ``ReplicaUp`` in
-        ``events()`` says it serves (a standalone replica loads the current weights first). A
-        replica that fails to start is reported as ``ComponentFailed`` and by ``replica_ready``.
-        ``replacing``: the replica it replaces (the supervisor's replacements name it)."""
-        if kind not in (STANDALONE, HYBRID):
-            raise ValueError(f"kind must be {STANDALONE!r} or {HYBRID!r}, got {kind!r}")
-        self._live()
-        if self.ended is not None:
-            raise RunEndedError(self.ended)
-        rid, h, rank, opening = await self._launch.new_replica(kind, mid_run=True, replacing=replacing)
-        await self._live().ingest.remote(self._codec.encode_batch(opening), "engine")  # its rank, at once
-        opening = []
-        task = asyncio.get_running_loop().create_task(self._launch.bring_up(rid, h, kind, rank, opening))
-        self._starting[rid] = task
-        return rid
-
-    async def replica_ready(self, replica_id: str) -> ReplicaUp:
-        """Wait until a replica added with :meth:`add_replica` is started and announced
-        (``EngineSetupError`` if it did not start)."""
-        task = self._starting.get(replica_id)
-        if task is None:
-            raise KeyError(f"{replica_id!r} was not added with add_replica()")
-        return await asyncio.shield(task)
-
     async def close(self) -> None:
         """Stop the run if it is still going, and remove every actor it made."""
         if self._phase != "new":
@@ -374,181 +285,3 @@ class Engine:
         if self._launch is not None:
             await self._launch.close()
         self.coordinator = None
-
-    # -- observing and steering ---------------------------------------------------------
-    async def events(self) -> AsyncIterator[Event]:
-        """Typed events of the run from its start (commands on the bus are skipped), until
-        ``RunEnded``; the facts a relay folded into a ``RelayReport`` come one by one, as
-        the replicas emitted them. The feed keeps the last 200,000 messages; a reader that falls further
-        behind gets a warning with the number it missed. When the run restarts from a
-        checkpoint the stream goes on with the new attempt's events (``RunResumed`` first)."""
-        from ray.exceptions import RayActorError
-
-        cursor = 0
-        while True:
-            try:
-                items, cursor, missed = await self._live().fetch.remote(cursor, 4096, 1.0)
-            except RayActorError as e:
-                if await self._restart(f"coordinator died: {e}"):
-                    cursor = 0
-                    continue
-                raise
-            if missed:
-                warnings.warn(
-                    f"Engine.events(): fell behind, {missed} messages were dropped from the feed "
-                    "(the event log on disk has all of them)",
-                    stacklevel=2,
-                )
-            restarted = False
-            for b in items:
-                msg = self._codec.decode(b)
-                if isinstance(msg, RunEnded) and msg.run_id in ("", self.run_id):
-                    if await self._recover(msg):
-                        restarted = True
-                        break
-                    self.ended = msg
-                    yield msg
-                    return
-                if msg.__class__ is RelayReport:  # the facts a relay folded, one by one
-                    for ev in msg.events:  # type: ignore[attr-defined]
-                        yield ev
-                elif isinstance(msg, Event):
-                    yield msg
-            if restarted:
-                cursor = 0
-
-    async def _recover(self, ended: RunEnded) -> bool:
-        """True if the run that ended this way was restarted from its last checkpoint."""
-        return bool(ended.failed_component) and await self._restart(ended.error)
-
-    async def submit(self, intent: Intent) -> None:
-        """Put an intent on the bus (``SwitchToRollout``, ``Rebalance``, ``Stop`` …); its outcome
-        arrives in ``events()``."""
-        if not isinstance(intent, Intent):
-            raise TypeError(f"submit() takes an intent (SwitchToRollout, Stop, ...), got {type(intent).__name__}")
-        if isinstance(intent, TrainBatch):
-            self._live()
-            self._user_driven("submit(TrainBatch(...))")
-        if self.ended is not None:
-            raise RunEndedError(self.ended)
-        if not await self._live().submit.remote(self._codec.encode(intent)):
-            raise ValueError(f"the coordinator rejected {intent!r}")
-
-    async def wait(self) -> RunEnded:
-        """The run's end, restarting it from its last checkpoint when a component died."""
-        from ray.exceptions import RayActorError
-
-        while True:
-            try:
-                ended = self._codec.decode(await self._live().wait_ended.remote())
-            except RayActorError as e:
-                if await self._restart(f"coordinator died: {e}"):
-                    continue
-                raise
-            if not await self._recover(ended):
-                self.ended = ended
-                return ended
-
-    async def stop(self, reason: str = "stopped") -> RunEnded:
-        """End the run (the finale: final publish, load, validation, checkpoint) and return
-        its ``RunEnded``."""
-        if self.ended is not None:
-            return self.ended
-        self.ended = self._codec.decode(await self._live().stop.remote(reason))
-        return self.ended
-
-    # -- user-driven training (run.trainer_driver = "user") ------------------------------
-    def _user_driven(self, call: str) -> None:
-        """``EngineError`` when the engine drives the trainer: its policy takes every ready batch,
-        so a batch taken (or trained) by the user as well would be lost to the run's books."""
-        if self.cfg.run.trainer_driver != "user":
-            raise EngineError(
-                f"{call} is for a run whose training loop is yours: this run has "
-                f'run.trainer_driver = "{self.cfg.run.trainer_driver}", so the engine takes and trains every '
-                'batch itself; set run.trainer_driver = "user" to take batches with next_batch() and train them '
-                "with train() (nothing was taken from the run)"
-            )
-
-    async def next_batch(self, timeout_s: float = 600.0) -> Batch:
-        """The next ready mini-batch (whole groups); rollout keeps running meanwhile.
-
-        Raises ``NoBatchError`` after ``timeout_s`` saying why none is ready (groups still
-        generating, the staleness gate waiting for ``publish_weights()``, no replica serving),
-        or ``RunEndedError`` once the run is over. Only with ``run.trainer_driver = "user"``: with
-        ``"engine"`` it raises ``EngineError`` and takes nothing (the engine trains every batch)."""
-        live = self._live()
-        self._user_driven("next_batch()")
-        data, why = await live.next_batch.remote(timeout_s)
-        if data is not None:
-            return msgspec.msgpack.decode(data, type=Batch)
-        if self.ended is None and why.startswith("the run ended"):
-            self.ended = self._codec.decode(await self._live().wait_ended.remote())
-        if self.ended is not None:
-            raise RunEndedError(self.ended)
-        raise NoBatchError(f"no mini-batch within {timeout_s:g}s: {why}")
-
-    async def train(self, batch: Batch, *, loss_fn: str = "") -> StepEnd:
-        """One optimizer step on ``batch`` (from :meth:`next_batch`; its ``samples`` may be
-        replaced) on the trainer actor — the built-in loss, or ``loss_fn = "module:function"``
-        taking a ``shunter.engine.loss.LossInput``.
-
-        Raises ``UserCodeError`` when the loss fails (the run goes on and the batch may be
-        trained again), ``IntentRefused`` for a batch already trained or never handed out,
-        ``RunEndedError`` once the run is over; ``EngineError`` unless ``run.trainer_driver = "user"``."""
-        if not isinstance(batch, Batch):
-            raise TypeError(f"train() takes the Batch next_batch() returned, got {type(batch).__name__}")
-        loss_fn = _loss_spec(loss_fn)
-        self._live()
-        self._user_driven("train()")
-        if self.ended is not None:
-            raise RunEndedError(self.ended)
-        intent = TrainBatch(batch_id=batch.batch_id, samples=batch.samples, loss_fn=loss_fn)
-        out = self._seen(self._codec.decode(await self._live().train.remote(self._codec.encode(intent))))
-        match out:
-            case StepEnd():
-                return out
-            case CommandFailed() if out.user_code:
-                raise UserCodeError.from_report(out.user_code, out.error)
-            case IntentRejected():
-                raise IntentRefused(out)
-            case RunEnded():
-                raise RunEndedError(out)
-        raise EngineError(f"train step failed: {getattr(out, 'error', out)}")
-
-    async def publish_weights(self) -> WeightsReady | None:
-        """Publish the trainer's weights as the next version and return its ``WeightsReady``.
-        With no optimizer step since the last publish nothing is published: the last
-        ``WeightsReady`` is returned (None before the first publish)."""
-        out = self._seen(self._codec.decode(await self._live().publish.remote()))
-        match out:
-            case WeightsReady():
-                return out
-            case IntentRejected() if out.reason == "nothing_new":
-                return None
-            case IntentRejected():
-                raise IntentRefused(out)
-            case RunEnded():
-                raise RunEndedError(out)
-        raise EngineError(f"publishing weights failed: {getattr(out, 'error', out)}")
-
-    async def counters(self) -> dict[str, int]:
-        return await self._live().counters.remote()
-
-
-def _loss_spec(loss_fn: object) -> str:
-    """``loss_fn`` as the ``"module:function"`` the trainer actor imports: a string as given, or
-    a function defined at module level in an importable module (not ``__main__``)."""
-    if isinstance(loss_fn, str):
-        return loss_fn
-    module, name = getattr(loss_fn, "__module__", None), getattr(loss_fn, "__qualname__", "")
-    if callable(loss_fn) and module and module != "__main__" and "<" not in name:
-        return f"{module}:{name}"
-    raise TypeError(
-        f"loss_fn takes a 'module:function' string (the trainer runs in its own process and imports "
-        f"it); got {loss_fn!r}"
-        + (
-            " — a function defined in __main__ cannot be imported there: put it in a module next to your script"
-            if module == "__main__"
-            else ""
-        )
-    )

@@ -16,11 +16,15 @@ What it models, per decode step of a replica holding ``b`` running sequences who
 - **the KV cache is finite** (``kv_tokens``; 0 = unlimited): a request is admitted only when
   its context fits beside what is reserved, and when the running sequences grow past the
   capacity the newest is preempted (vLLM's recompute preemption): its KV is freed, it waits at
-  the head of the queue and re-prefills its whole context when it is admitted again;
+  the head of the queue, and when it is admitted again it prefills the part of its context no
+  longer cached — vLLM's prefix cache keeps a freed request's blocks until new blocks are
+  taken from them, least recently freed first and a request's last block first
+  (``shunter.bench.kv_pool``);
 - **a pause** (``freeze`` / ``thaw``, a weight update that keeps the KV cache) stops every
   sequence where it is; after it they go on from their cached context.
 
-Left out: prefix-cache hits (a group's samples each prefill their prompt), speculative
+Left out: prefix-cache hits across requests (a group's samples each prefill their prompt; a
+resumed sample its prompt and prefix: the sim's weight updates that abort reset the cache), speculative
 decoding, CUDA graphs' batch-size buckets, sampling cost, the KV shared by a group's prompt.
 
 Invariants: between two events (a sequence finishes, a prefill completes, the KV cache fills,
@@ -40,6 +44,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
+
+from shunter.bench.kv_pool import KvPool
 
 TOL_S = 2e-6
 """Events this close to the clock are due (the simulated clock ticks in microseconds)."""
@@ -140,6 +146,9 @@ class ReplicaModel:
         """KV tokens reserved, integrated over ``busy_s``: ``kv_token_s / (kv_tokens * busy_s)``
         is how full the cache was while the replica worked (the bound fills it at every step)."""
         self._steps_n = self._seq_steps = self._kv_steps = self._recompute_s = 0.0
+        self._pool = KvPool(cost.kv_tokens) if cost.kv_tokens else None
+        self.hit_tokens = 0.0
+        """Tokens of preempted contexts found still cached when admitted again (not prefilled)."""
 
     # -- queries ------------------------------------------------------------------------
     def books(self) -> Books:
@@ -200,6 +209,7 @@ class ReplicaModel:
         r = self.running.pop(rid, None)
         if r is not None:
             n = r.made + self.g - r.g0
+            self._release(r.ctx - r.g0 + self.g)
             self._s0 -= r.ctx - r.g0
             if not self.running:
                 self._s0, self._heap = 0.0, []
@@ -211,6 +221,9 @@ class ReplicaModel:
                     q.remove(r)
                     if q is self.prefilling:
                         self._prefill_ctx -= r.ctx
+                        self._release(r.ctx)
+                    elif self._pool is not None:
+                        self._pool.forget(r)
                     self._admit()
                     return int(r.made + 1e-6)
         return None
@@ -298,12 +311,15 @@ class ReplicaModel:
             self.prefilled_s += done
         if self.running:
             self.g += k
+            if self._pool is not None:
+                self._pool.take(b * k)
 
     def _settle(self, out: list[tuple[str, int]]) -> None:
         """Apply what is due at ``self.t``: finishes, completed prefills, preemption, admission."""
         while (fin := self._first_finish()) is not None and fin <= self.g + _EPS * max(1.0, fin):
             _, _, rid = heapq.heappop(self._heap)
             r = self.running.pop(rid)
+            self._release(r.ctx - r.g0 + self.g)
             self._s0 -= r.ctx - r.g0
             out.append((rid, r.target))
         if not self.running:
@@ -338,6 +354,8 @@ class ReplicaModel:
             r = self.running.pop(rid)
             grown = self.g - r.g0
             self._s0 -= r.ctx - r.g0
+            if self._pool is not None:
+                self._pool.give(r.ctx + grown, owner=r)  # exactly what it held (fluid between events)
             r.made += grown
             r.ctx += round(grown)
             r.preempted = True
@@ -346,6 +364,11 @@ class ReplicaModel:
         if not self.running:
             self._s0, self._heap = 0.0, []
 
+    def _release(self, tokens: float) -> None:
+        """A finished or aborted request's KV goes back to the free pool, never hit again."""
+        if self._pool is not None:
+            self._pool.give(tokens)
+
     def _admit(self) -> None:
         kv = self.cost.kv_tokens
         while self.waiting:
@@ -353,9 +376,16 @@ class ReplicaModel:
             if kv and self.reserved() + r.ctx + len(self.running) + 1 > kv + _EPS:
                 return
             self.waiting.popleft()
-            r.work = prefill_s(self.cost, r.ctx)
+            hit = 0.0
+            if self._pool is not None:
+                held = self._pool.reclaim(r) if r.preempted else 0.0
+                hit = min(held, r.ctx)  # its context was rounded to whole tokens when preempted
+                self._pool.give(held - hit)
+                self._pool.take(r.ctx - hit)
+            r.work = prefill_s(self.cost, r.ctx) - prefill_s(self.cost, hit)  # a cached prefix is not prefilled
             if r.preempted:
                 self._recompute_s += r.work
+                self.hit_tokens += hit
                 r.preempted = False
             if r.work <= 0:
                 self._join(r)

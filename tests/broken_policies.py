@@ -3,6 +3,7 @@ contain (tests/contracts, tests/unit/test_loop_faults.py, the CLI tests)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import msgspec
@@ -56,6 +57,16 @@ class Hangs(SeparatePolicy):
     def decide(self, event: Event, view: EngineView) -> list:
         while view.trainer.step >= 1:
             pass
+        return super().decide(event, view)
+
+
+class BlockedInC(SeparatePolicy):
+    """Blocks inside C once the trainer has stepped once: a lock nobody releases (a socket read,
+    a native call that never returns) — the watchdog cannot interrupt it."""
+
+    def decide(self, event: Event, view: EngineView) -> list:
+        if view.trainer.step >= 1:
+            threading.Event().wait()
         return super().decide(event, view)
 
 

@@ -22,8 +22,43 @@ def _config(folder: Path, tiny_model: str, **run) -> Path:
         .replace('output_dir = "runs"', f'output_dir = "{folder / "runs"}"')
         .replace("total_steps = 700", "total_steps = 8")
         .replace('policy = "separate"', f'policy = "{run.get("policy", "separate")}"')
+        .replace("[run]\n", f"[run]\npolicy_timeout_s = {run.get('policy_timeout_s', 10.0)}\n", 1)
     )
     return cfg
+
+
+def test_a_policy_blocked_in_c_ends_the_run_within_seconds_of_its_timeout(
+    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch
+):
+    """Issue 31: a decide() blocked inside C (a lock nobody releases) froze the run for good; now
+    its thread is given up run.policy_timeout_s + 1 s after the call began and the run ends,
+    naming the policy, the event and "did not return"."""
+    from shunter.cli import main
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    began = folder / "blocked_at"
+    (folder / "hang_policy.py").write_text(
+        "import threading, time\n"
+        "from shunter.policies import SeparatePolicy\n\n\n"
+        "class HangInC(SeparatePolicy):\n"
+        "    def decide(self, event, view):\n"
+        "        if view.trainer.step >= 2:\n"
+        f"            open({str(began)!r}, 'w').write(repr(time.time()))\n"
+        "            threading.Event().wait()\n"
+        "        return super().decide(event, view)\n"
+    )
+    cfg = _config(folder, tiny_model, policy="hang_policy:HangInC", policy_timeout_s=2.0)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["run", str(cfg), "--no-progress", "--run-id", "hang"])
+    ended_at = time.time()
+    err = capsys.readouterr().err
+    assert rc == 1, err[-2000:]
+    assert "policy hang_policy.HangInC.decide() did not return on" in err
+    assert "within run.policy_timeout_s = 2s (blocked outside Python" in err
+    took = ended_at - float(began.read_text())
+    assert took < 2.0 + 1.0 + 15.0, took  # the timeout, the give-up, the finale and the shutdown
+    print(f"policy blocked in C: the CLI returned {took:.1f}s after the call blocked")
 
 
 def test_a_policy_next_to_the_config_that_always_raises_ends_the_run_fast(

@@ -299,9 +299,49 @@ async def test_a_policy_stuck_in_an_endless_loop_is_interrupted_and_ends_the_run
     coord, _, _ = local_run(cfg(run={"policy_timeout_s": 0.3}), policy=Hangs())
     ended, seen = await run_to_end(coord)
     assert ended.reason == "error"
-    assert "policy broken_policies.Hangs.decide() never returned on" in ended.error
+    assert "policy broken_policies.Hangs.decide() did not return on" in ended.error
     failed = [m for m in seen if isinstance(m, PolicyFailed)]
     assert failed and "did not return within run.policy_timeout_s = 0.3s" in failed[0].error
+
+
+@pytest.mark.timeout(60)  # on a loop that calls the policy itself, this run never ends
+@virtual_time
+async def test_a_policy_blocked_in_c_is_given_up_and_ends_the_run():
+    """A user's decide() blocked inside C (a lock nobody releases) cannot be interrupted: its
+    thread is abandoned run.policy_timeout_s + GIVE_UP_AFTER_S after the call began (real
+    time), and the run ends with the policy, the event and "did not return"."""
+    from broken_policies import BlockedInC
+
+    coord, _, _ = local_run(cfg(run={"policy_timeout_s": 0.3}), policy=BlockedInC())
+    ended, seen = await run_to_end(coord)
+    assert ended.reason == "error"
+    assert "policy broken_policies.BlockedInC.decide() did not return on" in ended.error
+    assert "within run.policy_timeout_s = 0.3s (blocked outside Python" in ended.error
+    failed = [m for m in seen if isinstance(m, PolicyFailed)]
+    assert len(failed) == 1 and "its thread was abandoned" in failed[0].error
+
+
+def test_a_built_in_policy_runs_on_the_loop_and_a_users_on_its_own_thread():
+    """The built-ins are ours (no hand-off per call); a user's class — a subclass of a built-in
+    too — runs where it can be given up."""
+    import threading
+
+    from shunter.engine.guard import PolicyGuard
+    from shunter.events import EngineView
+
+    threads = []
+
+    class Mine(SeparatePolicy):
+        def decide(self, event, view):
+            threads.append(threading.get_ident())
+            return []
+
+    for policy, on_loop in ((SeparatePolicy(), True), (Mine(), False)):
+        g = PolicyGuard(policy, emit=lambda e: None)
+        assert (g._worker is None) is on_loop
+    g = PolicyGuard(Mine(), emit=lambda e: None)
+    ev = StepEnd(step=1, batch_id=0, duration_s=1.0, run_id="r", source="t", wall_time=1.0)
+    assert g.decide(ev, EngineView()) == [] and threads and threads[0] != threading.get_ident()
 
 
 def test_the_watchdog_never_fires_into_code_after_the_call():

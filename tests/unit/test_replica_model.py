@@ -102,6 +102,21 @@ def test_the_newest_sequence_is_preempted_when_the_cache_fills_and_recomputed_la
     assert not m.running and not m.waiting and not m.prefilling
 
 
+def test_a_preempted_context_still_cached_is_not_prefilled_again():
+    """vLLM keeps a preempted request's blocks hashed in the free queue, its last block evicted
+    first; new blocks come from the least recently freed. b is preempted at a context of 50
+    (100 tokens of cache, a and b grew together); a grows 5 more tokens to its end, taken from
+    b's tail; b comes back with 45 tokens cached and prefills 5."""
+    c = Cost(kv_tokens=100, prefill_s_per_token=1e-4, prefill_chunk_tokens=1000)
+    m = ReplicaModel(c)
+    m.submit("a", 10, 45)
+    m.submit("b", 10, 80)
+    done = run(m)
+    assert done["a"][1] == 45 and done["b"][1] == 80 and m.preemptions == 1
+    assert m.hit_tokens == pytest.approx(45)
+    assert m.books().recompute_s == pytest.approx(5 * 1e-4)
+
+
 def test_freeze_stops_every_sequence_where_it_is_and_keeps_its_cache():
     m = ReplicaModel(Cost())
     m.submit("a", 10, 100)
@@ -150,10 +165,14 @@ def test_books_balance_under_random_traffic(reqs, kv, d, e):
         last = m.t
         m.submit(f"r{i}", ctx, target)
         assert not kv or m.reserved() <= kv + 1e-6
+        # the free pool holds exactly the KV not reserved; a hit is never more than a context
+        assert not kv or m._pool.free() == pytest.approx(kv - m.reserved(), abs=1e-6)
     while (dt := m.next_event_in()) is not None:
         for rid, n in m.advance_to(m.t + dt):
             done[rid] = n
         assert not kv or m.reserved() <= kv + 1e-6
+        # the free pool holds exactly the KV not reserved; a hit is never more than a context
+        assert not kv or m._pool.free() == pytest.approx(kv - m.reserved(), abs=1e-6)
     assert done == {f"r{i}": target for i, (_, _, target) in enumerate(arrivals)}
     # the KV books: never fuller than the cache, and no busy time when nothing ran
     assert m.busy_s >= 0 and m.kv_token_s >= 0
@@ -161,6 +180,37 @@ def test_books_balance_under_random_traffic(reqs, kv, d, e):
     b = m.books()
     assert 0 <= b.recompute_s <= m.prefilled_s + 1e-9
     assert 0 <= b.packing_s(c, 10**6) <= c.decode_step_s * b.steps + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    reqs=st.lists(
+        st.tuples(st.floats(0, 2), st.integers(1, 60), st.integers(1, 60), st.integers(0, 20)), min_size=1, max_size=14
+    ),
+    kv=st.sampled_from([130, 400]),
+)
+def test_the_free_pool_balances_through_preemptions_and_aborts(reqs, kv):
+    """Random arrivals, some of them aborting an earlier request (running, prefilling, waiting or
+    preempted): the pool always holds exactly the KV not reserved, and every request not
+    aborted ends with its target."""
+    m = ReplicaModel(Cost(kv_tokens=kv, prefill_s_per_token=1e-3, decode_step_s_per_seq=1e-3))
+    done: dict[str, int] = {}
+    aborted: set[str] = set()
+    for i, (at, ctx, target, victim) in enumerate(sorted(reqs)):
+        for rid, n in m.advance_to(at):
+            done[rid] = n
+        if victim < i and f"r{victim}" not in done:
+            m.remove(f"r{victim}")
+            aborted.add(f"r{victim}")
+        m.submit(f"r{i}", ctx, target)
+        assert m._pool.free() == pytest.approx(kv - m.reserved(), abs=1e-6)
+    while (dt := m.next_event_in()) is not None:
+        for rid, n in m.advance_to(m.t + dt):
+            done[rid] = n
+        assert m._pool.free() == pytest.approx(kv - m.reserved(), abs=1e-6)
+    assert {r: n for r, n in done.items() if r not in aborted} == {
+        f"r{i}": t for i, (_, _, t, _) in enumerate(sorted(reqs)) if f"r{i}" not in aborted
+    }
 
 
 def test_packing_counts_the_steps_a_fuller_replica_would_not_have_taken():

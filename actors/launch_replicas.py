@@ -1,0 +1,160 @@
+"""The replicas a ``Launcher`` makes (``Launcher``'s part): each registered for a rank and created
+as a Ray actor (``new_replica``), placed (``placed``), announced (``replica_up``), and, when made
+mid-run, started and handed to the coordinator (``bring_up``).
+
+``LauncherReplicas`` is a mixin of ``shunter.actors.launch.Launcher`` (``Launcher.__init__`` sets
+the state its methods use). Invariants: a replica is named by the registry after its rank
+(``shunter.<run_id>.*`` in the ``shunter`` namespace); one added mid-run fits in what the cluster
+has free or waits for room (``ReplicaPending``, once) up to ``rollout.replacement_wait_s``; a
+replica that does not start is killed (it holds resources a next try needs) and reported to the
+coordinator as ``ComponentFailed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from shunter.actors.cluster import NAMESPACE, check_total, request, wait_for_room
+from shunter.engine.errors import EngineSetupError
+from shunter.engine.heartbeat import every_for
+from shunter.events import ComponentFailed, ComponentPlaced, Message, ReplicaPending, ReplicaUp
+from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
+
+
+class LauncherReplicas:
+    """``Launcher``'s replicas: made, placed, announced, brought up mid-run (a mixin)."""
+
+    async def placed(self, actors: dict[str, Any]) -> list[ComponentPlaced]:
+        """Where each actor landed (bundle, node, GPU ids), for the event log (asked of all at once)."""
+
+        async def where(h: Any) -> dict[str, Any]:
+            try:
+                return dict(await asyncio.wait_for(h.where.remote(), 30))
+            except Exception:  # noqa: BLE001 - informational only
+                return {}
+
+        found = await asyncio.gather(*(where(h) for h in actors.values()))
+        return [
+            ComponentPlaced(
+                component=comp,
+                bundle=self._slots.get(comp, -1),
+                node=w.get("node", ""),
+                node_id=w.get("node_id", ""),
+                gpu_ids=w.get("gpu_ids", []),
+                run_id=self.run_id,
+                source="engine",
+                wall_time=time.time(),
+            )
+            for comp, w in zip(actors, found, strict=True)
+        ]
+
+    def replica_up(self, rid: str, kind: ReplicaKind, rank: int, setup_s: float, *, mid_run: bool = False) -> ReplicaUp:
+        return ReplicaUp(
+            replica_id=rid,
+            replica_kind=kind,
+            rank=rank,
+            mode=ROLLOUT if kind == STANDALONE else TRAINER,
+            setup_s=setup_s,
+            version=0 if mid_run else self.serve[1],
+            run_id=self.run_id,
+            source="engine",
+            wall_time=time.time(),
+        )
+
+    async def new_replica(
+        self, kind: ReplicaKind, *, mid_run: bool = False, replacing: str = ""
+    ) -> tuple[str, Any, int, list[Message]]:
+        """Register a replica (rank + actor name from the registry) and create its actor; one
+        added ``mid_run`` must fit in what the cluster has free (outside the placement plan): it
+        waits for room (``ReplicaPending`` to the coordinator, once) up to
+        ``rollout.replacement_wait_s`` — a lost node's capacity back, or a node added."""
+        from shunter.actors import rollout
+
+        cfg = self.cfg
+        custom = cfg.rollout.resources if kind == STANDALONE else {}
+        node = self.trainer_node if kind == HYBRID else ""
+        if mid_run and self._placer is None:  # with a placement plan, it may take a reserved bundle
+            need = request(cfg.rollout.num_cpus, cfg.rollout.num_gpus, custom)
+            what = f"another {kind} replica" + (f" (replacing {replacing})" if replacing else "")
+            check_total(need, what, self._knobs())
+
+            async def waiting(short: dict[str, float], free: dict[str, float]) -> None:
+                pending = ReplicaPending(
+                    replica_kind=kind,
+                    replacing=replacing,
+                    missing=short,
+                    free=free,
+                    deadline_s=cfg.rollout.replacement_wait_s,
+                    run_id=self.run_id,
+                    source="engine",
+                    wall_time=time.time(),
+                )
+                if self.coordinator is not None:
+                    await self.coordinator.ingest.remote(self.codec.encode_batch([pending]), "engine")
+
+            await wait_for_room(need, what, self._knobs(), cfg.rollout.replacement_wait_s, waiting)
+        i = self._made
+        self._made += 1
+        rid = f"{kind}-{i}"
+        rank, name, evs = await self.registry.register.remote(rid, kind)
+        binds = cfg.rollout.cpu_bind
+        # mid-run: the base model (a checkpoint's copy may be pruned by now); the coordinator
+        # brings the replica to the current weights before it serves
+        model_dir, version = (self.model_dir, 0) if mid_run else self.serve
+        slot = self._placer.replica_slot(rid, kind, name, NAMESPACE) if self._placer else None
+        h = (
+            rollout.remote_class()
+            .options(
+                name=name,
+                namespace=NAMESPACE,
+                **self._resources(rid, slot, cfg.rollout.num_gpus, cfg.rollout.num_cpus, custom, node),
+            )
+            .remote(
+                self.run_id,
+                rid,
+                model_dir,
+                reward=cfg.task.reward,
+                task=cfg.task.name,
+                reward_timeout_s=cfg.task.reward_timeout_s,
+                reward_threads=cfg.task.reward_threads,
+                environment=self.environment or cfg.task.environment,
+                max_turns=cfg.task.max_turns,
+                env_timeout_s=cfg.task.env_timeout_s,
+                reward_pool=self.reward_pool,
+                progress_every_s=every_for(cfg.rollout.generate_timeout_s),
+                version=version,
+                mode=ROLLOUT if kind == STANDALONE else TRAINER,
+                seed=cfg.run.seed + rank,
+                max_model_len=cfg.rollout.max_model_len,
+                max_tokens=cfg.rollout.max_tokens,
+                engine_args=cfg.rollout.engine_args,
+                cpu_bind=binds[i % len(binds)] if binds else "nobind",
+                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                enable_sleep_mode=cfg.rollout.enable_sleep_mode,
+                stream_interval=cfg.rollout.stream_interval,
+                weight_transfer="ipc" if cfg.trainer.weight_transport == "vllm_ipc" else "",
+                weight_update=cfg.rollout.weight_update,
+                import_paths=cfg.run.import_paths,
+            )
+        )
+        self.actors.append(h)
+        return rid, h, rank, self.codec.decode_batch(evs)
+
+    async def bring_up(self, rid: str, h: Any, kind: ReplicaKind, rank: int, opening: list[Message]) -> ReplicaUp:
+        """Start a replica made mid-run and announce it to the coordinator (``ComponentFailed``
+        to the coordinator and ``EngineSetupError`` here if it does not start)."""
+        try:
+            setup_s = await self._setup(rid, h.setup.remote())
+        except EngineSetupError as e:
+            self._discard(h)  # it holds CPUs / GPUs a next try needs
+            failed = ComponentFailed(
+                component=rid, error=str(e), run_id=self.run_id, source="engine", wall_time=time.time()
+            )
+            await self.coordinator.ingest.remote(self.codec.encode_batch([failed]), "engine")
+            raise
+        up = self.replica_up(rid, kind, rank, setup_s, mid_run=True)
+        opening = [*opening, *await self.placed({rid: h}), up]
+        await self.coordinator.add_replica.remote(rid, h, self.codec.encode_batch(opening))
+        return up

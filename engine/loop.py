@@ -6,7 +6,9 @@ Every message is handled by the same numbered steps, in arrival order, by one co
     2. apply    an event changes the state (``engine/apply.py``); an intent from a user is
                 carried out (``engine/intents.py``)
     3. decide   ``PolicyGuard`` asks the policy (``engine/guard.py``); each intent it returns
-                is recorded and carried out
+                is recorded and carried out — while the run goes on as usual; once it
+                stops, less and then not at all (``_consults``: a slow policy cannot hold up
+                a stop)
     4. pump     start new groups and resume partial samples (``engine/inflight.py``) — once
                 per batch of messages that arrived together (``handle_many``), after all of them
     5. finale   once the run should end, move it towards ``RunEnded`` (``engine/finale.py``)
@@ -63,9 +65,11 @@ from shunter.events import (
     RunResumed,
     RunStarted,
     Stamper,
+    Stop,
     tag_of,
 )
 from shunter.policies import Policy
+from shunter.policies.base import SAMPLE_EVENTS
 
 Sink = Callable[[Message], None]
 
@@ -107,10 +111,13 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
         self._stage: str | Sink = "open"
         self._current: Message | None = None
         self._idle = False
+        self._stop_posted = False
         executor.bind(self.post_many)
 
     # -- inputs ----------------------------------------------------------------------------
     def post(self, msg: Message) -> None:
+        if msg.__class__ is Stop:  # known at once, handled in its turn: the backlog before it hurries
+            self._stop_posted = True
         self._inbox.put_nowait(msg)
 
     def post_many(self, msgs: list[Message]) -> None:
@@ -235,7 +242,7 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
         elif isinstance(msg, Event):
             self._stage = "apply"
             self.applier.apply(msg)
-            if self._opened and self.ended is None:
+            if self._opened and self.ended is None and self._consults(msg):
                 self._decide(msg)
         else:  # an order can only come from this side of the bus
             self.emit(
@@ -252,7 +259,7 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
             self._current = ev
             self._stage = "apply"
             self.applier.apply(ev)
-            if self._opened and self.ended is None:
+            if self._opened and self.ended is None and self._consults(ev):
                 self._decide(ev)
             if self._derived:
                 self._drain(pump=False)
@@ -277,6 +284,18 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
             and t.state == "idle"
             and self.batches.training is None
         )
+
+    def _consults(self, event: Event) -> bool:
+        """Whether the policy is asked about ``event``: while the run goes on as usual; once a
+        ``Stop`` was posted (still queued behind a backlog) and in a stop's last cycle
+        (``cycling``) not about single samples (the run is about to take no new group; the
+        batches they complete come as ``BatchReady``); once the finale issues the last intents
+        itself (``finishing``) not at all — so a slow policy, behind on a backlog of events,
+        cannot hold up a stop."""
+        phase = self.finale.phase
+        if phase == "running" and not self._stop_posted:
+            return True
+        return phase in ("running", "cycling") and not isinstance(event, SAMPLE_EVENTS)
 
     def _decide(self, event: Event) -> None:
         self._stage = "decide"

@@ -11,7 +11,7 @@ from fakes import local_run, run_to_end, virtual_time
 from test_coordinator import cfg
 
 from shunter.engine.checkpoint import CheckpointStore
-from shunter.events import CheckpointSaved, RunEnded, SampleEnd, Stamper, StepEnd, Stop, WeightsReady
+from shunter.events import CheckpointSaved, RunEnded, SampleEnd, Stamper, StepEnd, Stop, ValidateEnd, WeightsReady
 
 
 def _stop_at(coord, step: int, *, kill_all: bool = False):
@@ -58,3 +58,40 @@ async def test_a_stop_ends_at_a_sync_boundary_or_without_publishing(tmp_path, st
     stop_at = next(i for i, m in enumerate(seen) if isinstance(m, Stop))
     after = [m.step for m in seen[stop_at:] if isinstance(m, StepEnd)]
     assert len(after) <= sync, f"the stop let {len(after)} more steps run: only the cycle under way finishes"
+
+
+@pytest.mark.parametrize("step", [3, 4], ids=["mid-cycle", "at-a-cut"])
+@virtual_time
+async def test_once_the_finale_takes_over_the_policy_is_not_called(tmp_path, step):
+    """Issue 31: a policy that takes 50 ms a call (called on every sample event) backs the
+    coordinator up; a Ctrl-C then waited for it on every event the finale needed (29 s in a real
+    run). From ``draining`` on the finale issues the run's last intents itself: the policy sees
+    no event once the finale issues the last intents itself, and in a stop's last cycle none
+    about single samples (no new group starts)."""
+    from shunter.policies import SeparatePolicy
+    from shunter.policies.base import SAMPLE_EVENTS
+
+    calls = []
+
+    class Counting(SeparatePolicy):
+        def decide(self, event, view):
+            calls.append((isinstance(event, SAMPLE_EVENTS), coord.finale.phase, coord._stop_posted))
+            return super().decide(event, view)
+
+    c = cfg(
+        run={"total_steps": 12, "checkpoint_every": 2},
+        validation={"every": 2},
+        rollout={"standalone_replicas": 1, "max_staleness": 1, "on_stale": "wait"},
+        trainer={"parameter_sync_step": 2},
+    )
+    coord, _, _ = local_run(c, checkpoints=tmp_path, policy=Counting())
+    coord.sinks.append(_stop_at(coord, step))
+    ended, seen = await run_to_end(coord, timeout=600)
+    assert ended.reason == "stopped"
+    phases = {phase for _, phase, _ in calls}
+    assert phases <= {"running", "cycling"} and ("cycling" in phases) == (step % 2 == 1), phases
+    # from the moment the Stop is posted (still queued behind events), no single sample is asked about
+    assert not any(sample for sample, phase, posted in calls if posted or phase == "cycling")
+    assert any(posted for _, _, posted in calls) or step % 2 == 0
+    stop_at = next(i for i, m in enumerate(seen) if isinstance(m, Stop))
+    assert any(isinstance(m, ValidateEnd) for m in seen[stop_at:])  # the finale's own work: the last validation

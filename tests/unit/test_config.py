@@ -134,4 +134,4 @@ def test_the_own_data_example_runs_long_enough_to_show_learning():
 
     root = Path(__file__).resolve().parents[2]
     assert tomllib.loads((root / "examples" / "sort_data.toml").read_text())["run"]["total_steps"] >= 500
-    assert "passes where it started only after ~250 optimizer steps" in (root / "README.md").read_text()
+    assert "passes\nwhere it started only after ~250 optimizer steps" in (root / "README.md").read_text()

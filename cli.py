@@ -18,11 +18,11 @@ from shunter.engine.config import ConfigError, load_config, schema
 
 EXIT_STATUSES: dict[int, str] = {
     0: "the run completed; every policy check passed; the event log read whole",
-    1: "the run failed or did not start (its error is printed: a crash, a stall, unusable data, no model); "
-    "a policy check failed; the event log is damaged",
+    1: "the run failed or did not start (its error is printed: a crash, a stall, unusable data, no model), or "
+    "its policy or your program ended it early with a Stop; a policy check failed; the event log is damaged",
     2: "a usage error: a bad config, option or argument; a checkpoint --resume cannot use; no event log at the path",
-    130: "stopped by Ctrl-C: the run stopped at a consistent cut and saved a checkpoint (--resume continues it); "
-    "a second Ctrl-C stops at once, without saving",
+    130: "stopped by Ctrl-C: the run stopped at a consistent cut and saved a checkpoint there if "
+    "run.checkpoint_every > 0 (--resume continues it); a second Ctrl-C stops at once, without saving",
     143: "stopped by SIGTERM (kill, a scheduler's preemption): as 130",
 }
 """The CLI's exit statuses, one table: ``shunter --help`` prints it and the README holds the

@@ -5,6 +5,7 @@ out at load and counted; validation scores the held-out file."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -33,12 +34,12 @@ def test_a_verl_parquet_trains_with_shunter_run_and_a_users_reward(
     rows = pq.read_table(train).to_pylist()
     rows.append({**rows[0], "prompt": [{"role": "user", "content": "9" * 40}]})  # 41 tokens: no room in 32
     pq.write_table(pa.Table.from_pylist(rows), train)
-    text = (job / "sort_data.toml").read_text()
+    text, found = re.subn(r"(?m)^total_steps = \d+", "total_steps = 6", (job / "sort_data.toml").read_text())
+    assert found == 1, "sort_data.toml's run.total_steps moved: this test runs 6 steps of it"
     (job / "sort_data.toml").write_text(
         text.replace('path = ".shunter/models/sort-tiny"', f'path = "{tiny_model}"')
         .replace('build_tiny = "sort_digits"', 'build_tiny = ""')
         .replace('output_dir = "runs"', f'output_dir = "{tmp_path / "runs"}"')
-        .replace("total_steps = 200", "total_steps = 6")
         .replace("every = 50 ", "every = 4 ")
         .replace("prompts = 128", "prompts = 16")
         .replace("[task]\n", "[task]\nreward_workers = 1\nreward_worker_cpus = 0.1\n")

@@ -5,6 +5,7 @@ trajectories resuming with their turns; then a broken environment, which ends th
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -64,13 +65,13 @@ def job_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train: int) -> P
 
 
 def job_config(job: Path, tiny_model: str, tmp_path: Path, environment: str) -> Path:
-    text = (job / "sort_data.toml").read_text()
+    text, found = re.subn(r"(?m)^total_steps = \d+", "total_steps = 8", (job / "sort_data.toml").read_text())
+    assert found == 1, "sort_data.toml's run.total_steps moved: this test runs 8 steps of it"
     cfg = job / f"{environment.split(':')[1].lower()}.toml"
     cfg.write_text(
         text.replace('path = ".shunter/models/sort-tiny"', f'path = "{tiny_model}"')
         .replace('build_tiny = "sort_digits"', 'build_tiny = ""')
         .replace('output_dir = "runs"', f'output_dir = "{tmp_path / "runs"}"')
-        .replace("total_steps = 200", "total_steps = 8")
         .replace(
             'reward = "my_reward:compute_score"',
             f'reward = "my_reward:compute_score"\nenvironment = "{environment}"\nmax_turns = 3',

@@ -28,20 +28,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import Any
-
-import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (
-    AutoTokenizer,
-    GenerationConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from typing import TYPE_CHECKING, Any
 
 from .tasks import Task, TaskPrompt, load_task
 from .tasks.sort_digits import SEPARATOR
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+# torch, tokenizers and transformers are imported by the functions that build or score a model,
+# never at import: a run whose model is already built checks its marker without them (they cost
+# the CLI's driver ~7 s of a 2-core machine before Ray starts, and memory it never uses).
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 SYMBOLS = [EOS, PAD, *string.ascii_lowercase, *string.digits, "+", "=", ">", ","]
@@ -98,6 +95,9 @@ renders as ``"31942>"``, the sort task's own prompt, so the CPU path exercises t
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level BPE without merges over the 42 symbols; encode adds nothing; a chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     backend = Tokenizer(models.BPE({s: i for i, s in enumerate(SYMBOLS)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
@@ -112,6 +112,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 def build_config(preset: str = "tiny") -> Qwen2Config:
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; known: {sorted(PRESETS)}")
+    from transformers import Qwen2Config
+
     return Qwen2Config(
         **PRESETS[preset],
         tie_word_embeddings=True,
@@ -131,6 +133,8 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 def sft(model: Qwen2ForCausalLM, tokenizer: Any, prompts: Iterator[TaskPrompt], steps: int) -> list[float]:
     """Teacher-forced warm start; loss only on the answer tokens and the final eos."""
+    import torch
+
     opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR)
     losses: list[float] = []
     model.train()
@@ -156,7 +160,6 @@ def sft(model: Qwen2ForCausalLM, tokenizer: Any, prompts: Iterator[TaskPrompt], 
     return losses
 
 
-@torch.no_grad()
 def score(
     model: Any,
     tokenizer: Any,
@@ -168,12 +171,14 @@ def score(
     max_new_tokens: int = 12,
 ) -> tuple[float, float]:
     """(mean reward, exact-match fraction) of HF ``generate``; temperature 0 is greedy."""
+    import torch
+
     rewards: list[float] = []
     exact = 0
     by_len: dict[int, list[TaskPrompt]] = {}
     for p in prompts:  # equal-length batches need no padding
         by_len.setdefault(len(_encode(tokenizer, p.text)), []).append(p)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for group in by_len.values():
             ids = torch.tensor([_encode(tokenizer, p.text) for p in group])
@@ -230,6 +235,9 @@ def _check_replaceable(out_dir: Path) -> None:
 
 
 def _build_into(tmp: Path, task_name: str, seed: int, sft_steps: int, preset: str = "tiny") -> dict[str, Any]:
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
     task, tokenizer = load_task(task_name), build_tokenizer()
     torch.manual_seed(seed)
     if preset == "tiny":
@@ -246,6 +254,20 @@ def _build_into(tmp: Path, task_name: str, seed: int, sft_steps: int, preset: st
     return {"n_parameters": sum(p.numel() for p in model.parameters()), "sft_losses": [round(x, 4) for x in losses]}
 
 
+def build_params(
+    task: str = "sort_digits", *, seed: int = 0, sft_steps: int = 25, preset: str = "tiny"
+) -> dict[str, Any]:
+    """What a build depends on, as its marker records it: a dir whose marker holds the same is reused."""
+    if preset not in PRESETS:
+        build_config(preset)  # fails, naming the known ones
+    arch = PRESETS[preset]
+    params = {"format": FORMAT_VERSION, "task": task, "seed": int(seed), "sft_steps": int(sft_steps), "arch": arch}
+    revision = getattr(load_task(task), "revision", None)  # a task whose problems changed says so
+    if revision is not None:
+        params["task_revision"] = revision
+    return params
+
+
 def build_tiny_model(
     out_dir: str | Path,
     task: str = "sort_digits",
@@ -258,12 +280,7 @@ def build_tiny_model(
     """Build (or reuse) the warm-started tiny model at ``out_dir`` (or, with another
     ``preset``, a random-init model of that shape); returns the path."""
     out_dir = Path(out_dir).expanduser().absolute()
-    build_config(preset)  # an unknown preset fails here, naming the known ones
-    arch = PRESETS[preset]
-    params = {"format": FORMAT_VERSION, "task": task, "seed": int(seed), "sft_steps": int(sft_steps), "arch": arch}
-    revision = getattr(load_task(task), "revision", None)  # a task whose problems changed says so
-    if revision is not None:
-        params["task_revision"] = revision
+    params = build_params(task, seed=seed, sft_steps=sft_steps, preset=preset)
     if not force and _is_built(out_dir, params):
         return out_dir
     _check_replaceable(out_dir)
@@ -279,6 +296,8 @@ def build_tiny_model(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the model dir should be a normal dir
+        import torch
+
         threads = torch.get_num_threads()
         try:
             torch.set_num_threads(BUILD_THREADS)
@@ -320,6 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.preset != "tiny":
         return
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
     torch.set_num_threads(BUILD_THREADS)
     task = load_task(args.task)
     model = Qwen2ForCausalLM.from_pretrained(path).eval()

@@ -83,6 +83,15 @@ async def executor_with(ray, replica_cls, **kw):
     return ex, h, got
 
 
+def _this_clusters_processes() -> list[psutil.Process]:
+    """The worker processes of this test session's Ray cluster (its raylet's descendants) — not
+    those of another cluster on the machine (tests run side by side)."""
+    import ray
+
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    return psutil.Process(raylet).children(recursive=True)
+
+
 async def until(check, timeout: float = 60.0):
     async with asyncio.timeout(timeout):
         while not check():
@@ -109,7 +118,7 @@ async def test_a_relay_killed_by_the_os_takes_its_replicas_down_once(ray_cluster
     try:
         ex.send("standalone-0", gen(0))
         await until(lambda: any(isinstance(m, SampleEnd) for m in flatten(got)))
-        relay = next(p for p in psutil.process_iter(["cmdline"]) if "RelayActor" in " ".join(p.info["cmdline"] or ()))
+        relay = next(p for p in _this_clusters_processes() if "RelayActor" in " ".join(p.cmdline()))
         os.kill(relay.pid, signal.SIGKILL)
         await until(lambda: any(isinstance(m, ReplicaDown) for m in got))
         down = [m for m in got if isinstance(m, ReplicaDown)]

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).parent / "ray"
 STEPS = 60
 LOSE_AT = 8
+MARK = "SHUNTER_TEST_RAY_NODES"
 
 
 class RayNodes:
@@ -58,16 +59,15 @@ class RayNodes:
 
     def __init__(self) -> None:
         self.temp = Path(tempfile.mkdtemp(prefix="shr", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_DEDUP_LOGS": "0"}
+        # every process `ray start` starts (and theirs) inherits MARK: this cluster's, whatever else runs here
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_DEDUP_LOGS": "0", MARK: str(self.temp)}
         self.env.pop("RAY_ADDRESS", None)
         # set to 0 by a local run in this process (actors.cluster.local_only): it forbids a second node
         self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         self.address = ""
         self.raylets: set[str] = set()  # pids of its raylets, living or killed
-        self.started: set[int] = set()  # pids that appeared while a node started
 
     def _start(self, *args: str) -> None:
-        before = set(psutil.pids())
         out = subprocess.run(
             [str(RAY), "start", "--num-cpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1", *args],
             env=self.env,
@@ -76,7 +76,6 @@ class RayNodes:
             timeout=120,
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-        self.started |= set(psutil.pids()) - before  # the node's daemons (their titles hide their folder)
 
     def head(self, resources: dict[str, float]) -> str:
         with socket.socket() as s:
@@ -95,14 +94,17 @@ class RayNodes:
         self.processes()  # remember its raylet
 
     def processes(self) -> list[psutil.Process]:
-        """Its processes: those naming its folder, and those its raylets started (Ray's agents set
-        their own process titles, but keep ``RAY_RAYLET_PID`` in their environment)."""
+        """Its processes: those naming its folder, and those whose environment carries its mark or
+        one of its raylets' pids (Ray's daemons and agents set their own process titles, but keep
+        the environment they were started with) — never another cluster's, so tests may run side
+        by side."""
         mine = str(self.temp)
         found = [p for p in psutil.process_iter(["cmdline", "name"]) if mine in " ".join(p.info["cmdline"] or ())]
         self.raylets |= {str(p.pid) for p in found if "raylet" in (p.info["name"] or "")}
         for p in psutil.process_iter():
             try:
-                if p not in found and (p.pid in self.started or p.environ().get("RAY_RAYLET_PID") in self.raylets):
+                env = p.environ()
+                if p not in found and (env.get(MARK) == mine or env.get("RAY_RAYLET_PID") in self.raylets):
                     found.append(p)
             except psutil.Error:
                 continue

@@ -109,13 +109,19 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_config(preset: str = "tiny") -> Qwen2Config:
+def _arch(preset: str) -> dict[str, int]:
+    """The architecture of a named preset; an unknown name fails, naming the known ones."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; known: {sorted(PRESETS)}")
+    return PRESETS[preset]
+
+
+def build_config(preset: str = "tiny") -> Qwen2Config:
+    arch = _arch(preset)
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        **PRESETS[preset],
+        **arch,
         tie_word_embeddings=True,
         eos_token_id=0,
         pad_token_id=1,
@@ -258,9 +264,7 @@ def build_params(
     task: str = "sort_digits", *, seed: int = 0, sft_steps: int = 25, preset: str = "tiny"
 ) -> dict[str, Any]:
     """What a build depends on, as its marker records it: a dir whose marker holds the same is reused."""
-    if preset not in PRESETS:
-        build_config(preset)  # fails, naming the known ones
-    arch = PRESETS[preset]
+    arch = _arch(preset)
     params = {"format": FORMAT_VERSION, "task": task, "seed": int(seed), "sft_steps": int(sft_steps), "arch": arch}
     revision = getattr(load_task(task), "revision", None)  # a task whose problems changed says so
     if revision is not None:

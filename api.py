@@ -240,7 +240,7 @@ class Engine(EngineReplicas, EngineSteering):
         found = CheckpointStore(self.out_dir / "checkpoints").latest()
         if found is None:
             return False
-        await self._launch.stop_attempt()
+        await self._launch.stop_attempt(keep_replicas=True)
         self._launch.attempt += 1
         self._resume, self._restart_reason = found, reason
         await self._start_attempt(found, reason)
@@ -260,7 +260,7 @@ class Engine(EngineReplicas, EngineSteering):
                 died = isinstance(e.__cause__, RayActorError)
                 if found is None or not died or self._launch.attempt >= self.cfg.run.max_restarts:
                     raise
-                await self._launch.stop_attempt()
+                await self._launch.stop_attempt(keep_replicas=True)
                 self._launch.attempt += 1
                 found = CheckpointStore(self.out_dir / "checkpoints").latest() or found
                 reason = f"a component died while the previous attempt started: {e}"

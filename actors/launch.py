@@ -84,6 +84,10 @@ class Launcher(LauncherCluster, LauncherReplicas):
         self._slots: dict[str, int] = {}  # component -> its placement-group bundle
         self.reaped: list[str] = []
         """Processes a killed earlier attempt of this run left running, ended at ``open``."""
+        self.replicas: dict[str, tuple[Any, ReplicaKind, int]] = {}
+        """Every replica this launcher made: id -> (handle, kind, rank)."""
+        self.kept: dict[str, tuple[Any, ReplicaKind, int]] = {}
+        """Standalone replicas an ended attempt left running for the next one (``stop_attempt``)."""
 
     # -- an attempt ----------------------------------------------------------------------
     def _name(self, component: str) -> str:
@@ -97,16 +101,14 @@ class Launcher(LauncherCluster, LauncherReplicas):
         cfg = self.cfg
         opening: list[Message] = []
         ckpt = resume[0] if resume else None
-        if resume is not None:  # ranks held by replicas of an earlier attempt are free again
-            opening += self.codec.decode_batch(await self.registry.release_all.remote("attempt over"))
-            self._made = max(self._made, await self.registry.generation.remote())
+        if resume is not None:
             self.serve = (str(resume[0] / "model"), resume[1].version)
         else:
             self.serve = (self.model_dir, 0)
         r = cfg.rollout
         kinds: list[ReplicaKind] = [STANDALONE] * r.standalone_replicas + [HYBRID] * r.hybrid_replicas
         if self._placer is None:  # a placement group reserved its room already
-            self._check_room(kinds)
+            self._check_room(kinds)  # the whole attempt's, the replicas it adopts included
         rewards_s = await self.start_reward_workers()
         opening += [
             ComponentReady(
@@ -114,6 +116,16 @@ class Launcher(LauncherCluster, LauncherReplicas):
             )
             for i in range(len(self.reward_pool))
         ]
+        adopted: dict[str, tuple[Any, ReplicaKind, int, float]] = {}
+        if resume is not None:  # ranks held by replicas of an earlier attempt are free again, but the kept ones'
+            adopted, released = await self.adopt_kept(r.standalone_replicas)
+            opening += released
+            opening += self.codec.decode_batch(
+                await self.registry.release_all.remote("attempt over", keep=list(adopted))
+            )
+            self._made = max(self._made, await self.registry.generation.remote())
+            for _ in adopted:
+                kinds.remove(STANDALONE)
         tr = (
             trainer.remote_class()
             .options(
@@ -148,14 +160,16 @@ class Launcher(LauncherCluster, LauncherReplicas):
             replicas[rid] = (h, kind, rank)
         setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
         times = {comp: await self._setup(comp, ref) for comp, ref in setups.items()}
+        times.update({rid: t for rid, (_, _, _, t) in adopted.items()})
         now = time.time()
         opening += [
             ComponentReady(component=comp, setup_s=t, run_id=self.run_id, source="engine", wall_time=now)
             for comp, t in times.items()
         ]
+        replicas.update({rid: (h, kind, rank) for rid, (h, kind, rank, _) in adopted.items()})
         opening += await self.placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
         for rid, (_, kind, rank) in replicas.items():
-            opening.append(self.replica_up(rid, kind, rank, times[rid]))
+            opening.append(self.replica_up(rid, kind, rank, times[rid], adopted=rid in adopted))
         self.coordinator = (  # it writes the run's records: on the driver's host
             coordinator.remote_class()
             .options(name=self._name("coordinator"), namespace=NAMESPACE, **on_node(self.driver_node))
@@ -214,7 +228,10 @@ class Launcher(LauncherCluster, LauncherReplicas):
         except Exception as e:  # noqa: BLE001 - surface the actor's own error
             raise EngineSetupError(f"{component} failed to start: {root_cause(e)}") from e
 
-    async def stop_attempt(self) -> None:
+    async def stop_attempt(self, *, keep_replicas: bool = False) -> None:
+        """Kill every actor of the attempt; with ``keep_replicas`` (a restart, when
+        ``run.restart_keeps_replicas``) the standalone replicas are left running for the next
+        attempt to adopt (``adopt_kept``) — whichever of them still answers then."""
         import ray
 
         if self.coordinator is not None:
@@ -222,12 +239,18 @@ class Launcher(LauncherCluster, LauncherReplicas):
                 await asyncio.wait_for(self.coordinator.close.remote(), 10)
             except Exception:  # noqa: BLE001 - it may be the one that died
                 pass
+        keep = keep_replicas and self.cfg.run.restart_keeps_replicas
+        self.kept = {rid: x for rid, x in self.replicas.items() if keep and x[1] == STANDALONE}
+        spared = [x[0] for x in self.kept.values()]
         for h in reversed(self.actors):
+            if any(h is k for k in spared):
+                continue
             try:
                 ray.kill(h)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        self.actors.clear()
+        self.actors[:] = spared
+        self.replicas = dict(self.kept)
         self.coordinator = None
 
     def _discard(self, h: Any) -> None:
@@ -239,3 +262,4 @@ class Launcher(LauncherCluster, LauncherReplicas):
             pass
         if h in self.actors:
             self.actors.remove(h)
+        self.replicas = {rid: x for rid, x in self.replicas.items() if x[0] is not h}

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from shunter.actors.cluster import NAMESPACE, check_total, request, wait_for_room
+from shunter.actors.wire import root_cause
 from shunter.engine.errors import EngineSetupError
 from shunter.engine.heartbeat import every_for
 from shunter.events import ComponentFailed, ComponentPlaced, Message, ReplicaPending, ReplicaUp
@@ -50,7 +51,9 @@ class LauncherReplicas:
             for comp, w in zip(actors, found, strict=True)
         ]
 
-    def replica_up(self, rid: str, kind: ReplicaKind, rank: int, setup_s: float, *, mid_run: bool = False) -> ReplicaUp:
+    def replica_up(
+        self, rid: str, kind: ReplicaKind, rank: int, setup_s: float, *, mid_run: bool = False, adopted: bool = False
+    ) -> ReplicaUp:
         return ReplicaUp(
             replica_id=rid,
             replica_kind=kind,
@@ -58,10 +61,48 @@ class LauncherReplicas:
             mode=ROLLOUT if kind == STANDALONE else TRAINER,
             setup_s=setup_s,
             version=0 if mid_run else self.serve[1],
+            adopted=adopted,
             run_id=self.run_id,
             source="engine",
             wall_time=time.time(),
         )
+
+    async def adopt_kept(self, wanted: int) -> tuple[dict[str, tuple[Any, ReplicaKind, int, float]], list[Message]]:
+        """Take over up to ``wanted`` of the replicas the ended attempt left running
+        (``stop_attempt(keep_replicas=True)``): each, still holding its rank, cuts what it was
+        doing and loads the weights the attempt starts from (``self.serve``) into its running
+        engine (``RolloutWorker.adopt``) within ``run.timeout_s``. One that is dead, hung, lost
+        its rank or fails the load is killed (it holds CPUs / GPUs a new replica needs) and its
+        rank released with the reason; returns id -> (handle, kind, rank, seconds taken), and
+        the ``RankReleased`` events of those not adopted."""
+        kept, self.kept = list(self.kept.items()), {}
+        if not kept:
+            return {}, []
+        model_dir, version = self.serve
+        leases = {rid: rank for rid, _, rank, _ in await self.registry.leases.remote()}
+        timeout = self.cfg.run.timeout_s
+
+        async def adopt(rid: str, h: Any, rank: int) -> float:
+            if leases.get(rid) != rank:
+                raise RuntimeError(f"its rank {rank} is no longer its own")
+            return float(await asyncio.wait_for(h.adopt.remote(version, model_dir, self.reward_pool), timeout))
+
+        for _, (h, _, _) in kept[wanted:]:
+            self._discard(h)
+        chosen = kept[:wanted]
+        took = await asyncio.gather(*(adopt(rid, h, rank) for rid, (h, _, rank) in chosen), return_exceptions=True)
+        out: dict[str, tuple[Any, ReplicaKind, int, float]] = {}
+        released: list[Message] = []
+        for (rid, (h, kind, rank)), t in zip(chosen, took, strict=True):
+            if isinstance(t, BaseException):
+                self._discard(h)
+                why = "did not answer" if isinstance(t, TimeoutError) else root_cause(t)
+                evs = await self.registry.release.remote(rid, f"not adopted by attempt {self.attempt}: {why}")
+                released += self.codec.decode_batch(evs)
+            else:
+                out[rid] = (h, kind, rank, t)
+        self.replicas.update({rid: (h, kind, rank) for rid, (h, kind, rank, _) in out.items()})
+        return out, released
 
     async def new_replica(
         self, kind: ReplicaKind, *, mid_run: bool = False, replacing: str = ""
@@ -140,6 +181,7 @@ class LauncherReplicas:
             )
         )
         self.actors.append(h)
+        self.replicas[rid] = (h, kind, rank)
         return rid, h, rank, self.codec.decode_batch(evs)
 
     async def bring_up(self, rid: str, h: Any, kind: ReplicaKind, rank: int, opening: list[Message]) -> ReplicaUp:

@@ -60,12 +60,14 @@ class ReplicaRegistryActor:
         self._save()
         return encode_events([self.stamp(RankReleased(replica_id=replica_id, rank=lease.rank, reason=reason))])
 
-    def release_all(self, reason: str) -> bytes:
-        """Release every lease (the replicas of an attempt that is over)."""
+    def release_all(self, reason: str, keep: list[str] | None = None) -> bytes:
+        """Release every lease but those of ``keep`` (the replicas of an attempt that is over,
+        but those the next attempt adopted)."""
+        kept = set(keep or ())
         events = [
             self.stamp(RankReleased(replica_id=x.replica_id, rank=x.rank, reason=reason))
             for x in self.table.leases()
-            if self.table.release(x.replica_id)
+            if x.replica_id not in kept and self.table.release(x.replica_id)
         ]
         self._save()
         return encode_events(events)

@@ -80,10 +80,7 @@ class RolloutWorker:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from transformers import AutoTokenizer
 
-        from shunter.actors.rewards import PoolRewards
         from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
-        from shunter.engine.environments import environment_name, load_environment
-        from shunter.engine.rollout import RolloutCore
         from shunter.engine.tasks import load_reward, load_task
 
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
@@ -102,11 +99,21 @@ class RolloutWorker:
         )
         await backend.start()
         self._loop = asyncio.get_running_loop()
-        self.core = RolloutCore(
+        self._tok, self._reward = HFTokenizer(tok), reward
+        self.core = self._new_core(backend)
+        return time.perf_counter() - t0
+
+    def _new_core(self, backend):
+        """The replica's sample loop around ``backend``, serving ``self.version``."""
+        from shunter.actors.rewards import PoolRewards
+        from shunter.engine.environments import environment_name, load_environment
+        from shunter.engine.rollout import RolloutCore
+
+        return RolloutCore(
             self.replica_id,
             backend,
-            HFTokenizer(tok),
-            reward,
+            self._tok,
+            self._reward,
             Stamper(self.run_id, self.replica_id),
             mode=self.mode,
             reward_name=self.reward_spec or f"{self.task}.reward",
@@ -124,7 +131,40 @@ class RolloutWorker:
             rewards=PoolRewards(self.reward_pool, timeout_s=self.reward_timeout_s) if self.reward_pool else None,
             progress_every_s=self.progress_every_s,
         )
+
+    @ray.method(concurrency_group="control")
+    async def adopt(self, version: int, model_dir: str, reward_pool: list) -> float:
+        """A restarted attempt of the run takes this replica over instead of starting a new
+        engine (``Launcher.start_attempt``): every request of the attempt that ended is cut, the
+        weights of ``model_dir`` (the checkpoint the attempt resumes from, version ``version``)
+        are loaded into the running engine, and a fresh sample loop serves them, scoring with
+        the new attempt's ``reward_pool``. Raises if the engine is dead or a load fails (the
+        launcher then starts a new replica in its place); returns seconds taken."""
+        t0 = time.perf_counter()
+        await self._on_engine_loop(self._renew(version, model_dir, list(reward_pool)))
         return time.perf_counter() - t0
+
+    async def _renew(self, version: int, model_dir: str, reward_pool: list) -> None:
+        from pathlib import Path
+
+        if self.core is None:
+            raise RuntimeError(f"replica {self.replica_id} never started")
+        old = self.core
+        self.core = None  # nothing reaches the old loop from here on
+        await old.shutdown()  # cut every running request of the ended attempt; close its rewards
+        backend = old.backend
+        if backend.dead():
+            raise RuntimeError(f"the vLLM engine of replica {self.replica_id} is dead")
+        if getattr(backend, "_paused", False):  # the attempt ended inside a keep-mode weight load
+            await backend.resume()
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+        for f in files:  # one shard at a time: a shard is a whole safetensors state dict
+            await backend.load_weights(f.read_bytes())
+        self.version, self.reward_pool = version, reward_pool
+        self.core = self._new_core(backend)
+        self.core._req = old._req  # request ids never repeat within one engine
 
     @ray.method(concurrency_group="generate")
     async def generate(self, data: bytes) -> AsyncIterator[bytes]:

@@ -73,6 +73,12 @@ class RunConfig(_Section):
             "When the trainer or the coordinator dies, restart the run from its last checkpoint up to this many times (needs checkpoint_every > 0)."
         ),
     ] = 2
+    restart_keeps_replicas: Annotated[
+        bool,
+        _d(
+            "On such a restart, standalone replicas whose vLLM engine still answers are kept: they load the checkpoint's weights in place instead of starting a new engine (false: every replica is started again)."
+        ),
+    ] = True
     policy_max_failures: Annotated[
         PosInt,
         _d(

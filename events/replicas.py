@@ -45,6 +45,9 @@ class ReplicaUp(Event, frozen=True, kw_only=True, tag="replica.up"):
     mode: Mode
     version: int = 0
     setup_s: float = 0.0
+    adopted: bool = False
+    """It kept its engine from the previous attempt (a restart): ``setup_s`` is the load of the
+    checkpoint's weights into it, not an engine start (``run.restart_keeps_replicas``)."""
 
 
 class ReplicaDown(Event, frozen=True, kw_only=True, tag="replica.down"):

@@ -19,6 +19,7 @@ from shunter.engine.records import trained_groups
 from shunter.events import (
     CheckpointSaved,
     RankAssigned,
+    ReplicaUp,
     RunEnded,
     RunResumed,
     StepEnd,
@@ -73,6 +74,13 @@ async def test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_g
         elif type(e).__name__ == "RankReleased":
             live.pop(e.rank, None)
     assert [e.step for e in log if isinstance(e, CheckpointSaved)][-1] == 16
+    # each restart kept both replicas' engines: they loaded the checkpoint in place (no new vLLM)
+    ups = [e for e in log if isinstance(e, ReplicaUp)]
+    assert [(e.replica_id, e.adopted) for e in ups] == [
+        (r, a) for a in (False, True, True) for r in ("standalone-0", "standalone-1")
+    ], ups
+    assert [e.version for e in ups[2:]] == [resumed[0].version] * 2 + [resumed[1].version] * 2, ups
+    assert sum(isinstance(e, RankAssigned) for e in log) == 2  # the same two ranks throughout
 
     # a new Engine resumes the finished run from its folder: only the finale is left
     async with asyncio.timeout(300):

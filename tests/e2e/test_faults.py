@@ -1,7 +1,7 @@
 """Issue 4, item 1 with real actors: a vLLM replica killed mid-run (``ray.kill``); its samples
-resume on the live replica, its rank is released and taken by a replacement started during
-the run (which loads the current weights first), the run completes with every group
-accounted for once. The run is stopped (``Stop``, as ``Engine.stop`` does) once the replacement
+resume on the live replica, its rank is released and taken by the replacement the engine starts
+on its own (``replica.restart``; it loads the current weights first), the run completes with
+every group accounted for once. The run is stopped (``Stop``, as ``Engine.stop`` does) once the replacement
 has served and two more steps trained: its 160 steps are a bound for a slow start, not a wait."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from shunter.events import (
     RankAssigned,
     RankReleased,
     ReplicaDown,
+    ReplicaRestart,
     RunEnded,
     SampleAborted,
     SampleEnd,
@@ -46,8 +47,6 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
                     names[ev.replica_id] = ev.actor_name
                 if isinstance(ev, StepEnd) and ev.step == 4:
                     ray_cluster.kill(ray_cluster.get_actor(names["standalone-1"], namespace="shunter"))
-                if isinstance(ev, RankReleased):
-                    replacement = await engine.add_replica("standalone")
                 if isinstance(ev, SampleEnd) and ev.replica_id == "standalone-2" and served_at is None:
                     served_at = max((e.step for e in events if isinstance(e, StepEnd)), default=0)
                 if isinstance(ev, StepEnd) and served_at is not None and ev.step == served_at + 2:
@@ -63,8 +62,13 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
     assert s["buffer/trained_groups"] == ended.steps * cfg.groups_per_mini_batch
     moved = [e for e in events if isinstance(e, SampleAborted) and e.reason == "replica_down"]
     assert all(e.partial is not None for e in moved)
-    # the replacement took the released rank, caught up on weights, then generated
-    assert replacement == "standalone-2"
+    # one replacement, started by the engine itself: it took the released rank, caught up on
+    # weights, then generated
+    restarts = [e for e in events if isinstance(e, ReplicaRestart)]
+    assert [(e.replica_id, e.rank, e.attempt) for e in restarts] == [("standalone-1", 1, 1)], restarts
+    replacement = "standalone-2"
+    assigned = [e.replica_id for e in events if isinstance(e, RankAssigned)]
+    assert assigned == ["standalone-0", "standalone-1", replacement], assigned
     assert [e.rank for e in events if isinstance(e, RankAssigned) and e.replica_id == replacement] == [1]
     up = [e for e in events if isinstance(e, ModeChanged) and e.replica_id == replacement]
     assert up and up[0].mode == "rollout" and up[0].detail["version"] >= 1

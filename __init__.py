@@ -19,6 +19,7 @@ __all__ = [
     "IntentRefused",
     "LossInput",
     "NoBatchError",
+    "ReplicaPool",
     "StepResult",
     "RunEndedError",
     "UserCodeError",
@@ -41,6 +42,10 @@ def __getattr__(name: str) -> object:
         from shunter.engine import errors
 
         return getattr(errors, name)
+    if name == "ReplicaPool":
+        from shunter.actors.pool import ReplicaPool
+
+        return ReplicaPool
     if name == "LossInput":
         from shunter.engine.loss import LossInput
 

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shunter.actors.pool import ReplicaPool
 from shunter.api_replicas import EngineReplicas
 from shunter.api_steering import EngineSteering
 from shunter.api_steering import _loss_spec as _loss_spec
@@ -59,6 +60,7 @@ from shunter.events import (
 
 __all__ = [
     "Engine",
+    "ReplicaPool",
     "EngineError",
     "EngineSetupError",
     "IntentRefused",
@@ -78,6 +80,7 @@ class Engine(EngineReplicas, EngineSteering):
         train_data: Sequence[Mapping[str, Any]] | None = None,
         val_data: Sequence[Mapping[str, Any]] | None = None,
         environment: type | None = None,
+        pool: ReplicaPool | None = None,
     ) -> None:
         """``resume``: a checkpoint folder, or a run folder (its newest valid checkpoint);
         the run continues under its own id and folder. Raises ``CheckpointError`` naming
@@ -90,7 +93,9 @@ class Engine(EngineReplicas, EngineSteering):
         ``data.val_files``, when the training rows are objects). ``environment``: an environment
         class (multi-turn rollouts; or its spec string) instead of ``task.environment``; the
         replicas get it pickled, so a class defined in the user's script works. A class that is
-        not one: ``EngineSetupError``."""
+        not one: ``EngineSetupError``. ``pool``: a ``ReplicaPool`` the run takes its standalone
+        replicas from (those started with its engine settings; new ones for the rest) and gives
+        them back to at its close, engines running (``shunter.actors.pool``)."""
         self.cfg = config if isinstance(config, EngineConfig) else load_config(config)
         if train_data is not None and self.cfg.data.train_files:
             raise EngineSetupError("train_data and data.train_files are both given: use one")
@@ -110,7 +115,7 @@ class Engine(EngineReplicas, EngineSteering):
                 check_env_timeout(self.cfg.task.env_timeout_s, self.cfg.rollout.generate_timeout_s)
             except ValueError as e:  # ConfigError too: the checks task.environment gets at load
                 raise EngineSetupError(str(e)) from None
-        self._objects = {"train_data": train_data, "val_data": val_data, "environment": environment}
+        self._objects = {"train_data": train_data, "val_data": val_data, "environment": environment, "pool": pool}
         self._resume: Found | None = resolve(resume) if resume else None
         if self._resume is not None:
             self.run_id = self._resume[1].run_id
@@ -240,7 +245,7 @@ class Engine(EngineReplicas, EngineSteering):
         found = CheckpointStore(self.out_dir / "checkpoints").latest()
         if found is None:
             return False
-        await self._launch.stop_attempt(keep_replicas=True)
+        await self._launch.stop_attempt(keep_replicas=self.cfg.run.restart_keeps_replicas)
         self._launch.attempt += 1
         self._resume, self._restart_reason = found, reason
         await self._start_attempt(found, reason)
@@ -260,7 +265,7 @@ class Engine(EngineReplicas, EngineSteering):
                 died = isinstance(e.__cause__, RayActorError)
                 if found is None or not died or self._launch.attempt >= self.cfg.run.max_restarts:
                     raise
-                await self._launch.stop_attempt(keep_replicas=True)
+                await self._launch.stop_attempt(keep_replicas=self.cfg.run.restart_keeps_replicas)
                 self._launch.attempt += 1
                 found = CheckpointStore(self.out_dir / "checkpoints").latest() or found
                 reason = f"a component died while the previous attempt started: {e}"

@@ -59,10 +59,13 @@ class Launcher(LauncherCluster, LauncherReplicas):
         train_data: Any = None,
         val_data: Any = None,
         environment: Any = None,
+        pool: Any = None,
     ) -> None:
         """``train_data`` / ``val_data``: rows given as objects instead of ``data.*_files``;
-        ``environment``: a class instead of ``task.environment`` (``Engine``'s arguments)."""
+        ``environment``: a class instead of ``task.environment``; ``pool``: a ``ReplicaPool``
+        the run takes standalone replicas from and gives them back to (``Engine``'s arguments)."""
         self.cfg, self.run_id, self.out_dir = cfg, run_id, out_dir
+        self.pool = pool
         self.train_data, self.val_data, self.environment = train_data, val_data, environment
         self.codec = Codec()
         self.attempt = 0
@@ -88,6 +91,9 @@ class Launcher(LauncherCluster, LauncherReplicas):
         """Every replica this launcher made: id -> (handle, kind, rank)."""
         self.kept: dict[str, tuple[Any, ReplicaKind, int]] = {}
         """Standalone replicas an ended attempt left running for the next one (``stop_attempt``)."""
+        self.names: dict[str, str] = {}  # replica id -> its actor's name
+        self._keys: dict[str, tuple[str, ...]] = {}  # replica id -> what its engine was started with
+        self._adopted: dict[str, float] = {}  # taken from the pool, not yet announced -> seconds
 
     # -- an attempt ----------------------------------------------------------------------
     def _name(self, component: str) -> str:
@@ -158,7 +164,8 @@ class Launcher(LauncherCluster, LauncherReplicas):
             rid, h, rank, evs = await self.new_replica(kind)
             opening += evs
             replicas[rid] = (h, kind, rank)
-        setups = {"trainer": tr.setup.remote(), **{rid: h.setup.remote() for rid, (h, _, _) in replicas.items()}}
+        pooled = {rid for rid in replicas if rid in self._adopted}
+        setups = {"trainer": tr.setup.remote(), **{rid: self.start_call(rid, h) for rid, (h, _, _) in replicas.items()}}
         times = {comp: await self._setup(comp, ref) for comp, ref in setups.items()}
         times.update({rid: t for rid, (_, _, _, t) in adopted.items()})
         now = time.time()
@@ -169,7 +176,7 @@ class Launcher(LauncherCluster, LauncherReplicas):
         replicas.update({rid: (h, kind, rank) for rid, (h, kind, rank, _) in adopted.items()})
         opening += await self.placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
         for rid, (_, kind, rank) in replicas.items():
-            opening.append(self.replica_up(rid, kind, rank, times[rid], adopted=rid in adopted))
+            opening.append(self.replica_up(rid, kind, rank, times[rid], adopted=rid in adopted or rid in pooled))
         self.coordinator = (  # it writes the run's records: on the driver's host
             coordinator.remote_class()
             .options(name=self._name("coordinator"), namespace=NAMESPACE, **on_node(self.driver_node))
@@ -230,8 +237,9 @@ class Launcher(LauncherCluster, LauncherReplicas):
 
     async def stop_attempt(self, *, keep_replicas: bool = False) -> None:
         """Kill every actor of the attempt; with ``keep_replicas`` (a restart, when
-        ``run.restart_keeps_replicas``) the standalone replicas are left running for the next
-        attempt to adopt (``adopt_kept``) — whichever of them still answers then."""
+        ``run.restart_keeps_replicas``; the run's close, with a ``ReplicaPool``) the standalone
+        replicas are left running for the next attempt to adopt (``adopt_kept``) — whichever of
+        them still answers then — or for the pool (``park_in_pool``)."""
         import ray
 
         if self.coordinator is not None:
@@ -239,8 +247,7 @@ class Launcher(LauncherCluster, LauncherReplicas):
                 await asyncio.wait_for(self.coordinator.close.remote(), 10)
             except Exception:  # noqa: BLE001 - it may be the one that died
                 pass
-        keep = keep_replicas and self.cfg.run.restart_keeps_replicas
-        self.kept = {rid: x for rid, x in self.replicas.items() if keep and x[1] == STANDALONE}
+        self.kept = {rid: x for rid, x in self.replicas.items() if keep_replicas and x[1] == STANDALONE}
         spared = [x[0] for x in self.kept.values()]
         for h in reversed(self.actors):
             if any(h is k for k in spared):

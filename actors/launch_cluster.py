@@ -52,6 +52,13 @@ class LauncherCluster:
             if node is not None:
                 (self.out_dir / RAY_SESSION).write_text(node.get_session_dir_path())
         layout = plan(self.cfg)
+        if self.pool is not None and (self.owns_ray or layout is not None):
+            why = "starts Ray itself" if self.owns_ray else "places its actors in a placement group (GPUs)"
+            raise EngineSetupError(
+                f"a ReplicaPool keeps replicas beyond the run, but this run {why}, which ends them with it: "
+                "start Ray before the Engine (ray.init() or run.ray_address) and keep the pool to CPU "
+                "replicas, or leave pool= out"
+            )
         if layout is not None:
             from shunter.actors.placement import Placer
 
@@ -94,7 +101,10 @@ class LauncherCluster:
     async def close(self) -> None:
         import ray
 
-        await self.stop_attempt()
+        await self.stop_attempt(keep_replicas=self.pool is not None)
+        if self.pool is not None:
+            await self.park_in_pool()
+            await self.stop_attempt()  # what did not go to the pool
         if self.registry is not None:
             try:
                 ray.kill(self.registry)

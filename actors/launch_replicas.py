@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from shunter.actors.cluster import NAMESPACE, check_total, request, wait_for_room
+from shunter.actors.pool import key as pool_key
 from shunter.actors.wire import root_cause
 from shunter.engine.errors import EngineSetupError
 from shunter.engine.heartbeat import every_for
@@ -116,6 +117,16 @@ class LauncherReplicas:
         cfg = self.cfg
         custom = cfg.rollout.resources if kind == STANDALONE else {}
         node = self.trainer_node if kind == HYBRID else ""
+        i = self._made
+        self._made += 1
+        rid = f"{kind}-{i}"
+        # mid-run: the base model (a checkpoint's copy may be pruned by now); the coordinator
+        # brings the replica to the current weights before it serves
+        model_dir, version = (self.model_dir, 0) if mid_run else self.serve
+        engine, resources = self._engine_settings(i), self._resources_of(kind)
+        pooled, evs = await self._from_pool(rid, kind, engine, resources, model_dir, version)
+        if pooled is not None:
+            return (*pooled, evs)
         if mid_run and self._placer is None:  # with a placement plan, it may take a reserved bundle
             need = request(cfg.rollout.num_cpus, cfg.rollout.num_gpus, custom)
             what = f"another {kind} replica" + (f" (replacing {replacing})" if replacing else "")
@@ -136,14 +147,8 @@ class LauncherReplicas:
                     await self.coordinator.ingest.remote(self.codec.encode_batch([pending]), "engine")
 
             await wait_for_room(need, what, self._knobs(), cfg.rollout.replacement_wait_s, waiting)
-        i = self._made
-        self._made += 1
-        rid = f"{kind}-{i}"
-        rank, name, evs = await self.registry.register.remote(rid, kind)
-        binds = cfg.rollout.cpu_bind
-        # mid-run: the base model (a checkpoint's copy may be pruned by now); the coordinator
-        # brings the replica to the current weights before it serves
-        model_dir, version = (self.model_dir, 0) if mid_run else self.serve
+        rank, name, new_evs = await self.registry.register.remote(rid, kind)
+        evs += self.codec.decode_batch(new_evs)
         slot = self._placer.replica_slot(rid, kind, name, NAMESPACE) if self._placer else None
         h = (
             rollout.remote_class()
@@ -153,42 +158,118 @@ class LauncherReplicas:
                 **self._resources(rid, slot, cfg.rollout.num_gpus, cfg.rollout.num_cpus, custom, node),
             )
             .remote(
-                self.run_id,
-                rid,
-                model_dir,
-                reward=cfg.task.reward,
-                task=cfg.task.name,
-                reward_timeout_s=cfg.task.reward_timeout_s,
-                reward_threads=cfg.task.reward_threads,
-                environment=self.environment or cfg.task.environment,
-                max_turns=cfg.task.max_turns,
-                env_timeout_s=cfg.task.env_timeout_s,
-                reward_pool=self.reward_pool,
-                progress_every_s=every_for(cfg.rollout.generate_timeout_s),
+                model_dir=model_dir,
                 version=version,
-                mode=ROLLOUT if kind == STANDALONE else TRAINER,
-                seed=cfg.run.seed + rank,
-                max_model_len=cfg.rollout.max_model_len,
-                max_tokens=cfg.rollout.max_tokens,
-                engine_args=cfg.rollout.engine_args,
-                cpu_bind=binds[i % len(binds)] if binds else "nobind",
-                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                enable_sleep_mode=cfg.rollout.enable_sleep_mode,
-                stream_interval=cfg.rollout.stream_interval,
-                weight_transfer="ipc" if cfg.trainer.weight_transport == "vllm_ipc" else "",
-                weight_update=cfg.rollout.weight_update,
-                import_paths=cfg.run.import_paths,
+                reward_pool=self.reward_pool,
+                **self._serving(rid, kind, rank),
+                **engine,
             )
         )
         self.actors.append(h)
         self.replicas[rid] = (h, kind, rank)
-        return rid, h, rank, self.codec.decode_batch(evs)
+        self.names[rid], self._keys[rid] = name, pool_key(self.model_dir, engine, resources)
+        return rid, h, rank, evs
+
+    # -- what a replica is started with ------------------------------------------------------
+    def _engine_settings(self, i: int) -> dict[str, Any]:
+        """The vLLM engine's settings (a pooled replica must have been started with the same)."""
+        r = self.cfg.rollout
+        return {
+            "max_model_len": r.max_model_len,
+            "engine_args": r.engine_args,
+            "cpu_bind": r.cpu_bind[i % len(r.cpu_bind)] if r.cpu_bind else "nobind",
+            "gpu_memory_utilization": r.gpu_memory_utilization,
+            "enable_sleep_mode": r.enable_sleep_mode,
+            "stream_interval": r.stream_interval,
+            "weight_transfer": "ipc" if self.cfg.trainer.weight_transport == "vllm_ipc" else "",
+        }
+
+    def _resources_of(self, kind: ReplicaKind) -> dict[str, Any]:
+        r = self.cfg.rollout
+        return {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, **(r.resources if kind == STANDALONE else {})}
+
+    def _serving(self, rid: str, kind: ReplicaKind, rank: int) -> dict[str, Any]:
+        """What the run tells its replica besides the engine's settings (``RolloutWorker.SERVING``)."""
+        cfg = self.cfg
+        return {
+            "run_id": self.run_id,
+            "replica_id": rid,
+            "reward": cfg.task.reward,
+            "task": cfg.task.name,
+            "mode": ROLLOUT if kind == STANDALONE else TRAINER,
+            "seed": cfg.run.seed + rank,
+            "max_tokens": cfg.rollout.max_tokens,
+            "weight_update": cfg.rollout.weight_update,
+            "import_paths": cfg.run.import_paths,
+            "reward_timeout_s": cfg.task.reward_timeout_s,
+            "reward_threads": cfg.task.reward_threads,
+            "environment": self.environment or cfg.task.environment,
+            "max_turns": cfg.task.max_turns,
+            "env_timeout_s": cfg.task.env_timeout_s,
+            "progress_every_s": every_for(cfg.rollout.generate_timeout_s),
+        }
+
+    # -- a ReplicaPool ---------------------------------------------------------------------
+    async def _from_pool(
+        self, rid: str, kind: ReplicaKind, engine: dict, resources: dict, model_dir: str, version: int
+    ) -> tuple[tuple[str, Any, int] | None, list[Message]]:
+        """A standalone replica from the run's ``ReplicaPool`` started with these settings, made
+        this run's ``rid`` (a rank, the run's settings, ``model_dir``'s weights) — or None. One
+        that does not answer within ``run.timeout_s`` or fails the load is killed and its rank
+        released with the reason, and the next is tried."""
+        evs: list[Message] = []
+        if self.pool is None or kind != STANDALONE:
+            return None, evs
+        k = pool_key(self.model_dir, engine, resources)
+        while (got := self.pool.take(k)) is not None:
+            h, name = got
+            rank, _, reg = await self.registry.register.remote(rid, kind, name)
+            evs += self.codec.decode_batch(reg)
+            try:
+                ref = h.adopt.remote(version, model_dir, self.reward_pool, self._serving(rid, kind, rank))
+                self._adopted[rid] = float(await asyncio.wait_for(ref, self.cfg.run.timeout_s))
+            except Exception as e:  # noqa: BLE001 - dead, hung or failed: a new one instead
+                self._discard(h)
+                why = "did not answer" if isinstance(e, TimeoutError) else root_cause(e)
+                evs += self.codec.decode_batch(await self.registry.release.remote(rid, f"pooled, not adopted: {why}"))
+                continue
+            self.actors.append(h)
+            self.replicas[rid], self.names[rid], self._keys[rid] = (h, kind, rank), name, k
+            return (rid, h, rank), evs
+        return None, evs
+
+    def start_call(self, rid: str, h: Any) -> Any:
+        """What to await for the replica ``new_replica`` made: its engine start, or (one taken
+        from the pool, adopted already) the seconds its adoption took."""
+        if rid in self._adopted:
+            took = self._adopted.pop(rid)
+
+            async def done() -> float:
+                return took
+
+            return done()
+        return h.setup.remote()
+
+    async def park_in_pool(self) -> None:
+        """At the run's close: each standalone replica still alive stops serving (``park``) and
+        goes to the pool; one that does not answer within 30 s is killed."""
+        for rid, (h, kind, _) in list(self.replicas.items()):
+            if kind != STANDALONE or self.pool is None:
+                continue
+            try:
+                await asyncio.wait_for(h.park.remote(), 30)
+            except Exception:  # noqa: BLE001 - dead or hung: not for a later run
+                self._discard(h)
+                continue
+            self.pool.give(self._keys[rid], h, self.names[rid])
+            self.actors.remove(h)
+            del self.replicas[rid]
 
     async def bring_up(self, rid: str, h: Any, kind: ReplicaKind, rank: int, opening: list[Message]) -> ReplicaUp:
         """Start a replica made mid-run and announce it to the coordinator (``ComponentFailed``
         to the coordinator and ``EngineSetupError`` here if it does not start)."""
         try:
-            setup_s = await self._setup(rid, h.setup.remote())
+            setup_s = await self._setup(rid, self.start_call(rid, h))
         except EngineSetupError as e:
             self._discard(h)  # it holds CPUs / GPUs a next try needs
             failed = ComponentFailed(

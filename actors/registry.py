@@ -37,10 +37,11 @@ class ReplicaRegistryActor:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, self.table.snapshot())
 
-    def register(self, replica_id: str, kind: str) -> tuple[int, str, bytes]:
-        """Assign (idempotently) a rank and actor name; returns (rank, name, events)."""
+    def register(self, replica_id: str, kind: str, actor_name: str = "") -> tuple[int, str, bytes]:
+        """Assign (idempotently) a rank and actor name (``actor_name``: the one its actor has
+        already, a pooled replica's); returns (rank, name, events)."""
         before = self.table.get(replica_id)
-        lease = self.table.assign(replica_id, kind)
+        lease = self.table.assign(replica_id, kind, actor_name)
         self._save()
         events = (
             []

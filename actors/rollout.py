@@ -14,6 +14,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import ray
 
@@ -70,6 +71,8 @@ class RolloutWorker:
         self.reward_pool = list(reward_pool or [])  # the run's reward workers (empty: threads here)
         self.progress_every_s = progress_every_s  # beats on long generation streams (engine.heartbeat)
         self.core = None
+        self._backend: Any = None
+        self._req: Any = None  # the request counter a stopped sample loop left (ids never repeat)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def setup(self) -> float:
@@ -99,7 +102,7 @@ class RolloutWorker:
         )
         await backend.start()
         self._loop = asyncio.get_running_loop()
-        self._tok, self._reward = HFTokenizer(tok), reward
+        self._tok, self._reward, self._backend = HFTokenizer(tok), reward, backend
         self.core = self._new_core(backend)
         return time.perf_counter() - t0
 
@@ -109,7 +112,7 @@ class RolloutWorker:
         from shunter.engine.environments import environment_name, load_environment
         from shunter.engine.rollout import RolloutCore
 
-        return RolloutCore(
+        core = RolloutCore(
             self.replica_id,
             backend,
             self._tok,
@@ -131,28 +134,63 @@ class RolloutWorker:
             rewards=PoolRewards(self.reward_pool, timeout_s=self.reward_timeout_s) if self.reward_pool else None,
             progress_every_s=self.progress_every_s,
         )
+        if self._req is not None:
+            core._req = self._req
+        return core
+
+    SERVING = (
+        "run_id",
+        "replica_id",
+        "reward",
+        "task",
+        "mode",
+        "seed",
+        "max_tokens",
+        "weight_update",
+        "import_paths",
+        "reward_timeout_s",
+        "reward_threads",
+        "environment",
+        "max_turns",
+        "env_timeout_s",
+        "progress_every_s",
+    )
+    """The settings a run gives its replica besides the engine's (``adopt``'s ``serving``)."""
 
     @ray.method(concurrency_group="control")
-    async def adopt(self, version: int, model_dir: str, reward_pool: list) -> float:
-        """A restarted attempt of the run takes this replica over instead of starting a new
-        engine (``Launcher.start_attempt``): every request of the attempt that ended is cut, the
-        weights of ``model_dir`` (the checkpoint the attempt resumes from, version ``version``)
-        are loaded into the running engine, and a fresh sample loop serves them, scoring with
-        the new attempt's ``reward_pool``. Raises if the engine is dead or a load fails (the
-        launcher then starts a new replica in its place); returns seconds taken."""
+    async def adopt(self, version: int, model_dir: str, reward_pool: list, serving: dict | None = None) -> float:
+        """A run takes this replica over instead of starting a new engine — a restarted attempt of
+        its own run (``Launcher.adopt_kept``) or a later run (``serving``: that run's settings, of
+        ``SERVING``; a ``ReplicaPool``): every request still running is cut, the weights of
+        ``model_dir`` (version ``version``: the checkpoint the attempt resumes from, or the run's
+        model) are loaded into the running engine, and a fresh sample loop serves them, scoring
+        with ``reward_pool``. Raises if the engine is dead or a load fails (the launcher then
+        starts a new replica in its place); returns seconds taken."""
         t0 = time.perf_counter()
-        await self._on_engine_loop(self._renew(version, model_dir, list(reward_pool)))
+        await self._on_engine_loop(self._renew(version, model_dir, list(reward_pool), dict(serving or {})))
         return time.perf_counter() - t0
 
-    async def _renew(self, version: int, model_dir: str, reward_pool: list) -> None:
+    @ray.method(concurrency_group="control")
+    async def park(self) -> None:
+        """Cut every running request and stop serving, keeping the engine (a ``ReplicaPool``
+        holds the replica until a run adopts it)."""
+        await self._on_engine_loop(self._stop_serving())
+
+    async def _stop_serving(self) -> Any:
+        """The engine of the sample loop, which is stopped: its requests cut, its rewards closed."""
+        if self.core is None:
+            if self._backend is None:
+                raise RuntimeError(f"replica {self.replica_id} never started")
+            return self._backend
+        old, self.core = self.core, None  # nothing reaches the old loop from here on
+        self._req = old._req  # request ids never repeat within one engine
+        await old.shutdown()
+        return old.backend
+
+    async def _renew(self, version: int, model_dir: str, reward_pool: list, serving: dict) -> None:
         from pathlib import Path
 
-        if self.core is None:
-            raise RuntimeError(f"replica {self.replica_id} never started")
-        old = self.core
-        self.core = None  # nothing reaches the old loop from here on
-        await old.shutdown()  # cut every running request of the ended attempt; close its rewards
-        backend = old.backend
+        backend = await self._stop_serving()
         if backend.dead():
             raise RuntimeError(f"the vLLM engine of replica {self.replica_id} is dead")
         if getattr(backend, "_paused", False):  # the attempt ended inside a keep-mode weight load
@@ -162,9 +200,27 @@ class RolloutWorker:
             raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
         for f in files:  # one shard at a time: a shard is a whole safetensors state dict
             await backend.load_weights(f.read_bytes())
+        if serving:
+            self._serve_for(serving)
+        label = getattr(backend, "label_version", None)
+        if label is not None:  # where vLLM labels tokens (keep mode), the label names their version;
+            await label(version if self.weight_update == "keep" else -1)  # else none: the core does
         self.version, self.reward_pool = version, reward_pool
         self.core = self._new_core(backend)
-        self.core._req = old._req  # request ids never repeat within one engine
+
+    def _serve_for(self, serving: dict) -> None:
+        """Take a new run's settings (``adopt``)."""
+        from shunter.engine.tasks import load_reward, load_task
+        from shunter.policies.registry import use_import_paths
+
+        if unknown := set(serving) - set(self.SERVING):
+            raise TypeError(f"adopt() takes no serving setting {sorted(unknown)}")
+        use_import_paths(serving.pop("import_paths", []))
+        if "reward" in serving:
+            self.reward_spec = serving.pop("reward")
+        for k, v in serving.items():
+            setattr(self, k, v)
+        self._reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
 
     @ray.method(concurrency_group="generate")
     async def generate(self, data: bytes) -> AsyncIterator[bytes]:

@@ -75,6 +75,15 @@ class VLLMWeights:
             self._paused = False
             await engine.resume_generation()
 
+    @_engine_rpc
+    async def label_version(self, version: int) -> None:
+        """Label the tokens from here on ``version`` (``-1``: no version, the label shunter reads
+        as none) where the engine keeps a weight-version label — an engine taken over from an
+        earlier run or attempt keeps the last one it had, which would name their versions."""
+        update = getattr(self._require(), "update_weight_version", None)
+        if update is not None:
+            await update(str(version) if version >= 0 else "")
+
     # ---------------------------------------------------------- weight groups
 
     async def join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> float:

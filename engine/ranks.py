@@ -8,7 +8,8 @@ Invariants (checked by :meth:`check`):
 - a released rank is reused smallest-first;
 - actor names embed the run id and a generation counter that never repeats within a run,
   so a replacement replica — or a second run in the same Ray cluster — never meets
-  "name already taken".
+  "name already taken" (a replica taken from a ``ReplicaPool`` keeps the name, unique too, that
+  the run which made it gave it).
 
 The table is plain data (``snapshot``/``restore``) so the registry actor can recover it.
 A saved table is taken back only whole and only by its own run (:meth:`RankTable.load`): an
@@ -58,7 +59,9 @@ class RankTable:
             raise ValueError("RankTable needs a non-empty run_id (actor names are scoped by it)")
         self._s = RankTableState(run_id=run_id)
 
-    def assign(self, replica_id: str, kind: str) -> Lease:
+    def assign(self, replica_id: str, kind: str, actor_name: str = "") -> Lease:
+        """The replica's lease (idempotent); ``actor_name``: the name its actor already has (a
+        replica taken from a ``ReplicaPool`` keeps the name the run that made it gave it)."""
         if kind not in KINDS:
             raise ValueError(f"replica kind must be one of {KINDS}, got {kind!r}")
         held = self._s.leases.get(replica_id)
@@ -72,7 +75,7 @@ class RankTable:
             rank = self._s.next_rank
             self._s.next_rank += 1
         self._s.generation += 1
-        name = f"shunter.{self._s.run_id}.rollout.r{rank}.g{self._s.generation}"
+        name = actor_name or f"shunter.{self._s.run_id}.rollout.r{rank}.g{self._s.generation}"
         lease = Lease(replica_id=replica_id, kind=kind, rank=rank, actor_name=name)
         self._s.leases[replica_id] = lease
         return lease

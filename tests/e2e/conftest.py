@@ -1,5 +1,7 @@
-"""Session fixtures of the end-to-end tier: one tiny model shared by every test (vLLM
-engines start in each run's replica actors; the Ray cluster comes from tests/conftest.py)."""
+"""Session fixtures of the end-to-end tier: one tiny model shared by every test, and one
+``ReplicaPool`` that the in-process runs take their standalone replicas from and give back to
+(a vLLM engine start is ~26 CPU-seconds here, the most of what the tier does; the Ray cluster
+comes from tests/conftest.py). Runs through ``shunter run`` start their own engines, as a user's do."""
 
 from __future__ import annotations
 
@@ -11,3 +13,12 @@ def tiny_model(tmp_path_factory):
     from shunter.engine.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "sort-tiny", "sort_digits", seed=0, sft_steps=25))
+
+
+@pytest.fixture(scope="session")
+def replica_pool(ray_cluster):
+    from shunter import ReplicaPool
+
+    pool = ReplicaPool()
+    yield pool
+    pool.close()

@@ -21,7 +21,7 @@ def no_stats_loss(inp):
 """
 
 
-async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, tiny_model, tmp_path):
+async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, tiny_model, tmp_path, replica_pool):
     from shunter import Engine, IntentRefused, NoBatchError, RunEndedError, UserCodeError
     from shunter.engine.config import load_config
     from shunter.events import StepEnd, Stop
@@ -42,7 +42,7 @@ async def test_a_users_loop_gets_typed_errors_with_the_cause_first(ray_cluster, 
             "rollout": {"max_staleness": 0},
         },
     )
-    async with Engine(cfg) as engine:
+    async with Engine(cfg, pool=replica_pool) as engine:
         batch = await engine.next_batch(timeout_s=120)
         with pytest.raises(UserCodeError) as typo:
             await engine.train(batch, loss_fn="my_losses:typo_loss")

@@ -28,7 +28,7 @@ from shunter.events import (
 pytestmark = pytest.mark.e2e
 
 
-async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluster, tiny_model, tmp_path):
+async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluster, tiny_model, tmp_path, replica_pool):
     cfg = config(
         tiny_model,
         tmp_path,
@@ -39,7 +39,7 @@ async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluste
     events = []
     served_at = None  # the step when the replacement's first sample came
     async with asyncio.timeout(400):
-        async with Engine(cfg) as engine:
+        async with Engine(cfg, pool=replica_pool) as engine:
             names = {}
             async for ev in engine.events():
                 events.append(ev)

@@ -135,7 +135,9 @@ def test_multi_turn_trajectories_train_and_resume_across_weight_loads(
     assert failed and failed[0].user_code == "echo_env:Broken"
 
 
-def test_the_embedding_api_takes_rows_and_an_environment_class_as_objects(ray_cluster, tiny_model, tmp_path):
+def test_the_embedding_api_takes_rows_and_an_environment_class_as_objects(
+    ray_cluster, tiny_model, tmp_path, replica_pool
+):
     """``Engine(cfg, train_data=rows, environment=Echo)``: no file, no import string in the config;
     the class travels to the replicas pickled."""
     import asyncio
@@ -174,7 +176,7 @@ def test_the_embedding_api_takes_rows_and_an_environment_class_as_objects(ray_cl
     )
 
     async def main():
-        async with Engine(cfg, train_data=rows, val_data=rows[:2], environment=echo) as engine:
+        async with Engine(cfg, train_data=rows, val_data=rows[:2], environment=echo, pool=replica_pool) as engine:
             _ = [ev async for ev in engine.events()]
             return engine.out_dir, engine.ended
 

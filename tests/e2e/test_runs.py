@@ -35,19 +35,19 @@ def config(tiny_model, tmp_path, **over):
     return load_config(EXAMPLE, base)
 
 
-async def run_collect(cfg, timeout):
+async def run_collect(cfg, timeout, pool=None):
     events = []
     async with asyncio.timeout(timeout):
-        async with Engine(cfg) as engine:
+        async with Engine(cfg, pool=pool) as engine:
             async for ev in engine.events():
                 events.append(ev)
             out_dir = engine.out_dir
     return events, out_dir
 
 
-async def test_separate_run_learns_with_partial_rollout(ray_cluster, tiny_model, tmp_path):
+async def test_separate_run_learns_with_partial_rollout(ray_cluster, tiny_model, tmp_path, replica_pool):
     cfg = config(tiny_model, tmp_path, run={"total_steps": 160}, validation={"every": 40, "prompts": 64})
-    events, out_dir = await run_collect(cfg, timeout=500)
+    events, out_dir = await run_collect(cfg, 500, replica_pool)
     ended = events[-1]
     assert isinstance(ended, RunEnded) and ended.reason == "completed", ended
     steps = [e for e in events if isinstance(e, StepEnd)]
@@ -77,14 +77,16 @@ async def test_separate_run_learns_with_partial_rollout(ray_cluster, tiny_model,
     assert sum("trainer/loss" in r for r in rows) == 160
 
 
-async def test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide(ray_cluster, tiny_model, tmp_path):
+async def test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide(
+    ray_cluster, tiny_model, tmp_path, replica_pool
+):
     cfg = config(
         tiny_model,
         tmp_path,
         run={"total_steps": 30, "policy": "lend_when_idle", "policy_options": {"switch_cost_prior_s": 0.05}},
         rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 0},
     )
-    events, _ = await run_collect(cfg, timeout=400)
+    events, _ = await run_collect(cfg, 400, replica_pool)
     ended = events[-1]
     assert ended.reason == "completed", ended
     ranks = [(e.replica_id, e.rank) for e in events if isinstance(e, RankAssigned)]
@@ -97,15 +99,15 @@ async def test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide(ray_
     assert s["buffer/dispatched_groups"] == s["buffer/trained_groups"] + s["buffer/dropped_groups"]
 
 
-async def test_two_runs_share_a_cluster_without_name_collisions(ray_cluster, tiny_model, tmp_path):
+async def test_two_runs_share_a_cluster_without_name_collisions(ray_cluster, tiny_model, tmp_path, replica_pool):
     cfg = config(tiny_model, tmp_path, run={"total_steps": 4}, validation={"every": 0})
-    a, b = await asyncio.gather(run_collect(cfg, 300), run_collect(cfg, 300))
+    a, b = await asyncio.gather(run_collect(cfg, 300, replica_pool), run_collect(cfg, 300, replica_pool))
     for events, _ in (a, b):
         assert events[-1].reason == "completed"
     assert {e.run_id for e in a[0]} & {e.run_id for e in b[0]} == set()
 
 
-async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tmp_path):
+async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tmp_path, replica_pool):
     """``rollout.weight_update = "keep"`` on real vLLM: a load pauses the running requests with
     their KV cache (``pause_generation(mode="keep")``), swaps the weights and lets them go on —
     nothing is cut or resumed, and each token's version is vLLM's own label of the weights that
@@ -126,7 +128,7 @@ async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tm
         rollout={"weight_update": "keep", "ignore_eos": True, "max_tokens": 20, "max_in_flight_per_replica": 16},
         validation={"every": 0},
     )
-    events, _ = await run_collect(cfg, timeout=300)
+    events, _ = await run_collect(cfg, 300, replica_pool)
     assert events[-1].reason == "completed", events[-1]
     assert not [e for e in events if isinstance(e, SampleAborted) and e.reason == "weights_update"]
     loads = [e for e in events if isinstance(e, WeightsLoaded) and e.version > 0]
@@ -136,3 +138,31 @@ async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tm
     for s in two:
         assert s.versions == sorted(s.versions) and len(s.versions) == len(s.token_ids)
     assert max(e.metrics["batch/staleness_max"] for e in events if isinstance(e, StepEnd)) <= cfg.rollout.max_staleness
+
+
+async def test_a_pooled_replica_serves_the_next_run_as_a_new_one_would(ray_cluster, tiny_model, tmp_path, replica_pool):
+    """``Engine(cfg, pool=...)``: a run in keep mode trains and gives its replica back to the pool
+    (engine running, its tokens labelled with the run's last version); the next run, in abort
+    mode, takes it: the replica serves the base model's weights again (vLLM's log-probs are the
+    trainer's own on the first step), its tokens carry this run's versions (none is stale, none
+    dropped), under a rank of this run and the actor name the run that made it gave it."""
+    keep = config(
+        tiny_model, tmp_path, run={"total_steps": 2}, validation={"every": 0}, rollout={"weight_update": "keep"}
+    )
+    a, _ = await run_collect(keep, 300, replica_pool)
+    assert a[-1].reason == "completed", a[-1]
+    assert len(replica_pool) >= 1
+    # long enough that a token labelled with the keep run's last version (1) would be stale here
+    plain = config(tiny_model, tmp_path, run={"total_steps": 8}, validation={"every": 0})
+    b, _ = await run_collect(plain, 150, replica_pool)
+    ended = b[-1]
+    assert ended.reason == "completed", ended
+    up = [e for e in b if isinstance(e, ReplicaUp)]
+    assert [(e.adopted, e.version) for e in up] == [(True, 0)], up
+    names = [e.actor_name for e in b if isinstance(e, RankAssigned)]
+    assert len(names) == 1 and not names[0].startswith(f"shunter.{ended.run_id}."), names
+    steps = [e for e in b if isinstance(e, StepEnd)]
+    assert abs(steps[0].metrics["trainer/mismatch_kl"]) < 1e-3  # base weights, not the keep run's
+    assert max(e.metrics["batch/staleness_max"] for e in steps) <= plain.rollout.max_staleness
+    assert ended.summary["buffer/dropped_groups"] == 0
+    assert len(replica_pool) >= 1  # given back again

@@ -156,3 +156,13 @@ def test_the_registry_actor_class_refuses_a_damaged_state_file(tmp_path):
     path.unlink()
     actor = ReplicaRegistryActor("r", None, str(path))  # no file: a new run's empty table
     assert actor.leases() == [] and path.is_file()
+
+
+def test_a_pooled_replica_keeps_its_actor_name_and_takes_a_rank_of_this_run():
+    made = RankTable("run-a").assign("standalone-0", "standalone")  # the run that started its engine
+    t = RankTable("run-b")
+    t.assign("hybrid-0", "hybrid")
+    pooled = t.assign("standalone-1", "standalone", made.actor_name)
+    assert pooled.actor_name == made.actor_name and pooled.rank == 1
+    assert t.assign("standalone-1", "standalone") == pooled  # idempotent, name and all
+    t.check()

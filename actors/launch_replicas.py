@@ -268,6 +268,7 @@ class LauncherReplicas:
     async def bring_up(self, rid: str, h: Any, kind: ReplicaKind, rank: int, opening: list[Message]) -> ReplicaUp:
         """Start a replica made mid-run and announce it to the coordinator (``ComponentFailed``
         to the coordinator and ``EngineSetupError`` here if it does not start)."""
+        pooled = rid in self._adopted
         try:
             setup_s = await self._setup(rid, self.start_call(rid, h))
         except EngineSetupError as e:
@@ -277,7 +278,7 @@ class LauncherReplicas:
             )
             await self.coordinator.ingest.remote(self.codec.encode_batch([failed]), "engine")
             raise
-        up = self.replica_up(rid, kind, rank, setup_s, mid_run=True)
+        up = self.replica_up(rid, kind, rank, setup_s, mid_run=True, adopted=pooled)
         opening = [*opening, *await self.placed({rid: h}), up]
         await self.coordinator.add_replica.remote(rid, h, self.codec.encode_batch(opening))
         return up

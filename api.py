@@ -18,8 +18,10 @@ why), ``NoBatchError`` (no mini-batch in time, and why), ``RunEndedError`` (the 
 
 Recovery: with ``run.checkpoint_every > 0``, a run whose trainer or coordinator dies is
 started again from its last checkpoint (up to ``run.max_restarts`` times): the actors of
-the attempt are replaced, the registry (which outlives attempts and keeps its table on
-disk) releases their ranks, and ``events()`` goes on with ``RunResumed`` — the failed
+the attempt are replaced — but the standalone replicas that still answer, which load the
+checkpoint's weights in place (``run.restart_keeps_replicas``) — the registry (which outlives
+attempts and keeps its table on disk) releases the others' ranks, and ``events()`` goes on
+with ``RunResumed`` — the failed
 attempt's ``RunEnded`` is in the event log, not in the stream. ``Engine(cfg,
 resume=path)`` continues a run from a checkpoint after the whole program stopped.
 

@@ -1,11 +1,13 @@
 """``Launcher``: creates, places and removes the actors of one run attempt.
 
 Invariants: every actor of a run is named ``shunter.<run_id>.*`` in the ``shunter`` namespace
-(replicas by the name the registry gave their rank), so re-runs and concurrent runs in one
-cluster never collide on a name; every actor the launcher made is killed by
-:meth:`stop_attempt`; a component that does not start raises ``EngineSetupError`` naming it
-and its own cause; every actor gets ``run.import_paths`` so the user's code resolves alike in
-every process.
+(replicas by the name the registry gave their rank; one taken from a ``ReplicaPool`` keeps the
+name the run that made it gave it), so re-runs and concurrent runs in one cluster never collide
+on a name; every actor the launcher made is killed by :meth:`stop_attempt`, but the standalone
+replicas a restart keeps for the next attempt (``run.restart_keeps_replicas``: it adopts those
+that still answer, at the checkpoint's weights) or a run's close gives to its pool; a component
+that does not start raises ``EngineSetupError`` naming it and its own cause; every actor gets
+``run.import_paths`` so the user's code resolves alike in every process.
 
 The ``Launcher``'s methods are in three modules: this one starts and stops an attempt (trainer,
 reward workers, replicas, coordinator); ``launch_cluster`` opens and closes what outlives the

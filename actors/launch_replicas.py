@@ -96,10 +96,7 @@ class LauncherReplicas:
         released: list[Message] = []
         for (rid, (h, kind, rank)), t in zip(chosen, took, strict=True):
             if isinstance(t, BaseException):
-                self._discard(h)
-                why = "did not answer" if isinstance(t, TimeoutError) else root_cause(t)
-                evs = await self.registry.release.remote(rid, f"not adopted by attempt {self.attempt}: {why}")
-                released += self.codec.decode_batch(evs)
+                released += await self._not_adopted(rid, h, t, f"not adopted by attempt {self.attempt}")
             else:
                 out[rid] = (h, kind, rank, t)
         self.replicas.update({rid: (h, kind, rank) for rid, (h, kind, rank, _) in out.items()})
@@ -229,14 +226,19 @@ class LauncherReplicas:
                 ref = h.adopt.remote(version, model_dir, self.reward_pool, self._serving(rid, kind, rank))
                 self._adopted[rid] = float(await asyncio.wait_for(ref, self.cfg.run.timeout_s))
             except Exception as e:  # noqa: BLE001 - dead, hung or failed: a new one instead
-                self._discard(h)
-                why = "did not answer" if isinstance(e, TimeoutError) else root_cause(e)
-                evs += self.codec.decode_batch(await self.registry.release.remote(rid, f"pooled, not adopted: {why}"))
+                evs += await self._not_adopted(rid, h, e, "pooled, not adopted")
                 continue
             self.actors.append(h)
             self.replicas[rid], self.names[rid], self._keys[rid] = (h, kind, rank), name, k
             return (rid, h, rank), evs
         return None, evs
+
+    async def _not_adopted(self, rid: str, h: Any, error: BaseException, what: str) -> list[Message]:
+        """A replica that failed its adoption: killed (it holds CPUs / GPUs a new replica needs)
+        and its rank released, the reason saying why; the ``RankReleased`` events."""
+        self._discard(h)
+        why = "did not answer" if isinstance(error, TimeoutError) else root_cause(error)
+        return self.codec.decode_batch(await self.registry.release.remote(rid, f"{what}: {why}"))
 
     def start_call(self, rid: str, h: Any) -> Any:
         """What to await for the replica ``new_replica`` made: its engine start, or (one taken

@@ -130,8 +130,10 @@ class Dispatcher:
     def active(self) -> list[str]:
         return sorted(self._capacity, key=self._rank.__getitem__)
 
-    def pick(self, n: int, lane: Lane = "bulk") -> str | None:
-        """The replica of ``lane`` that should take ``n`` more samples, or None if none has room."""
+    def pick(self, n: int, lane: Lane = "bulk", at_least: int = 0) -> str | None:
+        """The replica of ``lane`` that should take ``n`` more samples, or None if none has room.
+        ``at_least``: only a replica serving that weight version or newer (a resume keeps its
+        group's level: see :meth:`InFlight.pump`) — O(replicas) when the least loaded is older."""
         h = self._heaps[lane]
         while h:
             load, rank, rid = h[0]
@@ -139,15 +141,19 @@ class Dispatcher:
                 heapq.heappop(h)  # stale
                 continue
             if load + n <= self._capacity[rid]:
-                return rid
+                if self._version[rid] >= at_least:
+                    return rid
+                break  # an older replica: look for one that is not
             break
-        if len(self._caps[lane]) <= 1:
+        else:
+            return None
+        if len(self._caps[lane]) <= 1 and self._in_flight[h[0][2]] + n > self._capacity[h[0][2]]:
             return None  # equal capacities: if the least loaded has no room, none has
-        # unequal capacities: a bigger replica might still have room
+        # unequal capacities (a bigger replica might still have room) or an older least loaded
         fits = [
             (self._in_flight[r], self._rank[r], r)
             for r, c in self._capacity.items()
-            if self._lane[r] == lane and self._in_flight[r] + n <= c
+            if self._lane[r] == lane and self._in_flight[r] + n <= c and self._version[r] >= at_least
         ]
         return min(fits)[2] if fits else None
 

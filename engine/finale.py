@@ -9,7 +9,8 @@
   consistent cut an uninterrupted run passes through — never a half-cycle publish, which would
   put the version ahead of the step and make the gate of the resumed run let in groups that
   go stale. If the cycle cannot complete (the loop is idle with the trainer waiting), the run
-  ends without publishing, and a resume starts from the last checkpoint;
+  ends without publishing, and a resume starts from the last checkpoint. A second ``Stop``
+  meanwhile changes nothing (an operator's second signal ends the process instead: the CLI);
 - ``draining``: no new group starts; wait for the trainer to be idle;
 - ``publishing``: an engine-driven run publishes the steps taken since the last publish;
 - ``loading``: every replica in rollout mode loads the final weights;
@@ -92,6 +93,8 @@ class Finale:
         st = self.state
         if self.phase == "running" and stop_reason and st.trainer_driver == "engine" and not self._at_cut():
             self.phase = "cycling"
+        elif self.phase == "cycling" and stop_reason:
+            pass  # a stop repeated while the cycle completes: still no half-cycle publish
         elif self.phase in ("running", "cycling"):
             self.phase = "draining"
             st.done = True

@@ -12,6 +12,11 @@ Invariants:
 - :meth:`pump` starts work only on replicas in the dispatcher with room, resumes before
   new groups, and new groups only while the buffer's staleness gate admits them for the
   chosen replica's weight version — and never on the straggler lane;
+- a sample resumes (its prefix kept, or from scratch after its replica died) only on a
+  replica serving its group's dispatch version or newer: the gate admitted the group at that
+  version and the deadlines (``engine/deadlines.py``) count its level from it, so a resume on
+  a replica that has not loaded those weights yet would give it older tokens than the rule
+  planned for, and wait mode would have to drop it as stale;
 - no new group starts once the groups trained, ready and in flight are as many as the run
   will train (:attr:`groups_wanted`): the rollout's last work goes to the groups the last
   steps need, not to groups the end of the run would drop;
@@ -264,7 +269,7 @@ class InFlight:
             if g is None:
                 self.tail_resumes.popleft()
                 continue
-            rid = d.pick(1, "tail")
+            rid = d.pick(1, "tail", at_least=g.dispatch_version)
             if rid is None:
                 if d.has_tail():
                     break  # a lane slot frees soon
@@ -279,9 +284,9 @@ class InFlight:
             if g is None:
                 self.resumes.popleft()
                 continue
-            rid = d.pick(1)
+            rid = d.pick(1, at_least=g.dispatch_version)
             if rid is None:
-                break
+                break  # no room, or only replicas still loading the weights it started on
             self._resume(self.resumes.popleft(), g, rid)
         if self.tail_after_s >= 0:
             self._move_old()

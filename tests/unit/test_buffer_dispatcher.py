@@ -306,3 +306,67 @@ def test_dispatcher_with_unequal_capacities_finds_the_replica_with_room():
     assert d.pick(4) == "big"  # the least loaded has no room for 4; the bigger one has
     d.remove("big")
     assert d.pick(4) is None
+
+
+def test_dispatcher_picks_only_replicas_with_the_weights_asked_for():
+    d = Dispatcher()
+    d.add("old", rank=0, capacity=8, version=0)
+    d.add("new", rank=1, capacity=8, version=1)
+    d.started("new", 6)
+    assert d.pick(1) == "old"  # the least loaded
+    assert d.pick(1, at_least=1) == "new"  # the least loaded has older weights
+    d.started("new", 2)
+    assert d.pick(1, at_least=1) is None  # the one with new weights is full
+    d.set_version("old", 1)
+    assert d.pick(1, at_least=1) == "old"
+    assert d.pick(9, at_least=0) is None
+
+
+def test_a_sample_cut_by_its_replicas_death_resumes_only_on_the_weights_its_group_started_on():
+    """Replica ``a`` loaded version 1 and took a group; it dies while ``b`` is still loading
+    version 1. The group's samples wait for ``b``'s load instead of resuming on version 0: the
+    gate admitted the group at version 1 and the deadlines count it from there, so tokens of
+    version 0 would make wait mode drop it as stale (found under a fault schedule)."""
+    from itertools import count
+
+    from shunter.engine.inflight import InFlight
+    from shunter.engine.state import EngineState, ReplicaState
+    from shunter.events import Generate, SamplingSpec
+
+    class Sent:  # the executor's one method the pump uses: what was sent where
+        def __init__(self):
+            self.sent = []
+
+        def send(self, rid, cmd):
+            self.sent.append((rid, cmd))
+
+    state = EngineState(
+        run_id="t",
+        ppo_mini_batch_size=4,
+        parameter_sync_step=1,
+        train_batch_size=4,
+        n_samples_per_prompt=2,
+        max_staleness=1,
+        validate_every=0,
+        trainer_driver="engine",
+    )
+    state.trainer.version = 1
+    d, ex = Dispatcher(), Sent()
+    for rank, (rid, version) in enumerate([("a", 1), ("b", 0)]):
+        state.replicas[rid] = ReplicaState(rid, "standalone", rank, "rollout", version)
+        d.add(rid, rank=rank, capacity=4, version=version)
+    prompts = (PromptSpec(prompt_id=i, text="3 1 2") for i in count())
+    f = InFlight(state, buf(), d, ex, prompts, SamplingSpec(max_tokens=4), 2)
+    f.groups_wanted = 1
+    f.pump()
+    assert [(rid, type(c)) for rid, c in ex.sent] == [("a", Generate)]  # b is older: a takes the group
+    ex.sent.clear()
+    for aborted in f.recover("a"):
+        f.finished(aborted.sample_id, aborted.group_id, "a")
+        f.requeue(aborted.partial)
+    d.forget("a")
+    f.pump()
+    assert ex.sent == [], "resumed on weights older than its group's"
+    d.set_version("b", 1)
+    f.pump()
+    assert [rid for rid, c in ex.sent] == ["b", "b"] and all(c.resume for _, c in ex.sent)

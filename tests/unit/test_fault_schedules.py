@@ -45,6 +45,7 @@ def test_any_fault_schedule_completes_exactly_once_within_the_staleness_bound(sc
     on_stale=st.sampled_from(["wait", "drop"]),
 )
 @example(schedule=[(2, "kill_replica"), (4, "coordinator_crashes"), (5, "kill_replica")], on_stale="wait")
+@example(schedule=[(2, "kill_replica"), (2, "stop"), (3, "stop")], on_stale="wait")  # a stop repeated mid-cycle
 def test_a_straggler_lane_holds_under_any_fault_schedule(schedule, on_stale):
     """The same, with samples moving to a straggler lane while replicas (the lane's among them)
     die and the run restarts: a sample cut on its way to the lane is neither lost nor doubled."""

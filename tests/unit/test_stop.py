@@ -14,17 +14,19 @@ from shunter.engine.checkpoint import CheckpointStore
 from shunter.events import CheckpointSaved, RunEnded, SampleEnd, Stamper, StepEnd, Stop, ValidateEnd, WeightsReady
 
 
-def _stop_at(coord, step: int, *, kill_all: bool = False):
+def _stop_at(coord, step: int, *, kill_all: bool = False, times: int = 1):
     """After ``StepEnd(step)``, at the next finished sample (the trainer is then as likely idle
-    mid-cycle as busy): the replicas die if ``kill_all``, and the operator stops the run."""
+    mid-cycle as busy): the replicas die if ``kill_all``, and the operator stops the run — again
+    at each of the next ``times - 1`` finished samples (a stop repeated while the cycle ends)."""
     armed = []
 
     def sink(m):
         if isinstance(m, StepEnd) and m.step == step:
-            armed.append(True)
+            armed.extend([True] * times)
         elif armed and isinstance(m, SampleEnd):
-            armed.clear()
-            if kill_all:
+            first = len(armed) == times
+            armed.pop()
+            if kill_all and first:
                 for rid in list(coord.executor.replicas):
                     coord.executor.kill(rid, reason="chaos")
             coord.post(Stamper("test", "user")(Stop(reason="stopped")))
@@ -32,10 +34,13 @@ def _stop_at(coord, step: int, *, kill_all: bool = False):
     return sink
 
 
+@pytest.mark.parametrize("times", [1, 3], ids=["once", "repeated"])
 @pytest.mark.parametrize("kill_all", [False, True], ids=["replicas-alive", "no-replica-left"])
 @pytest.mark.parametrize("step", [1, 2, 3, 4, 5])
 @virtual_time
-async def test_a_stop_ends_at_a_sync_boundary_or_without_publishing(tmp_path, step, kill_all):
+async def test_a_stop_ends_at_a_sync_boundary_or_without_publishing(tmp_path, step, kill_all, times):
+    """Repeated: a second ``Stop`` during the cycle once forced the half-cycle publish the
+    first one avoids (found by the fault-schedule test: a group dropped as stale in wait mode)."""
     c = cfg(
         run={"total_steps": 12, "checkpoint_every": 2},
         validation={"every": 0},
@@ -43,7 +48,7 @@ async def test_a_stop_ends_at_a_sync_boundary_or_without_publishing(tmp_path, st
         trainer={"parameter_sync_step": 2},
     )
     coord, _, trainer = local_run(c, checkpoints=tmp_path)
-    coord.sinks.append(_stop_at(coord, step, kill_all=kill_all))
+    coord.sinks.append(_stop_at(coord, step, kill_all=kill_all, times=times))
     ended, seen = await run_to_end(coord, timeout=600)
     assert isinstance(ended, RunEnded) and ended.reason == "stopped", ended
     sync = c.trainer.parameter_sync_step

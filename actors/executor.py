@@ -86,6 +86,7 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
         super().__init__()
         self._init_relays(run_id, relays, relay_here)
         self.trainer = trainer
+        self._turn = 0  # the last number given to an order for the trainer (``engine.in_order``)
         self.replicas = dict(replicas)
         self.timeout_s = timeout_s
         self.generate_timeout_s = generate_timeout_s
@@ -196,7 +197,9 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
                     for rid in d.replica_ids
                     if rid in self.replicas
                 }
-                call = self.trainer.control.remote(data, direct) if direct else self.trainer.control.remote(data)
+                turn = self._turn + 1  # numbered as submitted: the trainer runs them in this order
+                call = self.trainer.control.remote(data, direct, turn)
+                self._turn = turn  # (a submit that raised took no number: no gap to wait for)
                 out, refs, *more = await asyncio.wait_for(call, self.timeout_s)
                 if more and more[0]:
                     self._loads(self._decoded(target, out, refs), more[0])

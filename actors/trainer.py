@@ -121,12 +121,15 @@ class TrainerWorker:
             if h is not None:  # one the coordinator did not hand over: it hears of no answer, and retries
                 installs[rid] = h.control.remote(data, payload)
 
-    async def control(self, data: bytes, replicas: dict[str, Any] | None = None) -> tuple[bytes, list, dict]:
+    async def control(
+        self, data: bytes, replicas: dict[str, Any] | None = None, turn: int = 0
+    ) -> tuple[bytes, list, dict]:
         """(events, [the published blob's ObjectRef] after a publish, {replica id: ObjectRef of
-        its answer} for the ``DIRECT`` loads); ``replicas``: the handles of those replicas."""
+        its answer} for the ``DIRECT`` loads); ``replicas``: the handles of those replicas;
+        ``turn``: the order's number from the executor (runs after the one before it)."""
         installs: dict[str, ray.ObjectRef] = {}
         _CALL.set((replicas or {}, installs))
-        events, blob = await self.host.handle(decode_order(data))
+        events, blob = await self.host.handle(decode_order(data), turn)
         return encode_events(events), ([self._put(blob)] if blob is not None else []), installs
 
     async def watch(self) -> None:

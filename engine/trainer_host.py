@@ -1,6 +1,8 @@
 """``TrainerHost``: turns trainer commands into calls on a trainer core and events back.
 
-Invariant: one command at a time (a lock), each answered by its events — except the weight-
+Invariant: one command at a time (a lock), in the order the executor sent them (each carries its
+turn: Ray does not keep the order of calls to an asyncio actor, ``engine.in_order``), each
+answered by its events — except the weight-
 group commands (``JoinWeightGroup`` -> ``WeightGroupOpened``, ``SendWeights`` ->
 ``WeightsSent``, ``LeaveWeightGroup``), which touch only the published copies and run beside a
 training step, so a replica's weight load never waits for one; otherwise — ``Train`` ->
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shunter.engine.errors import UserCodeError
+from shunter.engine.in_order import InOrder
 from shunter.events import (
     CommandFailed,
     Delivery,
@@ -79,15 +82,28 @@ class TrainerHost:
         self.threaded = threaded
         self.deliver = deliver
         self._lock = asyncio.Lock()
+        self._turns = InOrder()
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         if inspect.iscoroutinefunction(fn):  # a simulated core spends (virtual) time by awaiting
             return await fn(*args)
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
 
-    async def handle(self, cmd: Order) -> tuple[list[Event], bytes | None]:
+    async def handle(self, cmd: Order, turn: int = 0) -> tuple[list[Event], bytes | None]:
+        """``turn``: the order's number among those its sender numbered (1, 2, ...): it starts
+        only after the one before it has ended, whatever order they arrived in (0: as it comes;
+        see ``engine.in_order``)."""
         if isinstance(cmd, JoinWeightGroup | SendWeights | LeaveWeightGroup):
+            self._turns.skip(turn)  # beside a step: never waits for one, nor holds one up
             return await self._weight_group(cmd), None
+        ordered = await self._turns.take(turn)
+        try:
+            return await self._handle(cmd)
+        finally:
+            if ordered:
+                self._turns.release(turn)
+
+    async def _handle(self, cmd: Order) -> tuple[list[Event], bytes | None]:
         core = self.core
         async with self._lock:
             t0 = _now()

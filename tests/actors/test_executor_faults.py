@@ -44,7 +44,7 @@ class Hangs:
         await asyncio.sleep(3600)
         yield b""
 
-    async def control(self, data: bytes, payload=None):
+    async def control(self, data: bytes, *how):  # a replica's (payload) or the trainer's (replicas, turn)
         await asyncio.sleep(3600)
         return b"", []
 

@@ -77,12 +77,12 @@ class Trainer:
 
         self.host = TrainerHost(FlatCore(), Stamper("t", "trainer"), transport="ray", threaded=True)
 
-    async def control(self, data: bytes):
+    async def control(self, data: bytes, replicas=None, turn: int = 0):  # as ``TrainerWorker.control``
         import ray
 
         from shunter.actors.wire import decode_order, encode_events
 
-        events, blob = await self.host.handle(decode_order(data))
+        events, blob = await self.host.handle(decode_order(data), turn)
         return encode_events(events), ([ray.put(blob)] if blob is not None else [])
 
 

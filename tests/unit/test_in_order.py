@@ -15,7 +15,14 @@ from shunter.engine.trainer_host import TrainerHost
 from shunter.events import Sample, SaveCheckpoint, Stamper, Train, TrainerStateSaved
 
 SAMPLE = Sample(
-    sample_id="0.0", group_id=0, prompt_id=0, prompt_token_ids=[1], token_ids=[2], logprobs=[-1.0], versions=[0], max_tokens=4
+    sample_id="0.0",
+    group_id=0,
+    prompt_id=0,
+    prompt_token_ids=[1],
+    token_ids=[2],
+    logprobs=[-1.0],
+    versions=[0],
+    max_tokens=4,
 )
 
 

@@ -24,6 +24,12 @@ RAY_SESSION = "ray_session"
 """In the run folder: the session folder of the local Ray cluster the run started."""
 
 
+START_TRIES = 2
+"""Tries at starting a local Ray cluster: Ray gives its node 30 s (hard-coded in Ray 2.60) to
+register, which a machine with every core busy can miss once (seen in CI); the second try finds
+the disk cache warm."""
+
+
 def init_ray(address: str, num_cpus: float) -> bool:
     """Join the cluster at ``address`` (empty: start a local one on 127.0.0.1); True when this
     process started or joined it (and so must shut it down), False when Ray was up already."""
@@ -35,10 +41,19 @@ def init_ray(address: str, num_cpus: float) -> bool:
     kw: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": bool(os.environ.get("SHUNTER_RAY_LOGS"))}
     if address:
         ray.init(address=address, **kw)
-    else:
-        local_only()
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **kw)
-    return True
+        return True
+    local_only()
+    for attempt in range(1, START_TRIES + 1):
+        try:
+            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **kw)
+            return True
+        except Exception as e:  # Ray's "timed out during startup" is a bare Exception
+            if "during startup" not in str(e):
+                raise
+            ray.shutdown()  # what the failed start left running goes first
+            if attempt == START_TRIES:
+                raise EngineSetupError(f"could not start a local Ray cluster ({attempt} tries): {e}") from e
+    raise AssertionError("unreachable")
 
 
 def driver_node() -> str:

@@ -29,6 +29,7 @@ that says so. A pooled replica keeps the actor name of the run that made it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 Key = tuple[str, ...]
@@ -36,8 +37,10 @@ Key = tuple[str, ...]
 
 
 def key(model_dir: str, engine: dict[str, Any], resources: dict[str, Any]) -> Key:
-    """The settings a replica's vLLM engine and actor were started with, as a comparable key."""
-    return (model_dir, repr(sorted(engine.items())), repr(sorted(resources.items())))
+    """The settings a replica's vLLM engine and actor were started with, as a comparable key;
+    the model folder by its real path (a relative path or a link to the same files is the same
+    model)."""
+    return (os.path.realpath(model_dir), repr(sorted(engine.items())), repr(sorted(resources.items())))
 
 
 class ReplicaPool:

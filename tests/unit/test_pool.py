@@ -23,3 +23,20 @@ def test_a_replica_goes_only_to_a_run_with_its_engine_settings_and_only_once():
 
 def test_the_pool_is_part_of_the_public_api():
     assert shunter.ReplicaPool is ReplicaPool and "ReplicaPool" in shunter.__all__
+
+
+def test_a_model_folder_is_the_same_model_by_any_path_to_it(tmp_path, monkeypatch):
+    """A run of the README's config names ``.shunter/models/sort-tiny`` (relative, perhaps a link
+    to a model built elsewhere): a replica started from the real folder serves it."""
+    real = tmp_path / "models" / "sort-tiny"
+    real.mkdir(parents=True)
+    (tmp_path / "work" / ".shunter" / "models").mkdir(parents=True)
+    (tmp_path / "work" / ".shunter" / "models" / "sort-tiny").symlink_to(real)
+    monkeypatch.chdir(tmp_path / "work")
+    pool = ReplicaPool()
+    pool.give(key(str(real), ENGINE, CPU), "h1", "n1")
+    assert pool.take(key(".shunter/models/sort-tiny", ENGINE, CPU)) == ("h1", "n1")
+    pool.give(key(str(real), ENGINE, CPU), "h1", "n1")
+    other = tmp_path / "models" / "sort-tiny-copy"
+    other.mkdir()
+    assert pool.take(key(str(other), ENGINE, CPU)) is None  # other files: another model

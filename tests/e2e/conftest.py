@@ -22,3 +22,20 @@ def replica_pool(ray_cluster):
     pool = ReplicaPool()
     yield pool
     pool.close()
+
+
+@pytest.fixture
+def pooled(replica_pool, monkeypatch):
+    """Every ``Engine`` the test makes without a pool of its own takes its standalone replicas from
+    the tier's ``ReplicaPool`` — for code the test runs as a user wrote it (a doc snippet, an
+    example, ``shunter.cli.main`` in this process), whose engine starts are not what is tested (a
+    pooled replica serves as a new one would: ``test_runs.py``)."""
+    from shunter import Engine
+
+    plain = Engine.__init__
+
+    def init(self, *args, pool=None, **kw):
+        plain(self, *args, pool=pool if pool is not None else replica_pool, **kw)
+
+    monkeypatch.setattr(Engine, "__init__", init)
+    return replica_pool

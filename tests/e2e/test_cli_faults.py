@@ -28,7 +28,7 @@ def _config(folder: Path, tiny_model: str, **run) -> Path:
 
 
 def test_a_policy_blocked_in_c_ends_the_run_within_seconds_of_its_timeout(
-    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch
+    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch, pooled
 ):
     """Issue 31: a decide() blocked inside C (a lock nobody releases) froze the run for good; now
     its thread is given up run.policy_timeout_s + 1 s after the call began and the run ends,
@@ -62,7 +62,7 @@ def test_a_policy_blocked_in_c_ends_the_run_within_seconds_of_its_timeout(
 
 
 def test_a_policy_next_to_the_config_that_always_raises_ends_the_run_fast(
-    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch
+    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch, pooled
 ):
     from shunter.cli import main
 
@@ -88,7 +88,9 @@ def test_a_policy_next_to_the_config_that_always_raises_ends_the_run_fast(
     print(f"typo policy: ended {took:.1f}s after start (engine start included)")
 
 
-def test_a_full_disk_under_the_event_log_ends_the_run_with_exit_status_1(ray_cluster, tiny_model, tmp_path, capsys):
+def test_a_full_disk_under_the_event_log_ends_the_run_with_exit_status_1(
+    ray_cluster, tiny_model, tmp_path, capsys, pooled
+):
     from shunter.cli import main
 
     folder = tmp_path / "job"

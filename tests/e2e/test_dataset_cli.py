@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_verl_parquet_trains_with_shunter_run_and_a_users_reward(
-    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch
+    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch, pooled
 ):
     from shunter.cli import main
 

@@ -15,7 +15,7 @@ def over(tiny_model, tmp_path):
     }
 
 
-async def test_custom_loop_with_its_own_loss(ray_cluster, tiny_model, tmp_path):
+async def test_custom_loop_with_its_own_loss(ray_cluster, tiny_model, tmp_path, pooled):
     from examples import custom_loop
 
     o = over(tiny_model, tmp_path)
@@ -24,7 +24,7 @@ async def test_custom_loop_with_its_own_loss(ray_cluster, tiny_model, tmp_path):
     assert len(rewards) == 4 and all(0.0 <= r <= 1.0 for r in rewards)
 
 
-async def test_custom_policy_from_outside_the_package(ray_cluster, tiny_model, tmp_path):
+async def test_custom_policy_from_outside_the_package(ray_cluster, tiny_model, tmp_path, pooled):
     from examples import custom_policy_run
 
     ended, switches = await custom_policy_run.main(steps=6, overrides=over(tiny_model, tmp_path))

@@ -3,8 +3,7 @@ from a folder laid out like the repository: ``examples/`` and the tiny model whe
 config expects it. A block that is not a whole program says so on the line before its fence,
 ``<!-- not run: the reason -->``, and is left out; a block shown in two places runs once. A run a
 snippet makes takes its standalone replicas from the tier's ``ReplicaPool`` unless it names a
-pool of its own (a pooled replica serves as a new one would: ``test_runs.py``), so the snippets
-share the vLLM engine starts."""
+pool of its own (the ``pooled`` fixture), so the snippets share the vLLM engine starts."""
 
 from __future__ import annotations
 
@@ -51,15 +50,7 @@ def test_the_readme_has_its_snippets():
 
 
 @pytest.mark.parametrize("name", list(SNIPPETS))
-def test_doc_snippet_runs_as_written(name, ray_cluster, tiny_model, tmp_path, monkeypatch, capsys, replica_pool):
-    from shunter import Engine
-
-    plain = Engine.__init__
-
-    def pooled(self, *args, pool=None, **kw):  # the tier's warm replicas serve as new ones would
-        plain(self, *args, pool=pool if pool is not None else replica_pool, **kw)
-
-    monkeypatch.setattr(Engine, "__init__", pooled)  # the snippet as written; its engine start shared
+def test_doc_snippet_runs_as_written(name, ray_cluster, tiny_model, tmp_path, monkeypatch, capsys, pooled):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     (tmp_path / ".shunter" / "models").mkdir(parents=True)
     (tmp_path / ".shunter" / "models" / "sort-tiny").symlink_to(tiny_model)

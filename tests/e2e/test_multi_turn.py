@@ -88,7 +88,7 @@ def job_config(job: Path, tiny_model: str, tmp_path: Path, environment: str) -> 
 
 
 def test_multi_turn_trajectories_train_and_resume_across_weight_loads(
-    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch
+    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch, pooled
 ):
     from shunter.cli import main
 
@@ -189,7 +189,7 @@ def test_the_embedding_api_takes_rows_and_an_environment_class_as_objects(
 
 
 def test_trajectories_longer_than_generate_timeout_s_live_while_they_make_progress(
-    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch
+    ray_cluster, tiny_model, tmp_path, capsys, monkeypatch, pooled
 ):
     """Was: ``rollout.generate_timeout_s`` bounded a group's whole generation, so trajectories
     of slow tool calls (here 3 x 4 s against 10 s) got their replica killed as hung. It bounds

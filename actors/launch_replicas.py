@@ -72,9 +72,10 @@ class LauncherReplicas:
         """Take over up to ``wanted`` of the replicas the ended attempt left running
         (``stop_attempt(keep_replicas=True)``): each, still holding its rank, cuts what it was
         doing and loads the weights the attempt starts from (``self.serve``) into its running
-        engine (``RolloutWorker.adopt``) within ``run.timeout_s``. One that is dead, hung, lost
-        its rank or fails the load is killed (it holds CPUs / GPUs a new replica needs) and its
-        rank released with the reason; returns id -> (handle, kind, rank, seconds taken), and
+        engine (``RolloutWorker.adopt``) within ``run.timeout_s``. One whose rank is no longer its
+        own (it died mid-run, and its rank went then) is killed; one that is dead, hung or fails
+        the load is killed (it holds CPUs / GPUs a new replica needs) and its rank released with
+        the reason; returns id -> (handle, kind, rank, seconds taken), and
         the ``RankReleased`` events of those not adopted."""
         kept, self.kept = list(self.kept.items()), {}
         if not kept:
@@ -84,13 +85,14 @@ class LauncherReplicas:
         timeout = self.cfg.run.timeout_s
 
         async def adopt(rid: str, h: Any, rank: int) -> float:
-            if leases.get(rid) != rank:
-                raise RuntimeError(f"its rank {rank} is no longer its own")
             return float(await asyncio.wait_for(h.adopt.remote(version, model_dir, self.reward_pool), timeout))
 
-        for _, (h, _, _) in kept[wanted:]:
-            self._discard(h)
-        chosen = kept[:wanted]
+        # a replica that died mid-run (its rank released then) is still in the list, ahead of the
+        # replacement that took its place: only those still holding their rank are candidates
+        chosen = [(rid, x) for rid, x in kept if leases.get(rid) == x[2]][:wanted]
+        for rid, (h, _, _) in kept:
+            if all(rid != c for c, _ in chosen):
+                self._discard(h)  # dead, its rank gone, or more than the attempt wants
         took = await asyncio.gather(*(adopt(rid, h, rank) for rid, (h, _, rank) in chosen), return_exceptions=True)
         out: dict[str, tuple[Any, ReplicaKind, int, float]] = {}
         released: list[Message] = []

@@ -243,6 +243,7 @@ def one_run(
                 "reward_last": round(sum(rewards[-k:]) / k, 3) if rewards else 0.0,
                 "restarts_from_checkpoint": sum(1 for m in msgs if type(m).__name__ == "RunResumed"),
                 "replicas_replaced": sum(1 for m in msgs if type(m).__name__ == "ReplicaRestart"),
+                "replicas_adopted": sum(1 for m in msgs if type(m).__name__ == "ReplicaUp" and m.adopted),
                 "rewards_failed": sum(1 for m in msgs if type(m).__name__ == "RewardFailed"),
                 "env_calls_failed": sum(1 for m in msgs if type(m).__name__ == "EnvFailed"),
             }

@@ -25,4 +25,7 @@ def test_a_run_under_kills_and_a_stop_trains_every_prompt_once(tiny_model):
     assert r["completed"] == 1 and r.get("hangs", 0) == 0, r.get("stderr_tail", r)
     assert r["groups_trained_twice"] == 0 and r["prompts_skipped"] == 0 and r["steps_missing"] == 0, r
     assert r["replicas_replaced"] >= 1 and r["restarts_from_checkpoint"] >= 2 and r["resumes"] == 1, r
+    # the coordinator's restart kept the replica that replaced the killed engine's (was: it took
+    # the dead one, listed first, killed the live one and started a third engine)
+    assert r["replicas_adopted"] == 1, r
     assert not r.get("processes_left_after_exit"), r

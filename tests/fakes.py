@@ -225,6 +225,20 @@ class FakeTrainerCore:
         self.restored_batches = st["trained"]
 
 
+def one_token_sample(sample_id: str = "0.0", group_id: int = 0, version: int = 0) -> Sample:
+    """A finished sample of one prompt token and one response token (what a trainer core needs)."""
+    return Sample(
+        sample_id=sample_id,
+        group_id=group_id,
+        prompt_id=group_id,
+        prompt_token_ids=[1],
+        token_ids=[2],
+        logprobs=[-1.0],
+        versions=[version],
+        max_tokens=4,
+    )
+
+
 def _run_user_loss(samples: list[Sample], spec: str, version: int) -> None:
     """The user's loss on stand-in tensors, through the real protocol (UserCodeError if it fails)."""
     import torch

@@ -8,22 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fakes import FakeTrainerCore, virtual_time
+from fakes import FakeTrainerCore, one_token_sample, virtual_time
 
 from shunter.engine.in_order import InOrder
 from shunter.engine.trainer_host import TrainerHost
-from shunter.events import Sample, SaveCheckpoint, Stamper, Train, TrainerStateSaved
+from shunter.events import SaveCheckpoint, Stamper, Train, TrainerStateSaved
 
-SAMPLE = Sample(
-    sample_id="0.0",
-    group_id=0,
-    prompt_id=0,
-    prompt_token_ids=[1],
-    token_ids=[2],
-    logprobs=[-1.0],
-    versions=[0],
-    max_tokens=4,
-)
+SAMPLE = one_token_sample()
 
 
 async def _run_in(order, arrivals):

@@ -26,8 +26,7 @@ RAY_SESSION = "ray_session"
 
 START_TRIES = 2
 """Tries at starting a local Ray cluster: Ray gives its node 30 s (hard-coded in Ray 2.60) to
-register, which a machine with every core busy can miss once (seen in CI); the second try finds
-the disk cache warm."""
+register, which a machine with every core busy can miss once (seen in CI)."""
 
 
 def init_ray(address: str, num_cpus: float) -> bool:

@@ -90,8 +90,9 @@ class LauncherReplicas:
         # a replica that died mid-run (its rank released then) is still in the list, ahead of the
         # replacement that took its place: only those still holding their rank are candidates
         chosen = [(rid, x) for rid, x in kept if leases.get(rid) == x[2]][:wanted]
+        taken = {rid for rid, _ in chosen}
         for rid, (h, _, _) in kept:
-            if all(rid != c for c, _ in chosen):
+            if rid not in taken:
                 self._discard(h)  # dead, its rank gone, or more than the attempt wants
         took = await asyncio.gather(*(adopt(rid, h, rank) for rid, (h, _, rank) in chosen), return_exceptions=True)
         out: dict[str, tuple[Any, ReplicaKind, int, float]] = {}

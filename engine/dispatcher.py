@@ -140,15 +140,12 @@ class Dispatcher:
             if self._lane.get(rid) != lane or self._in_flight[rid] != load:
                 heapq.heappop(h)  # stale
                 continue
-            if load + n <= self._capacity[rid]:
-                if self._version[rid] >= at_least:
-                    return rid
-                break  # an older replica: look for one that is not
+            room = load + n <= self._capacity[rid]
+            if room and self._version[rid] >= at_least:
+                return rid
+            if not room and len(self._caps[lane]) <= 1:
+                return None  # equal capacities: if the least loaded has no room, none has
             break
-        else:
-            return None
-        if len(self._caps[lane]) <= 1 and self._in_flight[h[0][2]] + n > self._capacity[h[0][2]]:
-            return None  # equal capacities: if the least loaded has no room, none has
         # unequal capacities (a bigger replica might still have room) or an older least loaded
         fits = [
             (self._in_flight[r], self._rank[r], r)

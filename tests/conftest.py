@@ -37,26 +37,23 @@ def ray_cluster():
 
 
 # -- the order tests run in, on pytest-xdist's workers ------------------------------------------
-# Seconds a test took (fresh clone, two workers, the 2-core machine, 2026-12-06); only their order
+# Seconds a test took (fresh clone, two workers, the 2-core machine); only their order
 # matters: the longest start first, one on each worker, and the short ones come last, where a
 # worker that runs out steals them (worksteal hands each worker a contiguous half of the
 # collection and steals from the end). Unlisted: an e2e test counts as EXPECTED_E2E_S, any other
 # as nothing.
-EXPECTED_S = {  # test function -> seconds (tests/e2e, 2026-12-06, the slowest of a fresh-clone run)
-    "test_a_run_under_kills_and_a_stop_trains_every_prompt_once": 228,
-    "test_a_run_listens_only_on_loopback_stops_on_either_signal_and_resumes_exactly_once": 194,
-    "test_a_run_across_two_raylets_survives_losing_its_replica_node": 159,
-    "test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests": 154,
-    "test_multi_turn_trajectories_train_and_resume_across_weight_loads": 121,
-    "test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_group_once": 114,
-    "test_separate_run_learns_with_partial_rollout": 113,
-    "test_a_killed_replica_loses_no_sample_and_releases_its_rank": 89,
-    "test_a_users_loop_gets_typed_errors_with_the_cause_first": 87,
-    "test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide": 74,
-    "test_vllm_backend_matches_hf_through_abort_resume_and_weight_load": 70,
-    "test_a_policy_blocked_in_c_ends_the_run_within_seconds_of_its_timeout": 68,
-    "test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process": 63,
-    "test_trajectories_longer_than_generate_timeout_s_live_while_they_make_progress": 60,
+EXPECTED_S = {  # test function -> seconds (tests/e2e, fresh clone of 9358689, 2026-12-06)
+    "test_a_run_across_two_raylets_survives_losing_its_replica_node": 156,
+    "test_separate_run_learns_with_partial_rollout": 152,
+    "test_a_run_listens_only_on_loopback_stops_on_either_signal_and_resumes_exactly_once": 147,
+    "test_a_run_under_kills_and_a_stop_trains_every_prompt_once": 143,
+    "test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests": 115,
+    "test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_group_once": 88,
+    "test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide": 84,
+    "test_a_killed_replica_loses_no_sample_and_releases_its_rank": 78,
+    "test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process": 59,
+    "test_multi_turn_trajectories_train_and_resume_across_weight_loads": 57,
+    "test_trajectories_longer_than_generate_timeout_s_live_while_they_make_progress": 56,
 }
 EXPECTED_E2E_S = 30
 

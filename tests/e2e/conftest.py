@@ -1,7 +1,9 @@
 """Session fixtures of the end-to-end tier: one tiny model shared by every test, and one
 ``ReplicaPool`` that the in-process runs take their standalone replicas from and give back to
 (a vLLM engine start is ~26 CPU-seconds here, the most of what the tier does; the Ray cluster
-comes from tests/conftest.py). Runs through ``shunter run`` start their own engines, as a user's do."""
+comes from tests/conftest.py): ``replica_pool`` for tests that pass it, ``pooled`` for code run as a user
+wrote it in the test process (snippets, examples, ``shunter.cli.main``). A ``shunter run`` in a process
+of its own starts its own engines, as a user's does."""
 
 from __future__ import annotations
 

@@ -12,7 +12,10 @@ seeded moments (after a seeded step, plus a seeded fraction of a second):
 Checked per run, from ``events.bin``: every prompt up to the last trained one trained exactly
 once (``on_stale = "wait"``: nothing skipped), every optimizer step counted once, the run
 completed, no hang (each process bounded), no process left behind by a clean stop, and the
-batch reward of the last steps above that of the first. Prints a JSON report:
+batch reward of the last steps above that of the first. Per clean stop (SIGTERM, Ctrl-C), from
+the driver: its exit status (143, 130), a stop at a sync boundary (a step count that is a
+multiple of ``trainer.parameter_sync_step``), and a stderr that says ``--resume <run>`` without a traceback
+(``stops``). Prints a JSON report:
 
     .venv/bin/python tests/chaos_soak.py --runs 30 --seed 1 --out bench/results/chaos_soak.json
 
@@ -48,6 +51,8 @@ TASK_HEALS = {"sort": HEALS, "word_tool": (*HEALS, "reward_worker")}
 """...and per task: the reward worker exists only where the config asks for one."""
 STOPS = ("driver_kill", "sigterm", "ctrl_c")
 """Signals after which the operator resumes the run."""
+STOP_STATUS = {"sigterm": 143, "ctrl_c": 130}
+"""The exit status a clean stop by that signal ends the driver with (the CLI's table)."""
 PROCESS = {
     "replica": "ray::RolloutWorker",
     "engine_core": "VLLM::EngineCore",
@@ -172,11 +177,13 @@ def one_run(
     task: str = "sort",
 ) -> dict:
     """One run under ``schedule`` (step, signal kind, seconds after that step) or a seeded one."""
+    from shunter.engine.config import load_config
     from shunter.engine.records import trained_groups
     from shunter.events import LogReader, RunEnded, StepEnd
 
     folder = Path(tempfile.mkdtemp(prefix=f"chaos{i}-"))
     cfg = config(folder, model, steps, task)
+    cycle = load_config(cfg).trainer.parameter_sync_step  # a clean stop ends on a multiple of it
     run = folder / "runs" / f"chaos-{i}"
     log = run / "events.bin"
     kinds = TASK_HEALS[task] + STOPS
@@ -186,6 +193,7 @@ def one_run(
     res: Counter = Counter()
     names: Counter = Counter()  # processes left behind, by name
     fired: list[str] = []
+    stops: list[dict] = []  # per clean stop: what the operator saw
     resume = False
     t0 = time.monotonic()
     try:
@@ -213,6 +221,18 @@ def one_run(
             err.close()
             if rc is None:
                 res["hangs"] += 1
+            if stopped and fired[-1] in STOP_STATUS:
+                said = Path(err.name).read_text()
+                stops.append(
+                    {
+                        "signal": fired[-1],
+                        "exit_status": rc,
+                        "expected_status": STOP_STATUS[fired[-1]],
+                        "steps": steps_done(log),
+                        "says_resume": f"--resume {run}" in said,
+                        "traceback": "Traceback" in said,
+                    }
+                )
             how = "kill" if fired and fired[-1] == "driver_kill" and stopped else "exit"
             left = group_left(proc.pid, grace_s=0.0 if how == "kill" else 15.0)
             if left:
@@ -246,6 +266,13 @@ def one_run(
                 "replicas_adopted": sum(1 for m in msgs if type(m).__name__ == "ReplicaUp" and m.adopted),
                 "rewards_failed": sum(1 for m in msgs if type(m).__name__ == "RewardFailed"),
                 "env_calls_failed": sum(1 for m in msgs if type(m).__name__ == "EnvFailed"),
+                "stops_unclean": sum(
+                    st["exit_status"] != st["expected_status"]
+                    or st["steps"] % cycle
+                    or not st["says_resume"]
+                    or st["traceback"]
+                    for st in stops
+                ),
             }
         )
         if not res["completed"]:
@@ -253,7 +280,7 @@ def one_run(
     finally:
         res["wall_s"] = round(time.monotonic() - t0, 1)
         shutil.rmtree(folder, ignore_errors=True)
-    return {"run": i, "signals": fired, "left_behind": dict(names), **res}
+    return {"run": i, "signals": fired, "stops": stops, "left_behind": dict(names), **res}
 
 
 def send(proc: subprocess.Popen, kind: str) -> bool:

@@ -45,9 +45,9 @@ def ray_cluster():
 EXPECTED_S = {  # test function -> seconds (tests/e2e, fresh clone of 9358689, 2026-12-06)
     "test_a_run_across_two_raylets_survives_losing_its_replica_node": 156,
     "test_separate_run_learns_with_partial_rollout": 152,
-    "test_a_run_listens_only_on_loopback_stops_on_either_signal_and_resumes_exactly_once": 147,
+    "test_a_run_listens_only_on_loopback_stops_on_ctrl_c_and_resumes_exactly_once": 110,
     "test_a_run_under_kills_and_a_stop_trains_every_prompt_once": 143,
-    "test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests": 115,
+    "test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests": 100,
     "test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_group_once": 88,
     "test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide": 84,
     "test_a_killed_replica_loses_no_sample_and_releases_its_rank": 78,

@@ -1,7 +1,9 @@
 """The operator chaos soak, short (issue 14): one real ``shunter run`` gets ``kill -9`` on its
-vLLM engine process and on its coordinator, then Ctrl-C, and is resumed; from its event log,
+vLLM engine process and on its coordinator, then SIGTERM (a scheduler's preemption: exit status
+143 at a sync boundary, saying how to resume, no traceback), and is resumed; from its event log,
 every prompt up to the last trained one was trained exactly once, the run completed, nothing
-hung and nothing was left running. The long soak: ``tests/chaos_soak.py`` (README, Reliability)."""
+hung and nothing was left running. Ctrl-C's stop and resume: ``test_operator.py``. The long
+soak: ``tests/chaos_soak.py`` (README, Reliability)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def test_a_run_under_kills_and_a_stop_trains_every_prompt_once(tiny_model):
     import chaos_soak
 
-    schedule = [(8, "engine_core", 0.3), (14, "coordinator", 0.2), (20, "ctrl_c", 0.0)]
+    schedule = [(8, "engine_core", 0.3), (14, "coordinator", 0.2), (20, "sigterm", 0.0)]
     r = chaos_soak.one_run(0, random.Random(0), tiny_model, 30, 0, 600, schedule=schedule)
-    assert r["signals"] == ["engine_core", "coordinator", "ctrl_c"], r
+    assert r["signals"] == ["engine_core", "coordinator", "sigterm"], r
+    assert [(s["exit_status"], s["says_resume"], s["traceback"]) for s in r["stops"]] == [(143, True, False)], r
+    assert r["stops_unclean"] == 0, r  # ...and at a sync boundary
     assert r["completed"] == 1 and r.get("hangs", 0) == 0, r.get("stderr_tail", r)
     assert r["groups_trained_twice"] == 0 and r["prompts_skipped"] == 0 and r["steps_missing"] == 0, r
     assert r["replicas_replaced"] >= 1 and r["restarts_from_checkpoint"] >= 2 and r["resumes"] == 1, r

@@ -30,7 +30,16 @@ falling idle with no batch ready to the next ``BatchReady``, smoothed over steps
 the switch cost is mostly stragglers that more replicas do not shorten).
 
 Nothing is lent while the staleness gate is closed (extra replicas would have no new group to
-start) or before the first optimizer step (rates measured over less than a mini-batch mislead).
+start) or, by the estimate, before the first optimizer step (rates measured over less than a
+mini-batch mislead).
+
+The first batch is the one wait that needs no estimate: until an attempt's first mini-batch is
+ready the trainer has nothing to train, so its GPUs are free for certain. ``first_batch = true``
+lends every hybrid from the attempt's start (``RunStarted`` / ``RunResumed``) until that batch is
+ready: the lent replicas take part of the in-flight groups (``Rebalance``), so every replica runs
+a smaller batch and the first batch's stragglers decode faster — on a long tail a sequence in a
+full batch decodes ~3x slower than alone, and the first batch is the largest part of the gap to
+the bound (``bench/gap.py``). ``after_first = false`` lends for the first batch only.
 """
 
 from __future__ import annotations
@@ -66,6 +75,8 @@ from shunter.policies.base import (
 
 class LendState(msgspec.Struct):
     lent: list[str] = []
+    trained: bool = False
+    """This attempt trained a mini-batch (the first batch is behind it)."""
     lends: int = 0
     skipped: int = 0
     last_estimate_gain_s: float = 0.0
@@ -89,8 +100,12 @@ class LendWhenIdlePolicy(Policy):
         rebalance: bool = True,
         predict_wait: bool = True,
         wait_factor: float = 4.0,
+        first_batch: bool = False,
+        after_first: bool = True,
     ) -> None:
         super().__init__()
+        self.first_batch = bool(first_batch)
+        self.after_first = bool(after_first)
         self.wait_factor = float(wait_factor)
         self.rebalance = bool(rebalance)
         self.predict_wait = bool(predict_wait)
@@ -108,6 +123,10 @@ class LendWhenIdlePolicy(Policy):
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
         if isinstance(event, RunResumed):
             self.state.lent = []  # a resumed attempt starts with every hybrid on the trainer
+        if isinstance(event, RunStarted | RunResumed):
+            self.state.trained = False
+        elif isinstance(event, StepEnd):
+            self.state.trained = True
         self._measure_wait(event, view)
         cmds: list[Intent] = load_on_ready(event, view)
         cmds += validate_when_due(event, view, self.state.validation)
@@ -173,6 +192,10 @@ class LendWhenIdlePolicy(Policy):
         if view.done or view.trainer_driver != "engine" or view.trainer.state != "idle":
             return False
         if view.buffer.ready_batches > 0 or not (view.buffer.gate_open or view.buffer.pending_resumes):
+            return False
+        if not self.state.trained and self.first_batch:
+            return True  # the trainer has nothing to train before its first batch
+        if not self.after_first:
             return False
         gain = self.estimate_gain_s(view)
         if self.predict_wait and self.state.wait_ewma_s > 0 and view.trainer.step >= 1:

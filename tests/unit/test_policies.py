@@ -16,6 +16,7 @@ from shunter.events import (
     Onload,
     PublishWeights,
     ReplicaView,
+    RunResumed,
     RunStarted,
     StepEnd,
     SwitchToRollout,
@@ -117,6 +118,31 @@ def test_lend_when_idle_does_not_lend_when_the_gate_is_closed():
     p = LendWhenIdlePolicy(switch_cost_prior_s=0.0)
     closed = view(S0, H1, buffer=BufferView(ready_samples=0, gate_open=False))
     assert p.decide(STEP, closed) == []
+
+
+def test_lend_when_idle_first_batch_lends_from_the_start_and_after_first_decides_the_rest():
+    """``first_batch``: the hybrids go to rollout at the attempt's start (the trainer has nothing
+    to train), come back when the first batch is ready; ``after_first = false`` lends no more."""
+    started = RunStarted(policy="lend_when_idle", replicas=2, **ENV)
+    fresh = view(S0, H1, trainer=TrainerView(step=0), buffer=BufferView(ready_samples=0))
+    assert LendWhenIdlePolicy().decide(started, fresh) == []  # the default: no estimate before step 1
+    p = LendWhenIdlePolicy(first_batch=True, after_first=False, switch_cost_prior_s=0.01)
+    assert p.decide(started, fresh) == [SwitchToRollout(replica_ids=["hybrid-1"])]
+    ready = view(S0, replace(H1, mode="rollout"), trainer=TrainerView(step=0), buffer=BufferView(ready_batches=1))
+    assert p.decide(READY, ready) == [SwitchToTrainer(replica_ids=["hybrid-1"], sleep_level=1)]
+    back = ModeChanged(replica_id="hybrid-1", mode="trainer", previous="rollout", duration_s=0.01, **ENV)
+    assert p.decide(back, view(S0, H1, trainer=TrainerView(step=0), buffer=BufferView(ready_batches=1))) == [
+        TrainStep()
+    ]
+    idle = view(S0, H1, buffer=BufferView(ready_samples=0))  # a wait the estimate would lend for
+    assert p.decide(STEP, idle) == []
+    assert LendWhenIdlePolicy(first_batch=True, switch_cost_prior_s=0.01).decide(STEP, idle) == [
+        SwitchToRollout(replica_ids=["hybrid-1"])
+    ]
+    # a resumed attempt has a first batch of its own
+    resumed = RunResumed(step=7, version=3, checkpoint="ckpt", attempt=1, **ENV)
+    again = view(S0, H1, trainer=TrainerView(step=7), buffer=BufferView(ready_samples=0))
+    assert p.decide(resumed, again) == [SwitchToRollout(replica_ids=["hybrid-1"])]
 
 
 def test_colocated_runs_the_synchronous_schedule():

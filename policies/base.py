@@ -196,6 +196,14 @@ def validate_when_due(event: Event, view: EngineView, state: ValidationState) ->
     return []
 
 
+def option_flag(name: str, value: object) -> bool:
+    """A policy option that is a boolean: ``true`` / ``false`` in TOML or JSON, nothing else —
+    ``bool("false")`` is True, so a quoted ``"false"`` would turn the option on without a word."""
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 def live_ids(view: EngineView, kind: str) -> list[str]:
     """Replicas of ``kind`` that are not down, in rank order."""
     return [r.replica_id for r in view.replicas if r.kind == kind and r.mode != DOWN]

@@ -68,6 +68,7 @@ from shunter.policies.base import (
     ValidationState,
     live_ids,
     load_on_ready,
+    option_flag,
     train_or_publish,
     validate_when_due,
 )
@@ -104,11 +105,11 @@ class LendWhenIdlePolicy(Policy):
         after_first: bool = True,
     ) -> None:
         super().__init__()
-        self.first_batch = bool(first_batch)
-        self.after_first = bool(after_first)
+        self.first_batch = option_flag("first_batch", first_batch)
+        self.after_first = option_flag("after_first", after_first)
         self.wait_factor = float(wait_factor)
-        self.rebalance = bool(rebalance)
-        self.predict_wait = bool(predict_wait)
+        self.rebalance = option_flag("rebalance", rebalance)
+        self.predict_wait = option_flag("predict_wait", predict_wait)
         self.switch_cost_prior_s = float(switch_cost_prior_s)
         self.min_gain_s = float(min_gain_s)
         self.sleep_level = int(sleep_level)

@@ -145,6 +145,20 @@ def test_lend_when_idle_first_batch_lends_from_the_start_and_after_first_decides
     assert p.decide(resumed, again) == [SwitchToRollout(replica_ids=["hybrid-1"])]
 
 
+@pytest.mark.parametrize(
+    ("policy", "option"),
+    [("lend_when_idle", o) for o in ("first_batch", "after_first", "predict_wait", "rebalance")]
+    + [("colocated", "offload_optimizer")],
+)
+def test_a_quoted_boolean_option_is_refused_naming_the_option(policy, option):
+    """``bool("false")`` is True: a quoted false would have switched the option on silently."""
+    from shunter.policies.registry import make_policy
+
+    with pytest.raises(ValueError, match=f"{option} must be true or false, got 'false'"):
+        make_policy(policy, {option: "false"})
+    assert getattr(make_policy(policy, {option: False}), option) is False
+
+
 def test_colocated_runs_the_synchronous_schedule():
     h0 = ReplicaView(replica_id="hybrid-0", kind="hybrid", rank=0, mode="trainer")
     p = ColocatedPolicy()

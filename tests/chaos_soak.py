@@ -51,6 +51,8 @@ TASK_HEALS = {"sort": HEALS, "word_tool": (*HEALS, "reward_worker")}
 """...and per task: the reward worker exists only where the config asks for one."""
 STOPS = ("driver_kill", "sigterm", "ctrl_c")
 """Signals after which the operator resumes the run."""
+FIND_S = 60.0
+"""How long a kill waits for its target process to exist (``send``)."""
 STOP_STATUS = {"sigterm": 143, "ctrl_c": 130}
 """The exit status a clean stop by that signal ends the driver with (the CLI's table)."""
 PROCESS = {
@@ -132,6 +134,24 @@ def steps_done(log: Path) -> int:
     return max((m.step for m in LogReader(log) if isinstance(m, StepEnd)), default=0)
 
 
+def stopped_at(log: Path) -> int:
+    """The step the last attempt ended at (its ``RunEnded``): not the log's highest step, which an
+    attempt a killed coordinator cut short may have passed before the run went back to a
+    checkpoint."""
+    from shunter.events import LogReader, RunEnded
+
+    ended = [m for m in LogReader(log) if isinstance(m, RunEnded)] if log.is_file() else []
+    return ended[-1].steps if ended else -1
+
+
+def tree(proc: subprocess.Popen) -> list[str]:
+    """The names of the driver's process tree (what a missed signal saw)."""
+    try:
+        return sorted({p.name() for p in psutil.Process(proc.pid).children(recursive=True)})
+    except psutil.Error:
+        return []
+
+
 def find(proc: subprocess.Popen, name: str) -> psutil.Process | None:
     try:
         for p in psutil.Process(proc.pid).children(recursive=True):
@@ -194,6 +214,7 @@ def one_run(
     names: Counter = Counter()  # processes left behind, by name
     fired: list[str] = []
     stops: list[dict] = []  # per clean stop: what the operator saw
+    missed: list[str] = []  # signals whose process was not found, and what was running
     resume = False
     t0 = time.monotonic()
     try:
@@ -216,6 +237,7 @@ def one_run(
                             break
                     else:
                         res["signals_missed"] += 1
+                        missed.append(f"{kind} at step {steps_done(log)}: running {tree(proc)}")
                 time.sleep(0.2)
             rc = wait(proc, 300)
             err.close()
@@ -228,7 +250,7 @@ def one_run(
                         "signal": fired[-1],
                         "exit_status": rc,
                         "expected_status": STOP_STATUS[fired[-1]],
-                        "steps": steps_done(log),
+                        "steps": stopped_at(log),
                         "says_resume": f"--resume {run}" in said,
                         "traceback": "Traceback" in said,
                     }
@@ -280,7 +302,7 @@ def one_run(
     finally:
         res["wall_s"] = round(time.monotonic() - t0, 1)
         shutil.rmtree(folder, ignore_errors=True)
-    return {"run": i, "signals": fired, "stops": stops, "left_behind": dict(names), **res}
+    return {"run": i, "signals": fired, "missed": missed, "stops": stops, "left_behind": dict(names), **res}
 
 
 def send(proc: subprocess.Popen, kind: str) -> bool:
@@ -291,8 +313,10 @@ def send(proc: subprocess.Popen, kind: str) -> bool:
     elif kind == "ctrl_c":
         os.killpg(proc.pid, signal.SIGINT)
     else:
-        deadline = time.monotonic() + 10
-        while (target := find(proc, PROCESS[kind])) is None:  # it may be between lives (a replacement starting)
+        # it may be between lives: a replacement starting takes ~20 s here, ~40 s with the
+        # cores shared (a CI run once found no engine core within 10 s)
+        deadline = time.monotonic() + FIND_S
+        while (target := find(proc, PROCESS[kind])) is None:
             if time.monotonic() > deadline or proc.poll() is not None:
                 return False
             time.sleep(0.2)

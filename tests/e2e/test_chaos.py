@@ -7,6 +7,7 @@ soak: ``tests/chaos_soak.py`` (README, Reliability)."""
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -23,13 +24,14 @@ def test_a_run_under_kills_and_a_stop_trains_every_prompt_once(tiny_model):
 
     schedule = [(8, "engine_core", 0.3), (14, "coordinator", 0.2), (20, "sigterm", 0.0)]
     r = chaos_soak.one_run(0, random.Random(0), tiny_model, 30, 0, 600, schedule=schedule)
-    assert r["signals"] == ["engine_core", "coordinator", "sigterm"], r
-    assert [(s["exit_status"], s["says_resume"], s["traceback"]) for s in r["stops"]] == [(143, True, False)], r
-    assert r["stops_unclean"] == 0, r  # ...and at a sync boundary
-    assert r["completed"] == 1 and r.get("hangs", 0) == 0, r.get("stderr_tail", r)
-    assert r["groups_trained_twice"] == 0 and r["prompts_skipped"] == 0 and r["steps_missing"] == 0, r
-    assert r["replicas_replaced"] >= 1 and r["restarts_from_checkpoint"] >= 2 and r["resumes"] == 1, r
+    said = json.dumps(r, default=str)  # whole: pytest cuts a dict's repr short
+    assert r["signals"] == ["engine_core", "coordinator", "sigterm"], said
+    assert [(s["exit_status"], s["says_resume"], s["traceback"]) for s in r["stops"]] == [(143, True, False)], said
+    assert r["stops_unclean"] == 0, said  # ...and at a sync boundary
+    assert r["completed"] == 1 and r.get("hangs", 0) == 0, r.get("stderr_tail", said)
+    assert r["groups_trained_twice"] == 0 and r["prompts_skipped"] == 0 and r["steps_missing"] == 0, said
+    assert r["replicas_replaced"] >= 1 and r["restarts_from_checkpoint"] >= 2 and r["resumes"] == 1, said
     # the coordinator's restart kept the replica that replaced the killed engine's (was: it took
     # the dead one, listed first, killed the live one and started a third engine)
-    assert r["replicas_adopted"] == 1, r
-    assert not r.get("processes_left_after_exit"), r
+    assert r["replicas_adopted"] == 1, said
+    assert not r.get("processes_left_after_exit"), said

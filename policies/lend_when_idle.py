@@ -36,10 +36,12 @@ mini-batch mislead).
 The first batch is the one wait that needs no estimate: until an attempt's first mini-batch is
 ready the trainer has nothing to train, so its GPUs are free for certain. ``first_batch = true``
 lends every hybrid from the attempt's start (``RunStarted`` / ``RunResumed``) until that batch is
-ready: the lent replicas take part of the in-flight groups (``Rebalance``), so every replica runs
-a smaller batch and the first batch's stragglers decode faster — on a long tail a sequence in a
-full batch decodes ~3x slower than alone, and the first batch is the largest part of the gap to
-the bound (``bench/gap.py``). ``after_first = false`` lends for the first batch only.
+ready: the lent replicas take part of the in-flight groups (``Rebalance``) and start groups of
+their own, so about twice the groups are in flight while the trainer waits — the first batch, the
+first groups to complete, is ready sooner, and the fleet generates ahead for the steps after it.
+On a long tail the first batch is the largest part of the gap to the bound (``bench/gap.py``):
+``long_tail`` 705 -> 596 s, 6 % less time in all (docs/benchmarks.md). ``after_first = false``
+lends for the first batch only.
 """
 
 from __future__ import annotations

@@ -42,18 +42,18 @@ def ray_cluster():
 # worker that runs out steals them (worksteal hands each worker a contiguous half of the
 # collection and steals from the end). Unlisted: an e2e test counts as EXPECTED_E2E_S, any other
 # as nothing.
-EXPECTED_S = {  # test function -> seconds (tests/e2e, fresh clone of 9358689, 2026-12-06)
-    "test_a_run_across_two_raylets_survives_losing_its_replica_node": 156,
-    "test_separate_run_learns_with_partial_rollout": 152,
-    "test_a_run_listens_only_on_loopback_stops_on_ctrl_c_and_resumes_exactly_once": 110,
-    "test_a_run_under_kills_and_a_stop_trains_every_prompt_once": 143,
-    "test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests": 100,
-    "test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_group_once": 88,
-    "test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide": 84,
-    "test_a_killed_replica_loses_no_sample_and_releases_its_rank": 78,
-    "test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process": 59,
-    "test_multi_turn_trajectories_train_and_resume_across_weight_loads": 57,
-    "test_trajectories_longer_than_generate_timeout_s_live_while_they_make_progress": 56,
+EXPECTED_S = {  # test function -> seconds (tests/e2e, fresh clone of 90594b2, 2026-12-06)
+    "test_a_run_under_kills_and_a_stop_trains_every_prompt_once": 153,
+    "test_a_run_across_two_raylets_survives_losing_its_replica_node": 136,
+    "test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests": 120,
+    "test_separate_run_learns_with_partial_rollout": 119,
+    "test_a_run_listens_only_on_loopback_stops_on_ctrl_c_and_resumes_exactly_once": 100,
+    "test_a_killed_replica_loses_no_sample_and_releases_its_rank": 94,
+    "test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_group_once": 67,
+    "test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide": 63,
+    "test_multi_turn_trajectories_train_and_resume_across_weight_loads": 59,
+    "test_trajectories_longer_than_generate_timeout_s_live_while_they_make_progress": 50,
+    "test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process": 48,
 }
 EXPECTED_E2E_S = 30
 

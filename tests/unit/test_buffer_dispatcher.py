@@ -6,6 +6,7 @@ import random
 from collections import Counter
 
 import pytest
+from fakes import one_token_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,18 +25,7 @@ def buf(**kw):
 def finish(b: SampleBuffer, gid: int, version: int):
     done = False
     for k in range(b.group_size):
-        done = b.add(
-            Sample(
-                sample_id=f"{gid}.{k}",
-                group_id=gid,
-                prompt_id=gid,
-                prompt_token_ids=[1],
-                token_ids=[2],
-                logprobs=[-1.0],
-                versions=[version],
-                max_tokens=4,
-            )
-        )
+        done = b.add(one_token_sample(f"{gid}.{k}", gid, version))
     return done
 
 

@@ -16,7 +16,14 @@ simulated one are measured by the same code.
 - the work of each optimizer step (``work()``: the prompt and response length of every sample
   of the groups it trained, its duration plus the publish after it) — the input of the true bound
   (``shunter.bench.bound``), which needs the machine's capacity besides. Busy time is not a
-  bound: a replica holding one straggler is busy and nearly idle.
+  bound: a replica holding one straggler is busy and nearly idle;
+- ``ahead_batches``: at each step's start, the groups begun (a ``SampleBegin``) and not yet
+  trained, in mini-batches — the rollout's pipeline depth; the median over the middle half of
+  the steps (the start fills the pipeline, the end drains it);
+- ``rollout_idle_steady_frac``: the replicas' idle fraction from the first step's start to the
+  start of the run's last group — the rollout's counterpart of the trainer's steady idle: after
+  the first batch, while a group was left to start (after the last one, a replica with nothing
+  left is idle whatever the schedule; ``rollout_stopped_frac`` counts that too).
 """
 
 from __future__ import annotations
@@ -88,6 +95,12 @@ class Summary:
         self._synced: dict[int, list[float]] = {}  # version -> [asked at, last loaded at]
         self._groups: dict[int, list[SampleWork]] = {}  # group -> the work of its finished samples
         self._work: list[list] = []  # per step: [samples, step seconds, publish seconds]
+        self._begun: set[int] = set()  # groups a sample of which began
+        self.last_group_at: float | None = None
+        """When the run's last group began (after it, no group is left to start)."""
+        self._trained_groups = 0
+        self.ahead: list[float] = []
+        """At each step's start: groups begun and not yet trained, in mini-batches."""
 
     def __call__(self, m: Message) -> None:
         self.first = m.wall_time if self.first is None else self.first
@@ -99,6 +112,9 @@ class Summary:
                 self.end = m.wall_time
             case StepBegin():
                 self.first_step = m.wall_time if self.first_step is None else self.first_step
+                if m.group_ids:
+                    self.ahead.append((len(self._begun) - self._trained_groups) / len(m.group_ids))
+                    self._trained_groups += len(m.group_ids)
                 self._work.append([tuple(x for g in m.group_ids for x in self._groups.pop(g, ())), 0.0, 0.0])
             case StepEnd():
                 self.steps += 1
@@ -127,6 +143,9 @@ class Summary:
                 self.rollout.setdefault(m.replica_id, []).append((m.wall_time, 1 if m.mode == ROLLOUT else -1))
             case SampleBegin() | SampleResumed():
                 self.flight[m.replica_id].append((m.wall_time, 1))
+                if isinstance(m, SampleBegin) and m.group_id not in self._begun:
+                    self._begun.add(m.group_id)
+                    self.last_group_at = m.wall_time
             case SampleEnd():
                 self.samples += 1
                 self.flight[m.replica_id].append((m.wall_time, -1))
@@ -163,8 +182,17 @@ class Summary:
             steady = max(end - self.first_step, 1e-12)
             out["first_step_s"] = self.first_step - start
             out["trainer_idle_steady_frac"] = max(0.0, 1 - self.trainer_busy / steady)
+            if self.last_group_at is not None and self.last_group_at > self.first_step:
+                lo, hi = self.first_step, self.last_group_at
+                busy = sum(_intervals_busy(self.flight.get(r, []), lo, hi) for r in self.rollout)
+                avail = sum(_intervals_busy([c for c in ch if c[1]], lo, hi) for ch in self.rollout.values())
+                if avail > 0:
+                    out["rollout_idle_steady_frac"] = max(0.0, 1 - busy / avail)
         if self.stale:
             out["staleness_mean"] = sum(self.stale) / len(self.stale)
+        if len(self.ahead) >= 4:  # the middle half: past the start's ramp, before the end drains
+            k = len(self.ahead) // 4
+            out["ahead_batches"] = statistics.median(self.ahead[k : len(self.ahead) - k])
         if self.publishes:
             out["publish_s"] = statistics.median(self.publishes)
         synced = [b - a for a, b in self._synced.values() if b > a]

@@ -103,8 +103,8 @@ def bound_batch(sc: Scenario) -> int:
     scenario or any of its variants allows. A variant that admits fewer sequences (to keep its
     stragglers fast or its KV cache from preempting) is measured against the same machine as
     the others: a lower cap never loosens its bound."""
-    tables = [sc.engine, *(merge(sc.engine, v.engine) for v in sc.variant)]
-    return max(from_dict(t, origin=sc.scenario.name).rollout.max_in_flight_per_replica for t in tables)
+    own = from_dict(sc.engine, origin=sc.scenario.name).rollout.max_in_flight_per_replica
+    return max([own, *(variant_setup(sc, v)[0].rollout.max_in_flight_per_replica for v in sc.variant)])
 
 
 def fleet(sc: Scenario, v: Variant, cfg: EngineConfig, cost: CostModel) -> bound.Fleet:
@@ -126,17 +126,19 @@ def gate(cfg: EngineConfig) -> bound.Gate | None:
     """The staleness gate a run in ``on_stale = "wait"`` mode keeps (None in drop mode)."""
     if cfg.rollout.on_stale != "wait":
         return None
-    return bound.Gate(cfg.rollout.max_staleness, cfg.trainer.parameter_sync_step)
+    r = cfg.rollout  # the gate's own bound: rollout.admit_staleness where set below max_staleness
+    return bound.Gate(r.max_staleness if r.admit_staleness < 0 else r.admit_staleness, cfg.trainer.parameter_sync_step)
 
 
-def best_split_s(sc: Scenario, cost: CostModel, work: list[bound.StepWork], machine: bound.Machine) -> float:
+def best_split(sc: Scenario, cost: CostModel, work: list[bound.StepWork], machine: bound.Machine) -> tuple[float, int]:
     """The least overlapped bound over every trainer:rollout split of the scenario's GPUs for
-    this work: the per-token part of each step rescales with the trainer GPUs (data parallel)
-    and the all-reduce is the one on that many GPUs; the fixed part (``train_step_s``) and the
-    publish do not change."""
+    this work, and the trainer GPUs of the split that reaches it (the documented rule for
+    choosing a split: the one whose bound is least for the work of a run). The per-token part
+    of each step rescales with the trainer GPUs (data parallel) and the all-reduce is the one on
+    that many GPUs; the fixed part (``train_step_s``) and the publish do not change."""
     k0 = cost.trainer_gpus
     fixed0 = cost.train_step_s + cost.allreduce_s()
-    best = float("inf")
+    best, best_k = float("inf"), k0
     gen = bound.generation(work, machine)  # the same for every split
     for k in range(1, sc.cluster.gpus):
         replicas = (sc.cluster.gpus - k) // sc.cluster.gpus_per_replica
@@ -144,8 +146,10 @@ def best_split_s(sc: Scenario, cost: CostModel, work: list[bound.StepWork], mach
             continue
         fixed = cost.train_step_s + msgspec.structs.replace(cost, trainer_gpus=k).allreduce_s()
         scaled = [w._replace(step_s=fixed + max(0.0, w.step_s - fixed0) * k0 / k) for w in work]
-        best = min(best, bound.overlapped_s(scaled, machine, replicas, gen=gen))
-    return best
+        s = bound.overlapped_s(scaled, machine, replicas, gen=gen)
+        if s < best:
+            best, best_k = s, k
+    return best, best_k
 
 
 def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dict:
@@ -186,7 +190,8 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             work = summary.work()
             fl = fleet(sc, v, cfg, cost)
             m.update(bound.figures(work, fl, schedule_of(v), m["wall_s"], gate(cfg), m.get("first_step_s")))
-            m["best_split_bound_s"] = best_split_s(sc, cost, work, fl.machine)
+            m["best_split_bound_s"], k = best_split(sc, cost, work, fl.machine)
+            m["best_split_trainer_gpus"] = float(k)
             m["frac_of_best_split_bound"] = m["best_split_bound_s"] / m["wall_s"]
             parts = gaps.parts(work, fl, schedule_of(v), m["best_split_bound_s"], gate(cfg))
             m.update({f"gap_{k}_s": x for k, x in parts.items()})  # wall - best split bound, by cause

@@ -112,7 +112,7 @@ class Batches:
         if b.capacity(v) <= 0 and not b.in_flight:
             return (
                 f"the staleness gate is closed: {b.dispatched - sum(b.dropped.values())} groups started, the "
-                f"most rollout.max_staleness = {b.max_staleness} allows on version {v}; it opens when weights "
+                f"most the gate allows on version {v} ({_gate_field(b)}); it opens when weights "
                 f"are published (publish_weights() after training; {t.steps_since_publish} steps since version "
                 f"{t.version})"
             )
@@ -120,3 +120,10 @@ class Batches:
             f"{b.in_flight} prompt groups are still generating ({b.ready_samples} of "
             f"{self.state.ppo_mini_batch_size} samples of the next mini-batch are ready)"
         )
+
+
+def _gate_field(b: SampleBuffer) -> str:
+    """The setting that bounds the gate, as the user wrote it."""
+    if b.admit_staleness < b.max_staleness:
+        return f"rollout.admit_staleness = {b.admit_staleness}"
+    return f"rollout.max_staleness = {b.max_staleness}"

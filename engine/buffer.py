@@ -8,7 +8,10 @@ Invariants (checked by :meth:`check`):
   trained twice;
 - capacity gate (AReaL's rule, in groups): a new group may start on a replica holding
   weights of version ``v`` only while
-  ``dispatched - dropped < (max_staleness + v + 1) * groups_per_train_batch``;
+  ``dispatched - dropped < (admit_staleness + v + 1) * groups_per_train_batch``, where
+  ``admit_staleness <= max_staleness`` (``rollout.admit_staleness``; ``max_staleness`` unless
+  set lower): a gate at a lower bound admits a subset of what the full one would, so what
+  follows from the gate at ``max_staleness`` (the deadlines' no-drop guarantee) holds too;
 - no trained sample has ``trainer_version - min_token_version > max_staleness``:
   ``on_stale="wait"`` trains finished groups in completion order as far as the bound allows
   and the oldest first where it requires (``shunter.engine.deadlines``: with the gate, no
@@ -54,13 +57,18 @@ class SampleBuffer:
         batches_per_version: int,
         max_staleness: int,
         on_stale: str = "wait",
+        admit_staleness: int = -1,
     ) -> None:
         if on_stale not in ("wait", "drop"):
             raise ValueError(f"on_stale must be 'wait' or 'drop', got {on_stale!r}")
+        if admit_staleness > max_staleness:
+            raise ValueError(f"admit_staleness ({admit_staleness}) must be at most max_staleness ({max_staleness})")
         self.group_size = group_size
         self.groups_per_batch = groups_per_batch
         self.groups_per_version = groups_per_batch * batches_per_version
         self.max_staleness = max_staleness
+        self.admit_staleness = max_staleness if admit_staleness < 0 else admit_staleness
+        """The gate's bound: at most ``admit_staleness + 1`` versions of groups ahead of ``v``."""
         self.on_stale = on_stale
         self._groups: dict[int, Group] = {}  # in flight or ready, by group id (= dispatch order)
         self._ready: dict[int, None] = {}  # complete groups in completion order
@@ -86,6 +94,7 @@ class SampleBuffer:
             batches_per_version=cfg.trainer.parameter_sync_step,
             max_staleness=r.max_staleness,
             on_stale=r.on_stale,
+            admit_staleness=r.admit_staleness,
         )
 
     # -- dispatch side ---------------------------------------------------------------
@@ -95,7 +104,7 @@ class SampleBuffer:
 
     def capacity(self, version: int) -> int:
         """Groups that may still start on weights of ``version``."""
-        limit = (self.max_staleness + version + 1) * self.groups_per_version
+        limit = (self.admit_staleness + version + 1) * self.groups_per_version
         return limit - (self._next_group - sum(self.dropped.values()))
 
     def open(self, prompt: PromptSpec, version: int) -> Group:

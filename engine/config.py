@@ -212,6 +212,11 @@ def check(cfg: EngineConfig) -> None:
             f"trainer.ppo_mini_batch_size ({t.ppo_mini_batch_size}) must be a multiple of "
             f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a mini-batch holds whole groups"
         )
+    if r.admit_staleness > r.max_staleness:
+        raise ConfigError(
+            f"rollout.admit_staleness ({r.admit_staleness}) is above rollout.max_staleness ({r.max_staleness}): the "
+            "gate would start groups that could only be trained past the bound — lower it, or raise max_staleness"
+        )
     if r.standalone_replicas + r.hybrid_replicas == 0:
         raise ConfigError("rollout.standalone_replicas + rollout.hybrid_replicas is 0: no replica to generate with")
     if r.max_tokens >= r.max_model_len:

@@ -47,6 +47,13 @@ class RolloutConfig(_Section):
     max_staleness: Annotated[
         NonNegInt, _d("Largest allowed (trainer version - oldest token version) of a trained sample.")
     ] = 1
+    admit_staleness: Annotated[
+        int,
+        _d(
+            "The staleness gate's admission bound: on weights of version v a new group starts only while fewer than (admit_staleness + v + 1) versions' worth of groups (train_batch_size / n_samples_per_prompt each) have started and not been dropped (AReaL's gate). -1: max_staleness. Set lower, the rollout starts less work ahead of the trainer while a straggler may still be max_staleness versions old when trained; with the trainer's replicas lent for the first batch, fewer groups share the replicas and the first ones complete sooner (docs/benchmarks.md, long_tail). At most max_staleness.",
+            ge=-1,
+        ),
+    ] = -1
     on_stale: Annotated[
         Literal["wait", "drop"],
         _d(

@@ -15,7 +15,7 @@ from shunter.bench.scenario import load, variant_setup
 from shunter.bench.sim import CostModel
 from shunter.bench.trace import to_trace
 from shunter.engine.config import from_dict
-from shunter.events import Codec, PolicySlow, RankAssigned, SampleBegin, StepEnd
+from shunter.events import Codec, PolicySlow, RankAssigned, ReplicaUp, SampleBegin, StepBegin, StepEnd, WeightsReady
 
 SMALL = CostModel(
     prompt_tokens=16,
@@ -136,6 +136,33 @@ def test_trace_is_valid_chrome_trace_json_with_a_track_per_actor():
     assert len(steps) == sum(isinstance(m, StepEnd) for m in r.messages)
 
 
+def _most_ahead(messages, gpv: int) -> int:
+    """The most groups begun beyond ``(v + 1) * gpv`` at any start, ``v`` the newest version out."""
+    begun, version, most = set(), 0, -(10**9)
+    for m in messages:
+        if isinstance(m, WeightsReady):
+            version = max(version, m.version)
+        elif isinstance(m, SampleBegin) and m.group_id not in begun:
+            begun.add(m.group_id)
+            most = max(most, len(begun) - (version + 1) * gpv)
+    return most
+
+
+def test_admit_staleness_holds_the_work_ahead_in_a_run_and_the_run_still_completes():
+    """16 groups a version (8 a mini-batch, 2 mini-batches a version): at staleness 3 the gate
+    lets the rollout start 3 versions of groups ahead; with ``admit_staleness = 0`` none ahead,
+    and every group still trains (none dropped)."""
+    full = run_sim(config("separate", 2, 0, eta=3, steps=8), SMALL, seed=2)
+    low = run_sim(config("separate", 2, 0, eta=3, steps=8, admit_staleness=0), SMALL, seed=2)
+    assert _most_ahead(full.messages, 16) > 0  # the full gate goes further ahead: the check can fail
+    assert _most_ahead(low.messages, 16) <= 0
+    assert low.ended.reason == "completed" and low.ended.steps == 8
+    # the pipeline depth the bench reports (groups begun, not trained, at a step's start, in
+    # mini-batches): at most (0 + 1) versions of 2 mini-batches ahead, deeper with the full gate
+    assert summarize(low.messages)["ahead_batches"] <= 2 < summarize(full.messages)["ahead_batches"]
+    assert not any(type(m).__name__ == "GroupDropped" for m in low.messages)
+
+
 def test_shipped_scenarios_load_and_set_up(tmp_path):
     from pathlib import Path
 
@@ -147,6 +174,10 @@ def test_shipped_scenarios_load_and_set_up(tmp_path):
         if sc.scenario.kind == "sim":
             for v in sc.variant:
                 variant_setup(sc, v)
+            if sc.cost.lengths_file:  # a length file it names is shipped beside it and reads
+                from shunter.engine.lengths import read_lengths
+
+                assert len(list(read_lengths(sc.cost.lengths_file))) >= 1000, f
         if sc.scenario.kind == "real":  # every variant is a valid engine config
             from shunter.bench.real import EXAMPLE
             from shunter.engine.config import load_config, merge
@@ -189,6 +220,56 @@ def test_busy_time_counts_overlaps_once_and_clips_to_the_run():
     assert _intervals_busy(changes, 0, 10) == 8  # 1..5 and 6..end
     assert _intervals_busy([(float("-inf"), 1)], 0, 10) == 10
     assert _intervals_busy([(-5, 1), (3, -1), (4, 1), (20, -1)], 0, 10) == 9
+
+
+def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ahead_is_in_batches():
+    """Two replicas; the first step at t=10, the last group begins at t=30, the run ends at 100.
+    Replica a is busy 0..40, b 0..20 and 25..30: from 10 to 30 they are idle 5 s of 40 (12.5 %),
+    whatever happens after the last group began; over the whole run far more."""
+    from shunter.bench.analysis import Summary
+    from shunter.events import RunEnded, RunStarted, SampleAborted
+
+    def at(t, m):
+        return msgspec.structs.replace(m, wall_time=float(t))
+
+    def begin(t, rid, gid):
+        return at(t, SampleBegin(sample_id=f"{gid}.0", group_id=gid, replica_id=rid, version=0))
+
+    def stop(t, rid, gid):
+        return at(t, SampleAborted(sample_id=f"{gid}.0", group_id=gid, replica_id=rid, reason="failed"))
+
+    up = [
+        at(0, ReplicaUp(replica_id=r, replica_kind="standalone", rank=i, mode="rollout")) for i, r in enumerate("ab")
+    ]
+    msgs = [
+        *up,
+        at(0, RunStarted(policy="separate", replicas=2)),
+        begin(0, "a", 0),
+        begin(0, "b", 1),
+        begin(0, "b", 2),
+        begin(5, "a", 3),
+        at(10, StepBegin(step=1, batch_id=0, samples=2, version=0, group_ids=[1, 2])),
+        stop(20, "b", 1),
+        stop(20, "b", 2),
+        begin(25, "b", 4),
+        begin(30, "a", 5),
+        stop(30, "b", 4),
+        stop(40, "a", 0),
+        stop(40, "a", 3),
+        stop(40, "a", 5),
+        at(50, StepBegin(step=2, batch_id=1, samples=2, version=1, group_ids=[0, 3])),
+        at(60, StepBegin(step=3, batch_id=2, samples=1, version=2, group_ids=[4])),
+        at(70, StepBegin(step=4, batch_id=3, samples=1, version=3, group_ids=[5])),
+        at(100, RunEnded(reason="completed", steps=4)),
+    ]
+    s = Summary()
+    for m in msgs:
+        s(m)
+    out = s.result()
+    assert out["rollout_idle_steady_frac"] == pytest.approx(5 / 40)
+    assert out["rollout_idle_frac"] == pytest.approx(1 - (40 + 25) / 200)
+    # groups begun and not trained at each step's start, in that step's batches: 4/2, 4/2, 2/1, 1/1
+    assert s.ahead == [2.0, 2.0, 2.0, 1.0] and out["ahead_batches"] == 2.0
 
 
 def test_reward_curves_are_averaged_over_seeds_smoothed_and_plotted(tmp_path):

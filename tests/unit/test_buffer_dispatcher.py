@@ -39,6 +39,42 @@ def test_gate_admits_max_staleness_plus_one_versions_of_groups():
     assert b.capacity(1) == 2
 
 
+def test_admit_staleness_admits_fewer_groups_and_max_staleness_still_decides_what_trains():
+    b = buf(max_staleness=3, admit_staleness=1)  # 2 groups per version
+    opened = 0
+    while b.capacity(0) > 0:
+        b.open(PromptSpec(prompt_id=opened, text="1>"), 0)
+        opened += 1
+    assert opened == 4  # (1 + 0 + 1) * 2, not (3 + 0 + 1) * 2
+    assert b.capacity(1) == 2 and b.capacity(3) == 6
+    for gid in range(4):
+        finish(b, gid, 0)
+    for version in (2, 3):  # two versions later, then three: within max_staleness, trained
+        batch, dropped = b.take(version)
+        assert len(batch.group_ids) == 2 and not dropped and batch.max_staleness == version
+    b.check()
+    assert buf(max_staleness=2).admit_staleness == 2  # unset (-1): the gate keeps max_staleness
+    with pytest.raises(ValueError, match=r"admit_staleness \(3\) must be at most max_staleness \(2\)"):
+        buf(max_staleness=2, admit_staleness=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(eta=st.integers(0, 5), data=st.data())
+def test_a_lower_admission_bound_never_admits_a_group_the_full_gate_would_not(eta, data):
+    """Whatever the versions replicas ask at, a gate at ``admit_staleness <= max_staleness``
+    admits a prefix of what the gate at ``max_staleness`` admits: the deadlines' guarantees,
+    proved for the full gate, hold for it."""
+    admit = data.draw(st.integers(0, eta))
+    versions = data.draw(st.lists(st.integers(0, 6), min_size=1, max_size=40).map(sorted))
+    full, low = buf(max_staleness=eta), buf(max_staleness=eta, admit_staleness=admit)
+    for i, v in enumerate(versions):
+        for b in (full, low):
+            if b.capacity(v) > 0:
+                b.open(PromptSpec(prompt_id=i, text="1>"), v)
+        assert low.dispatched <= full.dispatched
+        assert low.dispatched <= (admit + v + 1) * low.groups_per_version
+
+
 def test_wait_mode_trains_finished_groups_first_and_waits_only_for_a_due_straggler():
     b = buf()  # 2 groups a batch, staleness 1: groups of version 0 may train on versions 0 and 1
     for i in range(4):

@@ -42,6 +42,12 @@ def test_defaults_load_and_every_field_is_documented():
         ({"run": {"policy": "nope"}}, "unknown policy 'nope'"),
         ({"run": {"policy": "no_such_mod:X"}}, "cannot import module 'no_such_mod'"),
         ({"rollout": {"on_stale": "later"}}, "$.rollout.on_stale"),
+        (
+            {"rollout": {"max_staleness": 2, "admit_staleness": 3}},
+            "rollout.admit_staleness (3) is above rollout.max_staleness (2)",
+        ),
+        ({"rollout": {"admit_staleness": -2}}, "$.rollout.admit_staleness"),
+        ({"rollout": {"admit_staleness": "4"}}, "Expected `int`, got `str` - at `$.rollout.admit_staleness`"),
     ],
 )
 def test_bad_configs_name_the_field_and_values(data, message):

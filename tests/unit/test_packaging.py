@@ -40,6 +40,8 @@ def test_the_wheel_builds_without_a_warning_and_ships_the_scenarios(tmp_path):
     names = zipfile.ZipFile(whl).namelist()
     shipped = {Path(n).name for n in names if n.startswith("shunter/bench/scenarios/")}
     assert shipped == {p.name for p in (ROOT / "bench" / "scenarios").glob("*.toml")}
+    data = {Path(n).name for n in names if n.startswith("shunter/bench/data/")}  # length files they name
+    assert data == {p.name for p in (ROOT / "bench" / "data").glob("*.txt")} and data
 
 
 def test_the_editable_install_setup_makes_prints_no_warning(tmp_path):

@@ -178,6 +178,19 @@ async def test_no_batch_says_the_gate_waits_for_a_publish():
 
 
 @virtual_time
+async def test_a_gate_closed_by_admit_staleness_says_so():
+    coord, trainer, answers, task = await started(rollout={"max_staleness": 2, "admit_staleness": 0})
+    for _ in range(2):  # (admit_staleness 0 + version 0 + 1) * 2 mini-batches per version
+        await train(coord, answers, await next_batch(coord, answers))
+    while coord.buffer.in_flight or coord.buffer.ready_batches():
+        await answers.expect(lambda m: True)
+    assert coord.take_batch() is None and coord.buffer.dispatched == 4  # groups of 4 samples, 2 a batch
+    why = coord.why_no_batch()
+    assert "staleness gate is closed" in why and "rollout.admit_staleness = 0" in why, why
+    await stop(coord, task)
+
+
+@virtual_time
 async def test_an_engine_driven_run_whose_loss_fails_ends_cleanly_naming_it():
     coord, _, trainer = local_run(
         cfg(run={"trainer_driver": "engine", "total_steps": 4}, trainer={"loss_fn": "test_user_loop:missing_name"})

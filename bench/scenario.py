@@ -130,26 +130,32 @@ def gate(cfg: EngineConfig) -> bound.Gate | None:
     return bound.Gate(r.max_staleness if r.admit_staleness < 0 else r.admit_staleness, cfg.trainer.parameter_sync_step)
 
 
-def best_split(sc: Scenario, cost: CostModel, work: list[bound.StepWork], machine: bound.Machine) -> tuple[float, int]:
-    """The least overlapped bound over every trainer:rollout split of the scenario's GPUs for
-    this work, and the trainer GPUs of the split that reaches it (the documented rule for
-    choosing a split: the one whose bound is least for the work of a run). The per-token part
-    of each step rescales with the trainer GPUs (data parallel) and the all-reduce is the one on
-    that many GPUs; the fixed part (``train_step_s``) and the publish do not change."""
+def split_bounds(
+    sc: Scenario, cost: CostModel, work: list[bound.StepWork], machine: bound.Machine, first_at: float = 0.0
+) -> dict[int, float]:
+    """The overlapped bound of this work at every trainer:rollout split of the scenario's GPUs,
+    by trainer GPUs: the per-token part of each step rescales with the trainer GPUs (data
+    parallel) and the all-reduce is the one on that many GPUs; the fixed part
+    (``train_step_s``) and the publish do not change. ``first_at``: no first step before then.
+
+    The documented rule for choosing a split (``rule_split_trainer_gpus``, docs/benchmarks.md)
+    is the least of these bounds *given the run's own first step*: no online schedule makes the
+    first batch as short as the bound's (its longest sample alone, every other one at a full
+    batch), and a split whose trainer is the bottleneck pays that wait in full, while one whose
+    rollout is hides it under generation the run needs anyway. The least bound without it
+    (``best_split_bound_s``) stays the yardstick."""
     k0 = cost.trainer_gpus
     fixed0 = cost.train_step_s + cost.allreduce_s()
-    best, best_k = float("inf"), k0
     gen = bound.generation(work, machine)  # the same for every split
+    out = {}
     for k in range(1, sc.cluster.gpus):
         replicas = (sc.cluster.gpus - k) // sc.cluster.gpus_per_replica
         if replicas < 1:
             continue
         fixed = cost.train_step_s + msgspec.structs.replace(cost, trainer_gpus=k).allreduce_s()
         scaled = [w._replace(step_s=fixed + max(0.0, w.step_s - fixed0) * k0 / k) for w in work]
-        s = bound.overlapped_s(scaled, machine, replicas, gen=gen)
-        if s < best:
-            best, best_k = s, k
-    return best, best_k
+        out[k] = bound.overlapped_s(scaled, machine, replicas, first_at=first_at, gen=gen)
+    return out
 
 
 def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dict:
@@ -190,8 +196,12 @@ def run_scenario(sc: Scenario, *, log=print, out_dir: Path | None = None) -> dic
             work = summary.work()
             fl = fleet(sc, v, cfg, cost)
             m.update(bound.figures(work, fl, schedule_of(v), m["wall_s"], gate(cfg), m.get("first_step_s")))
-            m["best_split_bound_s"], k = best_split(sc, cost, work, fl.machine)
-            m["best_split_trainer_gpus"] = float(k)
+            splits = split_bounds(sc, cost, work, fl.machine)
+            m["best_split_bound_s"] = min(splits.values())
+            m["best_split_trainer_gpus"] = float(min(splits, key=splits.__getitem__))
+            if "first_step_s" in m:
+                given = split_bounds(sc, cost, work, fl.machine, first_at=m["first_step_s"])
+                m["rule_split_trainer_gpus"] = float(min(given, key=given.__getitem__))
             m["frac_of_best_split_bound"] = m["best_split_bound_s"] / m["wall_s"]
             parts = gaps.parts(work, fl, schedule_of(v), m["best_split_bound_s"], gate(cfg))
             m.update({f"gap_{k}_s": x for k, x in parts.items()})  # wall - best split bound, by cause

@@ -4,6 +4,7 @@ scales to 1,024 replicas, and its traces open in Perfetto."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -16,6 +17,8 @@ from shunter.bench.sim import CostModel
 from shunter.bench.trace import to_trace
 from shunter.engine.config import from_dict
 from shunter.events import Codec, PolicySlow, RankAssigned, ReplicaUp, SampleBegin, StepBegin, StepEnd, WeightsReady
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = CostModel(
     prompt_tokens=16,
@@ -161,6 +164,25 @@ def test_admit_staleness_holds_the_work_ahead_in_a_run_and_the_run_still_complet
     # mini-batches): at most (0 + 1) versions of 2 mini-batches ahead, deeper with the full gate
     assert summarize(low.messages)["ahead_batches"] <= 2 < summarize(full.messages)["ahead_batches"]
     assert not any(type(m).__name__ == "GroupDropped" for m in low.messages)
+
+
+def test_the_split_rule_counts_a_late_first_step_only_where_the_trainer_is_the_bottleneck():
+    """``split_bounds`` given a first step at 600 s: trainer-bound splits (6..9 of long_tail's 16
+    GPUs for this work) take the wait in full, generation-bound ones (10, 11) hide it, so the
+    rule's split (the least given the first step) is 10 where the plain bound's is 9."""
+    from shunter.bench import bound
+    from shunter.bench.scenario import split_bounds
+
+    sc = load(ROOT / "bench" / "scenarios" / "long_tail.toml")
+    cfg, cost = variant_setup(sc, next(v for v in sc.variant if v.name == "separate 9:7 eta=24 keep"))
+    machine = bound.ModelMachine(cost, cfg.rollout.max_in_flight_per_replica)
+    samples = tuple((512, 1000 + (i * 7919) % 9000) for i in range(512))
+    work = [bound.StepWork(samples, 120.0, 2.0) for _ in range(24)]
+    plain = split_bounds(sc, cost, work, machine)
+    given = split_bounds(sc, cost, work, machine, first_at=600.0)
+    assert min(plain, key=plain.__getitem__) == 9 and min(given, key=given.__getitem__) == 10
+    assert all(given[k] > plain[k] + 300 for k in range(6, 10))
+    assert all(given[k] == plain[k] for k in (10, 11))
 
 
 def test_shipped_scenarios_load_and_set_up(tmp_path):

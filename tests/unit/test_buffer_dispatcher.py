@@ -273,11 +273,13 @@ def test_wait_mode_never_drops_for_staleness_and_never_waits_with_nothing_genera
     trainer gets to it after at least ``spv``) and replicas on the current weights or the
     previous ones, no group is ever trained past the bound or dropped as stale; whenever
     nothing is generating, every full batch of ready groups is formable. Random walks:
-    groups finish in any order, takes come at any time."""
+    groups finish in any order, takes come at any time; in half the walks the gate admits at a
+    lower bound than the one trained to (``admit_staleness``)."""
     rng = random.Random(seed)
     for _ in range(25):
         eta, per_batch, spv, late = rng.randint(0, 3), rng.randint(1, 3), rng.randint(1, 3), rng.random() < 0.3
-        b = buf(max_staleness=eta, groups_per_batch=per_batch, batches_per_version=spv)
+        admit = rng.randint(0, eta) if rng.random() < 0.5 else -1
+        b = buf(max_staleness=eta, groups_per_batch=per_batch, batches_per_version=spv, admit_staleness=admit)
         version, taken = 0, 0
         for _ in range(150):
             op = rng.choices(["open", "open_lagging", "finish", "take", "publish"], [4, 1, 4, 2, 1])[0]

@@ -260,9 +260,7 @@ def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ah
     def stop(t, rid, gid):
         return at(t, SampleAborted(sample_id=f"{gid}.0", group_id=gid, replica_id=rid, reason="failed"))
 
-    up = [
-        at(0, ReplicaUp(replica_id=r, replica_kind="standalone", rank=i, mode="rollout")) for i, r in enumerate("ab")
-    ]
+    up = [at(0, ReplicaUp(replica_id=r, replica_kind="standalone", rank=i, mode="rollout")) for i, r in enumerate("ab")]
     msgs = [
         *up,
         at(0, RunStarted(policy="separate", replicas=2)),

@@ -49,6 +49,7 @@ from shunter.events import (
     WeightsLoaded,
     WeightsReady,
 )
+from shunter.events.relay import flatten
 from shunter.events.view import ROLLOUT
 
 
@@ -206,7 +207,9 @@ class Summary:
 
 
 def summarize(messages: Iterable[Message]) -> dict[str, float]:
+    """The figures of a run's messages; a relay's report (``read_log(..., reports=True)``) is
+    read as the facts it carries, as the run applied them."""
     s = Summary()
-    for m in messages:
+    for m in flatten(messages):
         s(m)
     return s.result()

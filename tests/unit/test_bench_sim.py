@@ -286,6 +286,11 @@ def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ah
     for m in msgs:
         s(m)
     out = s.result()
+    # a log read with its relay reports folded (read_log(..., reports=True)) gives the same figures
+    from shunter.events.relay import RelayReport
+
+    folded = [*msgs[:3], RelayReport(relay="local", events=msgs[3:6]), *msgs[6:]]
+    assert summarize(folded) == out
     assert out["rollout_idle_steady_frac"] == pytest.approx(5 / 40)
     assert out["rollout_idle_frac"] == pytest.approx(1 - (40 + 25) / 200)
     # groups begun and not trained at each step's start, in that step's batches: 4/2, 4/2, 2/1, 1/1

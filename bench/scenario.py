@@ -126,8 +126,7 @@ def gate(cfg: EngineConfig) -> bound.Gate | None:
     """The staleness gate a run in ``on_stale = "wait"`` mode keeps (None in drop mode)."""
     if cfg.rollout.on_stale != "wait":
         return None
-    r = cfg.rollout  # the gate's own bound: rollout.admit_staleness where set below max_staleness
-    return bound.Gate(r.max_staleness if r.admit_staleness < 0 else r.admit_staleness, cfg.trainer.parameter_sync_step)
+    return bound.Gate(cfg.rollout.admit_bound, cfg.trainer.parameter_sync_step)  # admit_staleness where set
 
 
 def split_bounds(

@@ -94,7 +94,7 @@ class SampleBuffer:
             batches_per_version=cfg.trainer.parameter_sync_step,
             max_staleness=r.max_staleness,
             on_stale=r.on_stale,
-            admit_staleness=r.admit_staleness,
+            admit_staleness=r.admit_bound,
         )
 
     # -- dispatch side ---------------------------------------------------------------

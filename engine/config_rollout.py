@@ -54,6 +54,12 @@ class RolloutConfig(_Section):
             ge=-1,
         ),
     ] = -1
+
+    @property
+    def admit_bound(self) -> int:
+        """The gate's admission bound in effect: ``admit_staleness``, or ``max_staleness`` (-1)."""
+        return self.max_staleness if self.admit_staleness < 0 else self.admit_staleness
+
     on_stale: Annotated[
         Literal["wait", "drop"],
         _d(

@@ -258,6 +258,17 @@ class InFlight:
         replicas = self.dispatcher.size() + joining
         return -(-groups // replicas) * self.group_size
 
+    def startable(self) -> int:
+        """Samples the pump could start as new groups now: the groups the gate admits on the
+        trainer's weights, no more than the run still wants (0 while paused or out of prompts)."""
+        if self.paused or self.exhausted:
+            return 0
+        b = self.buffer
+        groups = max(0, b.capacity(self.state.trainer.version))
+        if self.groups_wanted is not None:
+            groups = min(groups, max(0, self.groups_wanted - (b.trained + b.in_flight + b.ready)))
+        return groups * self.group_size
+
     def pump(self) -> None:
         """Start what can start: resumes first, then new groups while the gate admits them."""
         if self.paused:

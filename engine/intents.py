@@ -177,8 +177,16 @@ class Intents:
             self.executor.send(rid, InstallWeights(version=t.version, handle=t.handle))
 
     def _rebalance(self, intent: Rebalance) -> None:
-        """Replicas above the mean in-flight load shed the excess (it resumes on the least
-        loaded through the pump); an explicit plan is passed through."""
+        """Replicas above the mean load shed the excess (it resumes on the least loaded
+        through the pump); an explicit plan is passed through.
+
+        The mean counts the new groups the gate admits now (``InFlight.startable``) as load to
+        come: a replica that new groups will fill takes no partials. Moving a partial costs its
+        prefix's prefill, and a lent replica's return cuts all it holds again: against the bare
+        mean, ``long_tail_bimodal`` at 9:7 (whose gate stays open) moved ~1,800 samples onto every
+        lend and lending after the first batch lost to not lending; ``lend_2to1``, whose gate
+        admits little while the trainer waits, still moves what makes lending pay
+        (docs/benchmarks.md)."""
         if intent.replica_ids:
             for rid in intent.replica_ids:
                 if rid in self.state.replicas:
@@ -188,7 +196,7 @@ class Intents:
         serving = d.active()
         if len(serving) < 2:
             return
-        mean = d.total_in_flight / len(serving)
+        mean = (d.total_in_flight + self.inflight.startable()) / len(serving)
         for rid in serving:
             excess = d.in_flight(rid) - int(mean + 0.5)
             if excess >= self.group_size:  # at least a group's worth

@@ -106,7 +106,9 @@ class Rebalance(Intent, frozen=True, kw_only=True, tag="rollout.rebalance"):
     """Even out in-flight samples over the replicas in rollout mode.
 
     ``policy | user -> coordinator``: bare, the coordinator asks every replica above the mean
-    load to shed the excess; with ``replica_ids`` and ``count``, each named replica sheds
+    load to shed the excess, counting the new groups the staleness gate admits now as load to
+    come (a replica those will fill takes no partial: a moved sample costs its prefix's
+    prefill again); with ``replica_ids`` and ``count``, each named replica sheds
     ``count`` samples (``ShedGroups``). Shed groups resume on the least loaded replicas."""
 
     replica_ids: list[str] = []

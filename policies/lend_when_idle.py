@@ -6,7 +6,12 @@ measured cost of switching there and back; as soon as a mini-batch is ready they
 reclaimed, and the trainer trains only once every lent replica is back. When a lent
 replica comes up it asks for a ``Rebalance``: busy standalone replicas hand part of their
 in-flight groups over (partial rollout makes the move cheap: only the prefix is
-re-prefilled), so lending helps even when every new group is already dispatched.
+re-prefilled), so lending helps even when every new group is already dispatched. The
+coordinator counts the new groups the gate admits as load to come, so partials move only
+where new groups will not fill the lent replica: on ``lend_2to1`` (its gate admits little while
+the trainer waits) the move is what makes lending pay; on ``long_tail_bimodal`` 9:7 (its gate
+stays open) moving against the bare mean shifted ~1,800 samples onto every lend, the return
+cut them again, and lending after the first batch lost to not lending (docs/benchmarks.md).
 
 The estimate (all inputs come from the view):
 

@@ -14,6 +14,7 @@ from shunter.events import (
     GroupDropped,
     ModeChanged,
     SampleAborted,
+    SampleBegin,
     SampleEnd,
     SampleResumed,
     StepEnd,
@@ -249,34 +250,48 @@ async def test_a_policy_that_stops_acting_ends_the_run_with_a_stall_error_not_a_
     assert len(ended.error) < 600 and "EngineView(" not in ended.error
 
 
-@virtual_time
-async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothing():
-    from shunter.events import ModeChanged, Rebalance, SwitchToRollout
+async def _lend_then_rebalance(c):
+    """Run ``c`` (one standalone, one hybrid) under ``separate``; once standalone-0 holds 24
+    samples, lend hybrid-1; the policy asks for a bare ``Rebalance`` on the ``ModeChanged``
+    that brings it up, as ``lend_when_idle`` does (before the pump starts anything there).
+    Returns the run's end and every message seen."""
+    from shunter.events import Rebalance, SwitchToRollout
+    from shunter.policies.separate import SeparatePolicy
 
-    c = cfg(
-        run={"total_steps": 6},  # groups enough for 6 groups in flight at once
-        rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_in_flight_per_replica": 32, "max_staleness": 2},
-    )
-    coord, backends, trainer = local_run(c, token_s=0.01)  # separate: the hybrid stays asleep
+    class RebalanceOnLend(SeparatePolicy):
+        def decide(self, event, view):
+            up = isinstance(event, ModeChanged) and event.replica_id == "hybrid-1" and event.mode == "rollout"
+            return ([Rebalance()] if up else []) + super().decide(event, view)
+
+    coord, _, _ = local_run(c, policy=RebalanceOnLend(), token_s=0.01)  # the hybrid stays asleep until lent
     seen = []
-    lent = asyncio.Event()
     busy = asyncio.Event()
 
     def watch(m):
-        if isinstance(m, ModeChanged) and m.replica_id == "hybrid-1" and m.mode == "rollout":
-            lent.set()
         if coord.dispatcher.in_flight("standalone-0") >= 24:  # standalone-0 holds every group so far
             busy.set()
 
     coord.sinks += [seen.append, watch]
 
-    async def lend_then_rebalance():
+    async def lend():
         await busy.wait()
         coord.post(SwitchToRollout(replica_ids=["hybrid-1"]))
-        await lent.wait()
-        coord.post(Rebalance())
 
-    _, (ended, _) = await asyncio.gather(lend_then_rebalance(), run_to_end(coord))
+    _, (ended, _) = await asyncio.gather(lend(), run_to_end(coord))
+    counters = coord.buffer.counters()
+    assert (
+        counters["dispatched"] == counters["trained"] + counters["dropped"] + counters["in_flight"] + counters["ready"]
+    )
+    return ended, seen
+
+
+@virtual_time
+async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothing():
+    c = cfg(
+        run={"total_steps": 6},  # groups enough for 6 groups in flight at once
+        rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_in_flight_per_replica": 32, "max_staleness": 2},
+    )
+    ended, seen = await _lend_then_rebalance(c)
     assert ended.reason == "completed"
     moved = [e for e in seen if isinstance(e, SampleAborted) and e.reason == "rebalanced"]
     assert moved and {e.replica_id for e in moved} == {"standalone-0"}
@@ -284,10 +299,21 @@ async def test_rebalance_moves_whole_groups_from_a_busy_replica_and_loses_nothin
     finished = [e for e in seen if isinstance(e, SampleEnd) and e.sample.group_id in groups]
     assert finished and "hybrid-1" in {e.replica_id for e in finished}  # moved work finished on the lent replica
     assert all(len(e.sample.token_ids) <= e.sample.max_tokens for e in finished)
-    counters = coord.buffer.counters()
-    assert (
-        counters["dispatched"] == counters["trained"] + counters["dropped"] + counters["in_flight"] + counters["ready"]
+
+
+@virtual_time
+async def test_rebalance_moves_no_partial_to_a_replica_new_groups_will_fill():
+    """With the gate admitting far more new groups than the lent replica holds, a bare
+    ``Rebalance`` cuts nothing: the lent replica fills with new groups (a partial moved there
+    would cost its prefill again, and the replica's return would cut it once more)."""
+    c = cfg(
+        run={"total_steps": 40},
+        rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_in_flight_per_replica": 32, "max_staleness": 8},
     )
+    ended, seen = await _lend_then_rebalance(c)
+    assert ended.reason == "completed"
+    assert not [e for e in seen if isinstance(e, SampleAborted) and e.reason == "rebalanced"]
+    assert any(isinstance(e, SampleBegin) and e.replica_id == "hybrid-1" for e in seen)  # it took new groups
 
 
 @virtual_time

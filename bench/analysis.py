@@ -20,6 +20,8 @@ simulated one are measured by the same code.
 - ``ahead_batches``: at each step's start, the groups begun (a ``SampleBegin``) and not yet
   trained, in mini-batches — the rollout's pipeline depth; the median over the middle half of
   the steps (the start fills the pipeline, the end drains it);
+- ``rollout_idle_after_first_frac``: the replicas' idle fraction from the first step's start to
+  the run's end (the trainer's ``trainer_idle_steady_frac`` window);
 - ``rollout_idle_steady_frac``: the replicas' idle fraction from the first step's start to the
   start of the run's last group — the rollout's counterpart of the trainer's steady idle: after
   the first batch, while a group was left to start (after the last one, a replica with nothing
@@ -183,6 +185,11 @@ class Summary:
             steady = max(end - self.first_step, 1e-12)
             out["first_step_s"] = self.first_step - start
             out["trainer_idle_steady_frac"] = max(0.0, 1 - self.trainer_busy / steady)
+            lo, hi = self.first_step, end
+            busy = sum(_intervals_busy(self.flight.get(r, []), lo, hi) for r in self.rollout)
+            avail = sum(_intervals_busy([c for c in ch if c[1]], lo, hi) for ch in self.rollout.values())
+            if avail > 0:
+                out["rollout_idle_after_first_frac"] = max(0.0, 1 - busy / avail)
             if self.last_group_at is not None and self.last_group_at > self.first_step:
                 lo, hi = self.first_step, self.last_group_at
                 busy = sum(_intervals_busy(self.flight.get(r, []), lo, hi) for r in self.rollout)

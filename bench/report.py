@@ -38,6 +38,7 @@ COLUMNS = [
     ("frac_of_first_step_bound", "of its bound given its first step", "{:.0%}"),
     ("first_step_s", "first batch (s)", "{:.0f}"),
     ("trainer_idle_steady_frac", "trainer idle after the first batch", "{:.1%}"),
+    ("rollout_idle_after_first_frac", "rollout idle after it", "{:.1%}"),
     ("rollout_idle_steady_frac", "rollout idle after it, while a group was left", "{:.1%}"),
     ("ahead_batches", "mini-batches begun ahead of the trainer", "{:.1f}"),
     ("rollout_work_frac", "decode capacity used", "{:.0%}"),

@@ -55,6 +55,13 @@ class RolloutConfig(_Section):
         ),
     ] = -1
 
+    spread_at_end: Annotated[
+        bool,
+        _d(
+            "Once every group the run trains has started, a replica left with nothing to generate takes samples off the most loaded replicas (cut and resumed from their prefix, which is prefilled again), so the replicas finish the run's last groups together instead of a few decoding the stragglers in full batches while the rest idle."
+        ),
+    ] = False
+
     @property
     def admit_bound(self) -> int:
         """The gate's admission bound in effect: ``admit_staleness``, or ``max_staleness`` (-1)."""

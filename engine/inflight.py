@@ -94,6 +94,13 @@ class InFlight:
         """The prompt stream ended (a dataset's ``data.epochs`` are done): no new group will start."""
         self.groups_wanted: int | None = None
         """Groups the run trains in all (None: no end known, as when a user's loop trains)."""
+        self.spread_at_end = False
+        """Once every group the run trains has started, a replica left with nothing takes
+        samples off the most loaded ones (``rollout.spread_at_end``)."""
+        self.spreading: set[str] = set()
+        """Samples cut to spread at the run's end, not back yet (one spread at a time)."""
+        self.spread = 0
+        """Samples cut to spread at the run's end so far (``rollout/spread_at_end``)."""
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _started(self, group_id: int, rid: str, n: int) -> None:
@@ -125,11 +132,13 @@ class InFlight:
         """A sample finished (or failed) for good."""
         self._born.pop(sid, None)
         self.moving.discard(sid)
+        self.spreading.discard(sid)
 
     def requeue(self, partial: Sample) -> None:
         """A partial that left its replica resumes elsewhere (if its group is still wanted): on
         the straggler lane if it was cut to move there."""
         sid = partial.sample_id
+        self.spreading.discard(sid)
         if sid in self.moving:
             self.moving.discard(sid)
             if self.buffer.group(partial.group_id) is not None:
@@ -269,6 +278,42 @@ class InFlight:
             groups = min(groups, max(0, self.groups_wanted - (b.trained + b.in_flight + b.ready)))
         return groups * self.group_size
 
+    def all_started(self) -> bool:
+        """Every group the run will train has started (or the prompts ran out): no new group
+        starts until one is dropped."""
+        b = self.buffer
+        return self.exhausted or (
+            self.groups_wanted is not None and b.trained + b.in_flight + b.ready >= self.groups_wanted
+        )
+
+    def _spread(self) -> None:
+        """The run's end: while a serving replica holds nothing, the replicas holding more than
+        an even share (the in-flight samples over the serving replicas, rounded up) are cut
+        down to it, the most recent groups' samples first (their prefixes, prefilled again
+        where they resume, are the shortest); the cut samples resume on the least loaded. One
+        spread at a time (until its samples are back), none while resumes wait or a straggler
+        lane runs (the lane is the run's tail policy then)."""
+        if self.resumes or self.spreading or self.tail_after_s >= 0:
+            return
+        d = self.dispatcher
+        ids = d.active()
+        if len(ids) < 2 or all(d.in_flight(r) for r in ids):
+            return
+        share = -(-d.total_in_flight // len(ids))
+        over = {r: n - share for r in ids if (n := d.in_flight(r)) > share}
+        if not over:
+            return
+        held: dict[str, list[str]] = {}
+        for sid, (rid, _) in self.where.items():
+            if rid in over and sid not in self.moving:
+                held.setdefault(rid, []).append(sid)
+        for rid, sids in held.items():
+            sids.sort(key=group_of, reverse=True)
+            cut = sids[: over[rid]]
+            self.spreading.update(cut)
+            self.spread += len(cut)
+            self.executor.send(rid, CutSamples(sample_ids=cut))
+
     def pump(self) -> None:
         """Start what can start: resumes first, then new groups while the gate admits them."""
         if self.paused:
@@ -301,6 +346,9 @@ class InFlight:
             self._resume(self.resumes.popleft(), g, rid)
         if self.tail_after_s >= 0:
             self._move_old()
+        if self.spread_at_end and self.all_started():
+            self._spread()
+            return
         share = self._join_share()
         while True:
             rid = d.pick(n)

@@ -147,6 +147,8 @@ class CoordinatorEnd:
         extra = {"coordinator/policy_failures": float(self.guard.failures)} if self.guard.failures else {}
         if self.inflight.moved:
             extra["rollout/moved_to_lane"] = float(self.inflight.moved)
+        if self.inflight.spread:
+            extra["rollout/spread_at_end"] = float(self.inflight.spread)
         data_metrics = getattr(self.inflight.prompts, "metrics", None)  # a dataset's stream
         if callable(data_metrics):
             extra.update(data_metrics())

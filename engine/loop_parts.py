@@ -81,6 +81,7 @@ class CoordinatorParts:
         )
         if self.state.trainer_driver == "engine":  # the run trains this many groups, no more
             self.inflight.groups_wanted = cfg.run.total_steps * cfg.groups_per_mini_batch
+        self.inflight.spread_at_end = cfg.rollout.spread_at_end
         self.batches = Batches(self.buffer, self.state, self.emit)
         self.guard = PolicyGuard(
             self.policy,

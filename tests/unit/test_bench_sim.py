@@ -247,7 +247,8 @@ def test_busy_time_counts_overlaps_once_and_clips_to_the_run():
 def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ahead_is_in_batches():
     """Two replicas; the first step at t=10, the last group begins at t=30, the run ends at 100.
     Replica a is busy 0..40, b 0..20 and 25..30: from 10 to 30 they are idle 5 s of 40 (12.5 %),
-    whatever happens after the last group began; over the whole run far more."""
+    whatever happens after the last group began; from the first step to the end and over the
+    whole run far more."""
     from shunter.bench.analysis import Summary
     from shunter.events import RunEnded, RunStarted, SampleAborted
 
@@ -292,6 +293,8 @@ def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ah
     folded = [*msgs[:3], RelayReport(relay="local", events=msgs[3:6]), *msgs[6:]]
     assert summarize(folded) == out
     assert out["rollout_idle_steady_frac"] == pytest.approx(5 / 40)
+    # from the first step to the end: a busy 10..40, b 10..20 and 25..30: 45 s of 180
+    assert out["rollout_idle_after_first_frac"] == pytest.approx(1 - 45 / 180)
     assert out["rollout_idle_frac"] == pytest.approx(1 - (40 + 25) / 200)
     # groups begun and not trained at each step's start, in that step's batches: 4/2, 4/2, 2/1, 1/1
     assert s.ahead == [2.0, 2.0, 2.0, 1.0] and out["ahead_batches"] == 2.0

@@ -250,3 +250,34 @@ def test_an_install_order_on_keep_answers_weights_loaded():
     finally:
         loop.close()
     assert isinstance(ev, WeightsLoaded) and ev.version == 1 and ev.detail["kept"] == 0
+
+
+def test_spreading_at_the_end_moves_samples_only_once_the_last_group_started_and_loses_nothing():
+    """``rollout.spread_at_end``: no sample is cut before the run has started every group it
+    trains; after that, a replica left with nothing takes samples off the others, each cut
+    sample resumes elsewhere from its prefix; on this seed the replicas idle 12.7 % of the run
+    without it and 5.6 % with it (on seed 2 one sample moves and nothing changes)."""
+    from shunter.bench.analysis import summarize
+
+    off = run_sim(config(), COST, seed=3)  # a seed whose end leaves one replica with the stragglers
+    on = run_sim(config(spread_at_end=True), COST, seed=3)
+    assert off.ended.reason == on.ended.reason == "completed"
+    assert len(trained_once(on.messages)) == 8 * 8
+    assert not [m for m in off.messages if isinstance(m, SampleAborted) and m.reason == "rebalanced"]
+    assert "rollout/spread_at_end" not in off.ended.summary
+    cuts = [(i, m) for i, m in enumerate(on.messages) if isinstance(m, SampleAborted) and m.reason == "rebalanced"]
+    assert cuts
+    # the last group had started (relays report facts in batches: compare the facts' times)
+    assert max(m.wall_time for m in on.messages if isinstance(m, SampleBegin)) <= cuts[0][1].wall_time
+    assert len(cuts) <= on.ended.summary["rollout/spread_at_end"]  # a sample may end before its cut lands
+    trained = set(trained_once(on.messages))
+    resumed = {}
+    for m in on.messages[cuts[0][0] :]:
+        if isinstance(m, SampleResumed):
+            resumed.setdefault(m.sample_id, []).append(m)
+    for _, m in cuts:
+        if m.group_id in trained:  # each resumed from its prefix
+            assert m.partial is not None and resumed[m.sample_id][-1].prefix_len >= m.tokens > 0
+    ends = [m.sample for m in on.messages if isinstance(m, SampleEnd)]
+    assert all(len(s.token_ids) <= s.max_tokens for s in ends)
+    assert summarize(on.messages)["rollout_idle_frac"] < summarize(off.messages)["rollout_idle_frac"]

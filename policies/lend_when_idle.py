@@ -54,7 +54,7 @@ What the lent fleet should start is the engine's gate, not this policy's: with t
 frees, so every group shares a full batch and the 7 standalone replicas inherit a long queue
 when the lent ones go back. Admitting 14 versions ahead (``admit_staleness = 13``) leaves
 slots empty as samples finish: the first batch is ready at 540 s instead of 596 and the steps
-after it wait less — 95.8 % of the best split's bound instead of 93.6 % (docs/benchmarks.md).
+after it wait less — 95.7 % of the best split's bound instead of 93.4 % (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -60,7 +61,21 @@ class RayNodes:
     def __init__(self) -> None:
         self.temp = Path(tempfile.mkdtemp(prefix="shr", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
         # every process `ray start` starts (and theirs) inherits MARK: this cluster's, whatever else runs here
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_DEDUP_LOGS": "0", MARK: str(self.temp)}
+        # its own token, as an operator's cluster has: every process it starts and the run read it
+        # (not ~/.ray/auth_token, which a fresh machine lacks until a local ray.init() writes it —
+        # `ray start` with token auth on and no token refuses to start; a test racing that write
+        # failed on a fresh machine)
+        token = self.temp / "auth_token"
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+        self.env = {
+            **os.environ,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token),
+            "RAY_DEDUP_LOGS": "0",
+            MARK: str(self.temp),
+        }
+        self.env.pop("RAY_AUTH_TOKEN", None)
         self.env.pop("RAY_ADDRESS", None)
         # set to 0 by a local run in this process (actors.cluster.local_only): it forbids a second node
         self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)

@@ -42,6 +42,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return gpu_sim.main(argv[1:])
     args = p.parse_args(argv)
+    try:
+        return _command(args)
+    except (ValueError, OSError) as e:  # a scenario's or a file's mistake: one line, not a traceback
+        print(f"python -m shunter.bench {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.cmd == "run":
         from shunter.bench import runners
 

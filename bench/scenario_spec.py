@@ -86,6 +86,17 @@ def load(path: str | Path) -> Scenario:
         if isinstance(ro, dict) and isinstance(ro.get("length_dist"), str):
             ro["length_dist"] = lengths.resolved(ro["length_dist"], base)
     try:
-        return msgspec.convert(data, Scenario)
+        sc = msgspec.convert(data, Scenario)
     except msgspec.ValidationError as e:
         raise ValueError(f"scenario {p}: {e}") from None
+    # names the results are compared by, checked before anything runs (a typo found after the
+    # last variant would lose every result of the run)
+    names = [v.name for v in sc.variant]
+    if bad := [pair for pair in sc.scenario.pairs if len(pair) != 2]:
+        raise ValueError(f"scenario {p}: a pair is [variant, reference], got {bad[0]!r}")
+    wrong = [
+        n for n in [sc.scenario.baseline, *(n for pair in sc.scenario.pairs for n in pair)] if n and n not in names
+    ]
+    if wrong:
+        raise ValueError(f"scenario {p}: no variant named {', '.join(map(repr, wrong))} (variants: {names})")
+    return sc

@@ -30,6 +30,7 @@ trainer): derive anything about replicas from the view.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import msgspec
@@ -202,6 +203,27 @@ def option_flag(name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def option_number(name: str, value: object, *, at_least: float | None = None, above: float | None = None) -> float:
+    """A policy option that is a finite number: a TOML / JSON integer or float, nothing else — a
+    quoted ``"4"`` is refused as ``option_flag`` refuses ``"false"``, and so are NaN, infinity
+    and a value below the option's range."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if at_least is not None and value < at_least:
+        raise ValueError(f"{name} must be at least {at_least:g}, got {value!r}")
+    if above is not None and value <= above:
+        raise ValueError(f"{name} must be above {above:g}, got {value!r}")
+    return float(value)
+
+
+def option_sleep_level(value: object) -> int:
+    """``sleep_level``: vLLM's sleep levels are 1 (weights offloaded, KV cache freed) and 2 (both
+    freed); anything else would reach vLLM unchecked."""
+    if isinstance(value, bool) or value not in (1, 2):
+        raise ValueError(f"sleep_level must be 1 or 2 (vLLM's sleep levels), got {value!r}")
+    return int(value)
 
 
 def live_ids(view: EngineView, kind: str) -> list[str]:

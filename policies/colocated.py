@@ -26,7 +26,14 @@ from shunter.events import (
     WeightsReady,
 )
 from shunter.events.view import HYBRID, ROLLOUT, TRAINER
-from shunter.policies.base import Policy, ValidationState, live_ids, option_flag, validate_when_due
+from shunter.policies.base import (
+    Policy,
+    ValidationState,
+    live_ids,
+    option_flag,
+    option_sleep_level,
+    validate_when_due,
+)
 
 
 class ColocatedState(msgspec.Struct):
@@ -42,7 +49,7 @@ class ColocatedPolicy(Policy):
     def __init__(self, *, offload_optimizer: bool = True, sleep_level: int = 1) -> None:
         super().__init__()
         self.offload_optimizer = option_flag("offload_optimizer", offload_optimizer)
-        self.sleep_level = int(sleep_level)
+        self.sleep_level = option_sleep_level(sleep_level)
 
     @classmethod
     def check_setup(cls, *, standalone: int, hybrid: int) -> None:

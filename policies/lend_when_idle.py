@@ -84,6 +84,8 @@ from shunter.policies.base import (
     live_ids,
     load_on_ready,
     option_flag,
+    option_number,
+    option_sleep_level,
     train_or_publish,
     validate_when_due,
 )
@@ -122,12 +124,12 @@ class LendWhenIdlePolicy(Policy):
         super().__init__()
         self.first_batch = option_flag("first_batch", first_batch)
         self.after_first = option_flag("after_first", after_first)
-        self.wait_factor = float(wait_factor)
+        self.wait_factor = option_number("wait_factor", wait_factor, above=0)
         self.rebalance = option_flag("rebalance", rebalance)
         self.predict_wait = option_flag("predict_wait", predict_wait)
-        self.switch_cost_prior_s = float(switch_cost_prior_s)
-        self.min_gain_s = float(min_gain_s)
-        self.sleep_level = int(sleep_level)
+        self.switch_cost_prior_s = option_number("switch_cost_prior_s", switch_cost_prior_s, at_least=0)
+        self.min_gain_s = option_number("min_gain_s", min_gain_s)
+        self.sleep_level = option_sleep_level(sleep_level)
 
     @classmethod
     def check_setup(cls, *, standalone: int, hybrid: int) -> None:

@@ -342,3 +342,30 @@ def test_a_slow_coordinator_slows_the_simulated_run_and_its_messages_queue():
     assert max(charged.latency_s) > 0.25 + 0.1  # and some queued behind an earlier turn
     # uncharged, nothing waits in virtual time but a fact in its relay's window
     assert max(free.latency_s) <= cfg.rollout.report_window_s + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ('baseline = "nope"', "'nope'"),
+        ('pairs = [["separate", "x"]]', "'x'"),
+        ('pairs = [["separate"]]', "[variant, reference]"),
+    ],
+)
+def test_a_scenario_naming_no_variant_is_refused_before_anything_runs_in_one_line(tmp_path, capsys, line, named):
+    """An outside tester's scenario with a baseline typo ran every variant, then died with a
+    ``KeyError`` traceback and wrote no results; it is refused at load now, and ``bench run``
+    says a scenario's mistake in one line (exit 2)."""
+    from shunter.bench.__main__ import main as bench_main
+
+    f = tmp_path / "t.toml"
+    f.write_text(
+        f'[scenario]\nname = "t"\nkind = "sim"\nseeds = [1]\n{line}\n[cluster]\ngpus = 3\n[cost]\nlength_median = 100\n'
+        '[engine]\nrun = { total_steps = 2 }\n[[variant]]\nname = "separate"\npolicy = "separate"\ntrainer_gpus = 1\n'
+    )
+    with pytest.raises(ValueError, match="no variant named|a pair is"):
+        load(f)
+    assert bench_main(["run", str(f), "--out", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "t.json").exists()

@@ -159,6 +159,40 @@ def test_a_quoted_boolean_option_is_refused_naming_the_option(policy, option):
     assert getattr(make_policy(policy, {option: False}), option) is False
 
 
+@pytest.mark.parametrize(
+    ("policy", "option", "bad", "why"),
+    [
+        ("lend_when_idle", "wait_factor", "4", "must be a finite number"),
+        ("lend_when_idle", "wait_factor", 0, "must be above 0"),
+        ("lend_when_idle", "wait_factor", -1, "must be above 0"),
+        ("lend_when_idle", "wait_factor", float("nan"), "must be a finite number"),
+        ("lend_when_idle", "switch_cost_prior_s", -3, "must be at least 0"),
+        ("lend_when_idle", "switch_cost_prior_s", float("inf"), "must be a finite number"),
+        ("lend_when_idle", "min_gain_s", True, "must be a finite number"),
+        ("lend_when_idle", "sleep_level", 5, "must be 1 or 2"),
+        ("lend_when_idle", "sleep_level", "1", "must be 1 or 2"),
+        ("colocated", "sleep_level", 0, "must be 1 or 2"),
+    ],
+)
+def test_a_numeric_option_out_of_its_range_or_quoted_is_refused_naming_it(policy, option, bad, why):
+    """An outside tester's runs started with ``wait_factor = "4"``, ``-1``, ``nan`` and
+    ``sleep_level = 5`` (which reached vLLM's sleep call); each is refused where it is built."""
+    from shunter.policies.registry import make_policy
+
+    with pytest.raises(ValueError, match=f"{option} {why}"):
+        make_policy(policy, {option: bad})
+
+
+def test_numeric_options_in_range_are_taken():
+    from shunter.policies.registry import make_policy
+
+    p = make_policy(
+        "lend_when_idle", {"wait_factor": 2, "switch_cost_prior_s": 0, "min_gain_s": -1.5, "sleep_level": 2}
+    )
+    assert (p.wait_factor, p.switch_cost_prior_s, p.min_gain_s, p.sleep_level) == (2.0, 0.0, -1.5, 2)
+    assert make_policy("colocated", {"sleep_level": 2}).sleep_level == 2
+
+
 def test_colocated_runs_the_synchronous_schedule():
     h0 = ReplicaView(replica_id="hybrid-0", kind="hybrid", rank=0, mode="trainer")
     p = ColocatedPolicy()

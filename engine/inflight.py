@@ -20,6 +20,9 @@ Invariants:
 - no new group starts once the groups trained, ready and in flight are as many as the run
   will train (:attr:`groups_wanted`): the rollout's last work goes to the groups the last
   steps need, not to groups the end of the run would drop;
+- with ``rollout.spread_at_end``, once every group the run trains has started, samples are cut
+  off a replica only while another serving replica holds none, down to an even share, one
+  spread at a time (:attr:`spreading`), never while resumes wait or a straggler lane runs;
 - while replicas are on their way into rollout (``EngineState.joining``), a serving replica
   takes new groups only up to its share of what the gate admits, counting the joiners: the
   first replica awake does not take the work of the whole fleet (a synchronous schedule
@@ -272,19 +275,21 @@ class InFlight:
         trainer's weights, no more than the run still wants (0 while paused or out of prompts)."""
         if self.paused or self.exhausted:
             return 0
+        groups = max(0, self.buffer.capacity(self.state.trainer.version))
+        left = self.groups_left()
+        return (groups if left is None else min(groups, left)) * self.group_size
+
+    def groups_left(self) -> int | None:
+        """Groups still to start before the run has every group it trains (None: no end known)."""
+        if self.groups_wanted is None:
+            return None
         b = self.buffer
-        groups = max(0, b.capacity(self.state.trainer.version))
-        if self.groups_wanted is not None:
-            groups = min(groups, max(0, self.groups_wanted - (b.trained + b.in_flight + b.ready)))
-        return groups * self.group_size
+        return max(0, self.groups_wanted - (b.trained + b.in_flight + b.ready))
 
     def all_started(self) -> bool:
         """Every group the run will train has started (or the prompts ran out): no new group
         starts until one is dropped."""
-        b = self.buffer
-        return self.exhausted or (
-            self.groups_wanted is not None and b.trained + b.in_flight + b.ready >= self.groups_wanted
-        )
+        return self.exhausted or self.groups_left() == 0
 
     def _spread(self) -> None:
         """The run's end: while a serving replica holds nothing, the replicas holding more than
@@ -356,8 +361,7 @@ class InFlight:
                 return
             if share is not None and d.in_flight(rid) + n > share:
                 return  # the least loaded holds its share: the rest waits for the replicas joining
-            b = self.buffer
-            if self.groups_wanted is not None and b.trained + b.in_flight + b.ready >= self.groups_wanted:
+            if self.groups_left() == 0:
                 return  # enough to finish the run: the replicas' time goes to the groups it needs
             prompt = next(self.prompts, None)
             if prompt is None:

@@ -161,6 +161,12 @@ class Summary:
             case SampleAborted():
                 self.flight[m.replica_id].append((m.wall_time, -1))
 
+    def _rollout_idle(self, lo: float, hi: float) -> float | None:
+        """The replicas' idle fraction between ``lo`` and ``hi`` (None: none was in rollout)."""
+        busy = sum(_intervals_busy(self.flight.get(r, []), lo, hi) for r in self.rollout)
+        avail = sum(_intervals_busy([c for c in ch if c[1]], lo, hi) for ch in self.rollout.values())
+        return max(0.0, 1 - busy / avail) if avail > 0 else None
+
     def result(self) -> dict[str, float]:
         start = self.start if self.start is not None else (self.first or 0.0)
         end = self.end if self.end is not None else (self.last or 0.0)
@@ -185,17 +191,12 @@ class Summary:
             steady = max(end - self.first_step, 1e-12)
             out["first_step_s"] = self.first_step - start
             out["trainer_idle_steady_frac"] = max(0.0, 1 - self.trainer_busy / steady)
-            lo, hi = self.first_step, end
-            busy = sum(_intervals_busy(self.flight.get(r, []), lo, hi) for r in self.rollout)
-            avail = sum(_intervals_busy([c for c in ch if c[1]], lo, hi) for ch in self.rollout.values())
-            if avail > 0:
-                out["rollout_idle_after_first_frac"] = max(0.0, 1 - busy / avail)
+            windows = {"rollout_idle_after_first_frac": end}
             if self.last_group_at is not None and self.last_group_at > self.first_step:
-                lo, hi = self.first_step, self.last_group_at
-                busy = sum(_intervals_busy(self.flight.get(r, []), lo, hi) for r in self.rollout)
-                avail = sum(_intervals_busy([c for c in ch if c[1]], lo, hi) for ch in self.rollout.values())
-                if avail > 0:
-                    out["rollout_idle_steady_frac"] = max(0.0, 1 - busy / avail)
+                windows["rollout_idle_steady_frac"] = self.last_group_at
+            for key, hi in windows.items():
+                if (idle := self._rollout_idle(self.first_step, hi)) is not None:
+                    out[key] = idle
         if self.stale:
             out["staleness_mean"] = sum(self.stale) / len(self.stale)
         if len(self.ahead) >= 4:  # the middle half: past the start's ramp, before the end drains

@@ -39,7 +39,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(config, name)
     if name in _ERRORS:
-        from shunter.engine import errors
+        from shunter.engine.io import errors
 
         return getattr(errors, name)
     if name == "ReplicaPool":
@@ -47,11 +47,11 @@ def __getattr__(name: str) -> object:
 
         return ReplicaPool
     if name == "LossInput":
-        from shunter.engine.loss import LossInput
+        from shunter.engine.trainer.loss import LossInput
 
         return LossInput
     if name == "StepResult":
-        from shunter.engine.environments import StepResult
+        from shunter.engine.data.environments import StepResult
 
         return StepResult
     raise AttributeError(f"module 'shunter' has no attribute {name!r}")

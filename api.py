@@ -43,9 +43,9 @@ from shunter.actors.pool import ReplicaPool
 from shunter.api_replicas import EngineReplicas
 from shunter.api_steering import EngineSteering
 from shunter.api_steering import _loss_spec as _loss_spec
-from shunter.engine.checkpoint import CheckpointStore, Found, resolve
 from shunter.engine.config import EngineConfig, load_config
-from shunter.engine.errors import (
+from shunter.engine.io.checkpoint import CheckpointStore, Found, resolve
+from shunter.engine.io.errors import (
     EngineError,
     EngineSetupError,
     IntentRefused,
@@ -106,7 +106,7 @@ class Engine(EngineReplicas, EngineSteering):
         if val_data is not None and train_data is None and not self.cfg.data.train_files:
             raise EngineSetupError("val_data is given without training data: give train_data too")
         if environment is not None:
-            from shunter.engine.environments import load_environment
+            from shunter.engine.data.environments import load_environment
 
             if self.cfg.task.environment:
                 raise EngineSetupError("environment and task.environment are both given: use one")
@@ -169,7 +169,7 @@ class Engine(EngineReplicas, EngineSteering):
     def _check_run_folder(self) -> None:
         """Before anything starts: a resumed run's registry state must be its own and whole; a
         new run must not write into the records of another (same id, same folder)."""
-        from shunter.engine.ranks import RankTable, RegistryStateError
+        from shunter.engine.coordinator.ranks import RankTable, RegistryStateError
 
         if self._resume is not None:
             try:
@@ -225,7 +225,7 @@ class Engine(EngineReplicas, EngineSteering):
     async def start(self) -> None:
         """Start the run's actors (``async with Engine(cfg) as engine:`` calls it). An engine starts
         once: a second call raises ``EngineError`` and leaves the running engine as it is."""
-        from shunter.actors.launch import Launcher
+        from shunter.actors.launch.launcher import Launcher
 
         self._check_not_started()
         self._check_run_folder()

@@ -14,7 +14,7 @@ import asyncio
 import time
 from typing import Any
 
-from shunter.engine.errors import EngineSetupError, RunEndedError, describe
+from shunter.engine.io.errors import EngineSetupError, RunEndedError, describe
 from shunter.events import ComponentFailed, ReplicaRestart, ReplicaUp
 from shunter.events.vocab import HYBRID, STANDALONE
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from shunter.engine.errors import EngineError, IntentRefused, NoBatchError, RunEndedError, UserCodeError
+from shunter.engine.io.errors import EngineError, IntentRefused, NoBatchError, RunEndedError, UserCodeError
 from shunter.events import (
     Batch,
     CommandFailed,
@@ -150,7 +150,7 @@ class EngineSteering:
     async def train(self, batch: Batch, *, loss_fn: str = "") -> StepEnd:
         """One optimizer step on ``batch`` (from :meth:`next_batch`; its ``samples`` may be
         replaced) on the trainer actor — the built-in loss, or ``loss_fn = "module:function"``
-        taking a ``shunter.engine.loss.LossInput``.
+        taking a ``shunter.engine.trainer.loss.LossInput``.
 
         Raises ``UserCodeError`` when the loss fails (the run goes on and the batch may be
         trained again), ``IntentRefused`` for a batch already trained or never handed out,

@@ -119,7 +119,7 @@ def _run(args) -> int:
         print(f"shunter: bad config: {e}", file=sys.stderr)
         return USAGE
     from shunter.api import EngineSetupError
-    from shunter.engine.checkpoint import CheckpointError
+    from shunter.engine.io.checkpoint import CheckpointError
     from shunter.progress import run_with_progress
 
     try:

@@ -38,8 +38,8 @@ from typing import Any
 import msgspec
 
 from shunter.engine.config import ConfigError, EngineConfig, from_dict
-from shunter.engine.errors import bounded, describe
-from shunter.engine.guard import check_intents
+from shunter.engine.coordinator.guard import check_intents
+from shunter.engine.io.errors import bounded, describe
 from shunter.events import (
     BufferView,
     EngineView,
@@ -202,8 +202,8 @@ class Recording(Policy):
 
 
 def _sim(subject: Subject, policy: Policy, **kw: Any) -> Any:
-    from shunter.bench.cluster import run_sim
-    from shunter.bench.sim import CostModel
+    from shunter.bench.sim.backends import CostModel
+    from shunter.bench.sim.cluster import run_sim
 
     cost = CostModel(
         prompt_tokens=16, decode_step_s=0.01, length_median=24, length_sigma=0.6, train_step_s=0.2, weight_bytes=1e8
@@ -307,7 +307,7 @@ def check_restore_strict(subject: Subject) -> str:
 
 
 def check_resume(subject: Subject) -> str:
-    from shunter.engine.checkpoint import CheckpointStore
+    from shunter.engine.io.checkpoint import CheckpointStore
 
     with tempfile.TemporaryDirectory(prefix="shunter-contract-") as tmp:
         root = Path(tmp) / "checkpoints"

@@ -15,8 +15,8 @@ import sys
 from tqdm import tqdm
 
 from shunter.api import Engine
-from shunter.engine.checkpoint import CheckpointStore
 from shunter.engine.config import EngineConfig
+from shunter.engine.io.checkpoint import CheckpointStore
 from shunter.events import (
     CommandFailed,
     ComponentFailed,

@@ -20,13 +20,13 @@ import msgspec
 from shunter.actors.executor import RayExecutor
 from shunter.actors.wire import codec
 from shunter.engine import config as config_mod
-from shunter.engine import snapshot
-from shunter.engine.checkpoint import CheckpointStore
-from shunter.engine.datasets import DataError, Dataset, Row, expand, prompt_room, run_prompts, validation_specs
-from shunter.engine.errors import bounded, describe
-from shunter.engine.loop import Coordinator
-from shunter.engine.records import RunSinks
-from shunter.engine.relay import Relay
+from shunter.engine.coordinator import snapshot
+from shunter.engine.coordinator.coordinator import Coordinator
+from shunter.engine.coordinator.relay import Relay
+from shunter.engine.data.datasets import DataError, Dataset, Row, expand, prompt_room, run_prompts, validation_specs
+from shunter.engine.io.checkpoint import CheckpointStore
+from shunter.engine.io.errors import bounded, describe
+from shunter.engine.io.records import RunSinks
 from shunter.events import (
     BatchReady,
     CommandFailed,
@@ -81,7 +81,7 @@ def load_run_data(
     train_data: Sequence[Mapping[str, Any]] | None = None,
     val_data: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[Dataset, list[PromptSpec]]:
-    """A run's dataset (see ``shunter.engine.datasets.run_prompts``), loaded once by the launcher
+    """A run's dataset (see ``shunter.engine.data.datasets.run_prompts``), loaded once by the launcher
     before any component starts: the training rows (``data.train_files``, or ``train_data``
     given as objects), their prompts too long for the context left out (counted with the model's
     own tokenizer and chat template, as the replicas will tokenize them), and the validation

@@ -38,12 +38,12 @@ import msgspec
 import ray
 from ray.exceptions import OwnerDiedError, RayActorError
 
-from shunter.actors.executor_groups import WeightGroups, _version
-from shunter.actors.relays import Relays
+from shunter.actors.host_relays import Relays
+from shunter.actors.weight_groups import WeightGroups, _version
 from shunter.actors.wire import codec, root_cause
-from shunter.engine.backend import EngineDead
-from shunter.engine.errors import bounded
-from shunter.engine.executor import TRAINER, TaskExecutor
+from shunter.engine.coordinator.executor import TRAINER, TaskExecutor
+from shunter.engine.io.errors import bounded
+from shunter.engine.replica.backend import EngineDead
 from shunter.events import (
     DIRECT,
     CommandFailed,

@@ -17,8 +17,8 @@ from pathlib import Path
 import ray
 
 from shunter.actors.wire import encode_events
-from shunter.engine.checkpoint import write_atomic
-from shunter.engine.ranks import RankTable
+from shunter.engine.coordinator.ranks import RankTable
+from shunter.engine.io.checkpoint import write_atomic
 from shunter.events import RankAssigned, RankReleased, Stamper
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import ray
 
 from shunter.actors.wire import codec
-from shunter.engine.relay import Relay
+from shunter.engine.coordinator.relay import Relay
 from shunter.events import Generate, InstallWeights, Message, Stamper
 
 
@@ -138,7 +138,7 @@ class RelayActor:
             await self.executor.close()
 
     async def where(self) -> dict:
-        from shunter.actors.placement import where
+        from shunter.actors.launch.placement import where
 
         return where()
 

@@ -4,7 +4,7 @@ Invariant: generation and control run in separate Ray concurrency groups, so a f
 ``generate`` calls can never starve a switch, a weight load or an abort. Ray gives each
 group its own event loop thread, but vLLM's ``AsyncLLM`` belongs to the loop it was built
 on, so every group hands its coroutine to that one engine loop (built in ``setup``). All logic is in
-``shunter.engine.rollout.RolloutCore``; this shell only decodes commands, picks the core
+``shunter.engine.replica.core.RolloutCore``; this shell only decodes commands, picks the core
 method and encodes the events it returns.
 """
 
@@ -83,7 +83,7 @@ class RolloutWorker:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from transformers import AutoTokenizer
 
-        from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+        from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
         from shunter.engine.tasks import load_reward, load_task
 
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
@@ -108,9 +108,9 @@ class RolloutWorker:
 
     def _new_core(self, backend):
         """The replica's sample loop around ``backend``, serving ``self.version``."""
-        from shunter.actors.rewards import PoolRewards
-        from shunter.engine.environments import environment_name, load_environment
-        from shunter.engine.rollout import RolloutCore
+        from shunter.actors.reward_workers import PoolRewards
+        from shunter.engine.data.environments import environment_name, load_environment
+        from shunter.engine.replica.core import RolloutCore
 
         core = RolloutCore(
             self.replica_id,
@@ -285,7 +285,7 @@ class RolloutWorker:
     @ray.method(concurrency_group="control")
     async def where(self) -> dict:
         """Node and GPUs of this actor (``ComponentPlaced``)."""
-        from shunter.actors.placement import where
+        from shunter.actors.launch.placement import where
 
         return where()
 

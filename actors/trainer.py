@@ -61,12 +61,12 @@ class TrainerWorker:
 
         from transformers import AutoTokenizer
 
-        from shunter.engine.trainer import Trainer
-        from shunter.engine.trainer_host import TrainerHost
+        from shunter.engine.trainer.host import TrainerHost
+        from shunter.engine.trainer.trainer import Trainer
 
         t0 = time.perf_counter()
         if self.cfg.weight_transport == "nccl":
-            from shunter.actors import vllm_nccl
+            from shunter.actors.vllm import nccl as vllm_nccl
 
             vllm_nccl.register()
         tok = AutoTokenizer.from_pretrained(self.model_dir)
@@ -139,7 +139,7 @@ class TrainerWorker:
 
     async def where(self) -> dict:
         """Node and GPUs of this actor (``ComponentPlaced``)."""
-        from shunter.actors.placement import where
+        from shunter.actors.launch.placement import where
 
         return where()
 

@@ -11,7 +11,7 @@ import re
 
 import msgspec
 
-from shunter.engine.errors import bounded, describe
+from shunter.engine.io.errors import bounded, describe
 from shunter.events import Codec, Message, Order
 
 _codec: Codec | None = None

@@ -34,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "gpu":
-        from shunter.bench import gpu
+        from shunter.bench.gpu import one_gpu as gpu
 
         return gpu.main(argv[1:])
     if argv and argv[0] == "gpu-sim":
-        from shunter.bench import gpu_sim
+        from shunter.bench.gpu import sim_vs_real as gpu_sim
 
         return gpu_sim.main(argv[1:])
     args = p.parse_args(argv)
@@ -51,16 +51,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command(args: argparse.Namespace) -> int:
     if args.cmd == "run":
-        from shunter.bench import runners
+        from shunter.bench.runner import kinds as runners
 
         out = runners.run_file(args.scenario, out=args.out, seeds=args.seeds)
         print(f"wrote {out}")
     elif args.cmd == "report":
-        from shunter.bench.report import write_report
+        from shunter.bench.report.markdown import write_report
 
         print(f"wrote {write_report([Path(x) for x in args.results], Path(args.out))}")
     else:
-        from shunter.bench.trace import write_trace
+        from shunter.bench.report.trace import write_trace
         from shunter.events import read_log
 
         print(f"wrote {write_trace(read_log(args.events), args.out)}")

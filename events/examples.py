@@ -1,6 +1,6 @@
 """One example instance of every message type on the bus.
 
-Invariant: ``CASES`` holds exactly one instance per message class (``tests/unit/test_events.py``
+Invariant: ``CASES`` holds exactly one instance per message class (``tests/unit/events/test_events.py``
 checks it); their encodings are the golden files under ``tests/golden``, and the policy
 contract (``shunter.contract``) feeds every event among them to a policy.
 """

@@ -2,7 +2,7 @@
 
 Invariant: an intent is complete as written — it names replicas, parts or a batch, never a
 field the coordinator fills in later. The coordinator carries each one out by sending
-orders to components (``shunter.engine.intents``) or refuses it with ``IntentRejected``;
+orders to components (``shunter.engine.coordinator.intents``) or refuses it with ``IntentRejected``;
 its outcome comes back as events: ``SwitchToRollout`` -> ``ModeChanged``,
 ``PublishWeights`` -> ``WeightsReady``, ``LoadWeights`` -> ``WeightsLoaded``,
 ``TrainStep`` / ``TrainBatch`` -> ``StepBegin`` + ``StepEnd``, ``Validate`` ->

@@ -19,7 +19,7 @@ import torch
 
 from shunter import Engine
 from shunter.engine.config import load_config, merge
-from shunter.engine.loss import LossInput
+from shunter.engine.trainer.loss import LossInput
 
 CONFIG = Path(__file__).with_name("sort_separate.toml")
 

@@ -44,7 +44,7 @@ lends every hybrid from the attempt's start (``RunStarted`` / ``RunResumed``) un
 ready: the lent replicas take part of the in-flight groups (``Rebalance``) and start groups of
 their own, so about twice the groups are in flight while the trainer waits — the first batch, the
 first groups to complete, is ready sooner, and the fleet generates ahead for the steps after it.
-On a long tail the first batch is the largest part of the gap to the bound (``bench/gap.py``):
+On a long tail the first batch is the largest part of the gap to the bound (``bench/analysis/gap.py``):
 ``long_tail`` 705 -> 596 s, 6 % less time in all (docs/benchmarks.md). ``after_first = false``
 lends for the first batch only.
 

@@ -23,7 +23,7 @@ case $mode in
   test) python -m pytest -q -p no:cacheprovider -m gpu tests/gpu -rA "${@:2}" 2>&1 | tee "$out/tests$tag.txt" | tail -60 ;;
   bench) python -m shunter.bench gpu --config "${3:-examples/gpu_qwen05b.toml}" --parts "${2:-sync}" \
            --out "$out/gpu_${2//,/_}$tag.json" 2>&1 | tee "$out/bench_${2//,/_}$tag.log" | tail -60 ;;
-  model) python -c "import sys; from shunter.engine.config import load_config; from shunter.engine.tiny_model import build_tiny_model as b
+  model) python -c "import sys; from shunter.engine.config import load_config; from shunter.engine.models.tiny import build_tiny_model as b
 m = load_config(sys.argv[1]).model; print(b(m.path, m.build_tiny, sft_steps=m.sft_steps, preset=m.preset))" "${2:-examples/gpu_qwen05b.toml}" ;;
   *) echo "usage: $0 test [PYTEST ARGS] | bench PARTS [CONFIG] | model [CONFIG]" >&2; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
 """Does Ray start calls to an asyncio actor in the order one caller made them? (Why the trainer's
-orders are numbered: ``engine/in_order.py``.) 30 rounds of 20 back-to-back calls from this
+orders are numbered: ``engine/trainer/in_order.py``.) 30 rounds of 20 back-to-back calls from this
 driver, every other one carrying ``BIG`` bytes; prints how many started right after a later one.
 Measured 2026-12-06 (Ray 2.60, 2 cores): 42 of 600 with no payload, 51 with 50 kB, 100 with
 150 kB — never 0.

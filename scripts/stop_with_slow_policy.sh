@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31's operator check: a policy that takes 50 ms a call (tests/broken_policies.py:Slow), one
+# Issue 31's operator check: a policy that takes 50 ms a call (tests/support/broken_policies.py:Slow), one
 # Ctrl-C after step 6; prints how long the run took to exit (exit status 130 and the --resume line
 # expected). Measured 2026-12-06 on the 2-core machine: 29 s before the fix, 5.0 s after.
 # Usage: bash scripts/stop_with_slow_policy.sh [WORKDIR]   (needs .venv and the tiny model)

@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).parent))  # so tests can import fakes
 
 
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray
 
-    from shunter.actors.launch import local_only
+    from shunter.actors.launch.launcher import local_only
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     local_only()  # as a default run: every socket on 127.0.0.1

@@ -114,7 +114,7 @@ def load_task(name_or_import: str) -> Task:
     return task
 
 
-BUILTIN_REWARDS: dict[str, str] = {"math": "shunter.engine.math_reward:compute_score"}
+BUILTIN_REWARDS: dict[str, str] = {"math": "shunter.engine.tasks.math_reward:compute_score"}
 
 
 def load_reward(spec: str) -> Callable[..., object]:

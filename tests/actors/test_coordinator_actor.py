@@ -69,8 +69,8 @@ def test_an_actor_the_cluster_has_no_room_for_is_refused_at_once_not_left_waitin
     """Ray would keep an unschedulable actor pending for ever (an ``add_replica`` that never
     comes up); the launcher checks the cluster first and says what is missing — CPUs, or a
     custom resource no node offers (with the command that starts one)."""
-    from shunter.actors.cluster import check_total, request
-    from shunter.engine.errors import EngineSetupError
+    from shunter.actors.launch.cluster import check_total, request
+    from shunter.engine.io.errors import EngineSetupError
 
     with pytest.raises(EngineSetupError, match=r"no room in the Ray cluster for another replica: it needs 64 CPU"):
         check_total(request(64, 0), "another replica", {"CPU": "rollout.num_cpus"})
@@ -82,8 +82,8 @@ def test_an_actor_the_cluster_has_no_room_for_is_refused_at_once_not_left_waitin
 async def test_a_replica_without_room_waits_saying_for_what_then_gives_up_past_its_deadline(ray_cluster):
     """Room that can come back (a lost node's, another run's) is waited for: once said (the
     ``ReplicaPending`` the launcher sends), then an error past the deadline naming what was missing."""
-    from shunter.actors.cluster import request, wait_for_room
-    from shunter.engine.errors import EngineSetupError
+    from shunter.actors.launch.cluster import request, wait_for_room
+    from shunter.engine.io.errors import EngineSetupError
 
     free = ray_cluster.available_resources().get("CPU", 0.0)
 

@@ -61,7 +61,7 @@ class Trainer(TrainerWorker):
         self.size = size
 
     async def setup(self) -> float:  # the real actor, around a stand-in core
-        from shunter.engine.trainer_host import TrainerHost
+        from shunter.engine.trainer.host import TrainerHost
         from shunter.events import Stamper
 
         self.host = TrainerHost(Core(self.size), Stamper(self.run_id, "trainer"), deliver=self._deliver)

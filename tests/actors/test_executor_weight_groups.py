@@ -46,8 +46,8 @@ class FlatCore:
     def __init__(self) -> None:
         import torch
 
-        from shunter.engine import weight_transport as wt
-        from shunter.engine.weight_group import WeightSender
+        from shunter.engine.weights import transport as wt
+        from shunter.engine.weights.group import WeightSender
 
         self.version, self.step = 0, 0
         self.pub = wt.FlatPublisher()
@@ -55,7 +55,7 @@ class FlatCore:
         self.dtype = torch.float32
 
     def publish(self) -> bytes:
-        from shunter.engine import weight_transport as wt
+        from shunter.engine.weights import transport as wt
 
         self.version += 1
         return self.pub.publish(_items(self.version), self.dtype, wire=wt.FLAT, version=self.version)
@@ -72,7 +72,7 @@ class FlatCore:
 
 class Trainer:
     def __init__(self) -> None:
-        from shunter.engine.trainer_host import TrainerHost
+        from shunter.engine.trainer.host import TrainerHost
         from shunter.events import Stamper
 
         self.host = TrainerHost(FlatCore(), Stamper("t", "trainer"), transport="ray", threaded=True)
@@ -91,7 +91,7 @@ class Replica:
     (the first load), it only receives; woken (``EnterRollout``), it installs."""
 
     def __init__(self) -> None:
-        from shunter.engine.weight_group import Received
+        from shunter.engine.weights.group import Received
 
         self.group, self.received, self.version, self.receives = None, Received(), 0, []
 
@@ -99,8 +99,8 @@ class Replica:
         import torch
 
         from shunter.actors.wire import decode_order, encode_events
-        from shunter.engine import weight_transport as wt
-        from shunter.engine.weight_group import make_group, recv_flat
+        from shunter.engine.weights import transport as wt
+        from shunter.engine.weights.group import make_group, recv_flat
         from shunter.events import JoinWeightGroup
 
         cmd = decode_order(data)

@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from shunter.actors import rewards
-from shunter.actors.rewards import PoolRewards
+from shunter.actors import reward_workers as rewards
+from shunter.actors.reward_workers import PoolRewards
 from shunter.events import PromptSpec
 
 pytestmark = [pytest.mark.actors, pytest.mark.timeout(240)]

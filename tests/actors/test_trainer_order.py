@@ -48,7 +48,7 @@ class Core:
 
 class Trainer(TrainerWorker):
     async def setup(self) -> float:  # the real actor, around a stand-in core
-        from shunter.engine.trainer_host import TrainerHost
+        from shunter.engine.trainer.host import TrainerHost
         from shunter.events import Stamper
 
         self.host = TrainerHost(Core(), Stamper(self.run_id, "trainer"), threaded=False)

@@ -42,7 +42,7 @@ def test_policy_meets_the_contract(name, check):
     ],
 )
 def test_the_contract_fails_a_broken_policy_with_its_cause_in_bounded_time(broken, check, says):
-    s = contract.subject_for(f"broken_policies:{broken}")
+    s = contract.subject_for(f"tests.support.broken_policies:{broken}")
     s.time_limit_s = 2.0
     (result,) = contract.run_checks(s, only=[check])
     assert not result.ok
@@ -51,7 +51,7 @@ def test_the_contract_fails_a_broken_policy_with_its_cause_in_bounded_time(broke
 
 
 def test_a_broken_policy_does_not_touch_the_checks_of_another():
-    bad = contract.run_checks(contract.subject_for("broken_policies:Raises"))
+    bad = contract.run_checks(contract.subject_for("tests.support.broken_policies:Raises"))
     good = contract.run_checks(contract.subject_for("separate"))
     assert not any(r.ok for r in bad if r.check in ("run", "every_event"))
     assert all(r.ok for r in good), [r for r in good if not r.ok]
@@ -60,20 +60,20 @@ def test_a_broken_policy_does_not_touch_the_checks_of_another():
 def test_a_policy_that_re_derives_state_on_resume_resumes():
     """The issue-13 case: setup events reached the policy before RunResumed."""
     results = contract.run_checks(
-        contract.subject_for("broken_policies:ForgetsOnResume", standalone=1, hybrid=0), only=["resume"]
+        contract.subject_for("tests.support.broken_policies:ForgetsOnResume", standalone=1, hybrid=0), only=["resume"]
     )
     assert results[0].ok, results[0].detail
 
 
 def test_calling_super_init_is_optional():
     results = contract.run_checks(
-        contract.subject_for("broken_policies:NoSuper", {"patience": 5}), only=["run", "snapshot_restore"]
+        contract.subject_for("tests.support.broken_policies:NoSuper", {"patience": 5}), only=["run", "snapshot_restore"]
     )
     assert all(r.ok for r in results), results
 
 
 def test_a_stuck_policy_in_a_run_is_interrupted_by_the_engine_and_named():
-    s = contract.subject_for("broken_policies:Hangs")
+    s = contract.subject_for("tests.support.broken_policies:Hangs")
     s.time_limit_s = 6.0
     (result,) = contract.run_checks(s, only=["run"])
     assert not result.ok and "did not return within run.policy_timeout_s = 2s" in result.detail

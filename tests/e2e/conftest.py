@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    from shunter.engine.tiny_model import build_tiny_model
+    from shunter.engine.models.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "sort-tiny", "sort_digits", seed=0, sft_steps=25))
 

@@ -3,24 +3,20 @@ vLLM engine process and on its coordinator, then SIGTERM (a scheduler's preempti
 143 at a sync boundary, saying how to resume, no traceback), and is resumed; from its event log,
 every prompt up to the last trained one was trained exactly once, the run completed, nothing
 hung and nothing was left running. Ctrl-C's stop and resume: ``test_operator.py``. The long
-soak: ``tests/chaos_soak.py`` (README, Reliability)."""
+soak: ``tests/support/chaos_soak.py`` (README, Reliability)."""
 
 from __future__ import annotations
 
 import json
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.e2e
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def test_a_run_under_kills_and_a_stop_trains_every_prompt_once(tiny_model):
-    import chaos_soak
+    from tests.support import chaos_soak
 
     schedule = [(8, "engine_core", 0.3), (14, "coordinator", 0.2), (20, "sigterm", 0.0)]
     r = chaos_soak.one_run(0, random.Random(0), tiny_model, 30, 0, 600, schedule=schedule)

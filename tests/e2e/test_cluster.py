@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shunter.engine.records import trained_groups
+from shunter.engine.io.records import trained_groups
 from shunter.events import (
     ComponentPlaced,
     LogReader,
@@ -165,9 +165,9 @@ def _greedy_scores(folder: Path, run: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from shunter.engine.checkpoint import CheckpointStore
     from shunter.engine.config import load_config
-    from shunter.engine.datasets import run_prompts
+    from shunter.engine.data.datasets import run_prompts
+    from shunter.engine.io.checkpoint import CheckpointStore
     from shunter.engine.tasks import load_task
 
     cfg = load_config(ROOT / "examples" / "sort_cluster.toml")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_runs import config
 
 from shunter import Engine
 from shunter.events import (
@@ -24,6 +23,7 @@ from shunter.events import (
     StepEnd,
     Stop,
 )
+from tests.e2e.test_runs import config
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shunter.engine.records import trained_groups
+from shunter.engine.io.records import trained_groups
 from shunter.events import LogReader, RunResumed, StepEnd
 
 pytestmark = pytest.mark.e2e
@@ -34,8 +34,7 @@ STOP_AFTER = 11  # mid-cycle (parameter_sync_step = 2)
 
 def _config(folder: Path, tiny_model: str) -> Path:
     """The chaos soak's config (the sort example, short, checkpoints every 4 steps)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import chaos_soak
+    from tests.support import chaos_soak
 
     return chaos_soak.config(folder, tiny_model, STEPS)
 
@@ -131,7 +130,7 @@ def test_a_run_listens_only_on_loopback_stops_on_ctrl_c_and_resumes_exactly_once
 def test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process(tiny_model, tmp_path):
     """Was: two Ctrl-C's a second apart exited 130 printing about 77 lines (Ray's shutdown, asyncio's
     'Task exception was never retrieved'), or, a little later, nothing at all."""
-    from shunter.actors.launch import RAY_SESSION
+    from shunter.actors.launch.launcher import RAY_SESSION
 
     cfg = _config(tmp_path, tiny_model)
     run = tmp_path / "runs" / "op2"

@@ -11,11 +11,10 @@ import asyncio
 from collections import Counter
 
 import pytest
-from test_runs import config
 
 from shunter import Engine
-from shunter.engine.checkpoint import CheckpointStore
-from shunter.engine.records import trained_groups
+from shunter.engine.io.checkpoint import CheckpointStore
+from shunter.engine.io.records import trained_groups
 from shunter.events import (
     CheckpointSaved,
     RankAssigned,
@@ -25,6 +24,7 @@ from shunter.events import (
     StepEnd,
     read_log,
 )
+from tests.e2e.test_runs import config
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_runs import config
 
 from shunter import Engine
 from shunter.events import (
@@ -29,6 +28,7 @@ from shunter.events import (
     WeightsReady,
     WeightsSent,
 )
+from tests.e2e.test_runs import config
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""Standalone smoke check of ``shunter.actors.vllm_backend`` on this machine.
+"""Standalone smoke check of ``shunter.actors.vllm.backend`` on this machine.
 
 Invariant it checks: whatever ``VLLMBackend`` returns agrees with a plain HF
 transformers forward pass of the same weights -- greedy tokens exactly, and
@@ -29,7 +29,7 @@ EOS_ID, PAD_ID = 0, 1
 
 
 def build_tiny_model(out_dir: Path, seed: int = 0) -> None:
-    from shunter.engine.tiny_model import build_tiny_model as build
+    from shunter.engine.models.tiny import build_tiny_model as build
 
     build(out_dir, seed=seed, sft_steps=0)
 
@@ -82,7 +82,7 @@ def _copy_plan_fit(worker, blob: bytes) -> tuple[int, int, int, bool]:
     linear weight, and whether ``engine.copy_plan`` builds a plan for these weights."""
     from safetensors.torch import load
 
-    from shunter.engine import copy_plan
+    from shunter.engine.weights import copy_plan
 
     params = dict(worker.model_runner.get_model().named_parameters())
     items = [(n, tuple(t.shape)) for n, t in load(blob).items()]
@@ -106,13 +106,13 @@ def max_abs_diff(a: list[float], b: list[float]) -> float:
 
 
 async def run(model_dir: Path) -> None:
-    from shunter.actors.vllm_backend import (
+    from shunter.actors.vllm.backend import (
         BackendStartError,
         EngineSpec,
         GenParams,
         VLLMBackend,
     )
-    from shunter.engine.trainer import state_dict_to_blob
+    from shunter.engine.trainer.trainer import state_dict_to_blob
 
     print(
         f"env: VLLM_ENABLE_V1_MULTIPROCESSING={os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING')} "
@@ -340,8 +340,8 @@ async def run(model_dir: Path) -> None:
     print("[weight group (gloo, the nccl code path): the flat copy arrives over the group]")
     import torch
 
-    from shunter.engine import weight_transport as wt
-    from shunter.engine.weight_group import WeightSender
+    from shunter.engine.weights import transport as wt
+    from shunter.engine.weights.group import WeightSender
 
     pub = wt.FlatPublisher()
     sender = WeightSender("gloo", pub, bucket_bytes=256 << 10, timeout_s=60)
@@ -396,8 +396,8 @@ async def check_keep(be, ref, prompt: list[int], old_greedy: list[int]) -> None:
     labels the tokens after the load with the new version. Ordered by the request's own
     tokens (an observer on the stream), not by a sleep: the pause is sent once 8 of its 200
     tokens exist, and the 192 left take far longer than the pause's round trip."""
-    from shunter.actors.vllm_backend import GenParams
-    from shunter.engine.trainer import state_dict_to_blob
+    from shunter.actors.vllm.backend import GenParams
+    from shunter.engine.trainer.trainer import state_dict_to_blob
 
     print("[keep: pause a running request with its KV cache, load, resume]")
     check(be.keeps_kv, "this vLLM pauses with the KV cache and labels weight versions")

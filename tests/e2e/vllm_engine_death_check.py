@@ -23,8 +23,8 @@ async def run(model_dir: Path) -> list[str]:
     from safetensors.torch import save
     from transformers import AutoModelForCausalLM
 
-    from shunter.actors.vllm_backend import EngineSpec, GenParams, VLLMBackend
-    from shunter.engine.backend import EngineDead
+    from shunter.actors.vllm.backend import EngineSpec, GenParams, VLLMBackend
+    from shunter.engine.replica.backend import EngineDead
 
     fails: list[str] = []
     # float32: vLLM's CPU build picks bfloat16 where the CPU reports AMX, and on a VM that reports
@@ -74,7 +74,7 @@ async def run(model_dir: Path) -> list[str]:
 
 
 def main() -> int:
-    from shunter.engine.tiny_model import build_tiny_model
+    from shunter.engine.models.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as d:
         model_dir = build_tiny_model(Path(d) / "m", sft_steps=0)

@@ -44,7 +44,7 @@ if torch.cuda.is_available():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from shunter.engine.tiny_model import build_tiny_model
+    from shunter.engine.models.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("m") / "sort-tiny", sft_steps=25))
 
@@ -83,7 +83,7 @@ def test_a_short_run_on_one_gpu_completes_and_learns(tiny, tmp_path):
 
 
 def _greedy(backend, prompts, n_tokens=8):
-    from shunter.engine.backend import GenParams
+    from shunter.engine.replica.backend import GenParams
 
     async def one(i, p):
         r = await backend.generate(f"g{i}-{os.urandom(3).hex()}", p, GenParams(max_tokens=n_tokens, temperature=0.0))
@@ -146,13 +146,13 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
 
     @ray.remote(num_gpus=1 if transport == "nccl" else 0.4)
     class Pub:
         def __init__(self, d):
             from shunter.engine.config import TrainerConfig
-            from shunter.engine.trainer import Trainer
+            from shunter.engine.trainer.trainer import Trainer
 
             self.t = Trainer(TrainerConfig(weight_transport=transport), d)
             self.t.setup()
@@ -187,7 +187,7 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
     if transport == "nccl":
         host, port = ray.get(pub.open.remote())
         loop.run_until_complete(be.join_weight_group("nccl", host, port, 120.0))
-    from shunter.engine.weight_transport import payload_kind
+    from shunter.engine.weights.transport import payload_kind
 
     paths = []
     # the second load goes through the copy plan the first one verified; the third (cuda_ipc)
@@ -219,7 +219,7 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
 
 
 def test_sleep_frees_gpu_memory_and_wake_gives_the_same_outputs(tiny):
-    from shunter.actors.vllm_backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

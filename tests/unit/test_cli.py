@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from golden_cases import CASES
-
 from shunter.cli import main
 from shunter.events import Codec
+from tests.support.golden_cases import CASES
 
 
 def test_config_schema_prints_documented_json(capsys):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shunter.engine import tiny_model
+from shunter.engine.models import tiny as tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,8 +64,8 @@ def test_a_local_ray_start_that_times_out_is_tried_again_then_named(monkeypatch)
     import pytest
     import ray
 
-    from shunter.actors import cluster
-    from shunter.engine.errors import EngineSetupError
+    from shunter.actors.launch import cluster
+    from shunter.engine.io.errors import EngineSetupError
 
     calls = []
 

@@ -75,9 +75,9 @@ def test_every_doc_snippet_the_e2e_tier_runs_compiles():
 
 
 def test_every_import_string_the_docs_show_resolves():
-    """``tests/unit/test_import_strings.py`` checks the README's; these are the ``docs/`` pages'."""
+    """``tests/unit/engine/config/test_import_strings.py`` checks the README's; these are the ``docs/`` pages'."""
     shown = sorted({m for p in PAGES for m in re.findall(r"\b((?:examples|shunter)\.[\w.]+:\w+)", p.read_text())})
-    assert "shunter.engine.math_reward:compute_score" in shown
+    assert "shunter.engine.tasks.math_reward:compute_score" in shown
     code = (
         "import sys\n"
         "from shunter.policies.registry import import_object\n"

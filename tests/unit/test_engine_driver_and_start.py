@@ -9,11 +9,11 @@ import asyncio
 
 import msgspec
 import pytest
-from fakes import local_run, virtual_time
 
 from shunter import Engine, EngineError
 from shunter.engine.config import from_dict
 from shunter.events import Batch, BatchReady, Codec, RunEnded, StepEnd, Stop, TrainBatch
+from tests.support.fakes import local_run, virtual_time
 
 
 def cfg(driver: str, **run):
@@ -140,7 +140,7 @@ class FakeLauncher:
 
 @pytest.fixture
 def fake_launcher(monkeypatch):
-    from shunter.actors import launch
+    from shunter.actors.launch import launcher as launch
 
     monkeypatch.setattr(launch, "Launcher", FakeLauncher)
     FakeLauncher.made, FakeLauncher.fail = [], False

@@ -4,12 +4,12 @@ started, instead of an ``AttributeError`` on a missing handle."""
 from __future__ import annotations
 
 import pytest
-from fakes import virtual_time
 
 from shunter import Engine, EngineError, EngineSetupError, UserCodeError
 from shunter.api import _loss_spec
 from shunter.engine.config import from_dict
 from shunter.events import Batch, Stop
+from tests.support.fakes import virtual_time
 
 
 @virtual_time
@@ -27,10 +27,10 @@ async def test_calls_before_start_say_the_engine_is_not_started():
 
 
 def test_a_loss_given_as_a_function_becomes_its_import_string():
-    from shunter.engine import rl
+    from shunter.engine.trainer import rl
 
     assert _loss_spec("a.b:c") == "a.b:c"
-    assert _loss_spec(rl.group_advantages) == "shunter.engine.rl:group_advantages"
+    assert _loss_spec(rl.group_advantages) == "shunter.engine.trainer.rl:group_advantages"
     with pytest.raises(TypeError, match="module:function"):
         _loss_spec(lambda inp: inp)
 
@@ -61,7 +61,7 @@ async def test_a_new_run_under_a_used_run_id_is_refused_before_anything_starts(t
 
 @virtual_time
 async def test_a_resume_with_a_damaged_registry_state_is_refused_before_anything_starts(tmp_path):
-    from shunter.engine.checkpoint import CheckpointStore
+    from shunter.engine.io.checkpoint import CheckpointStore
 
     store = CheckpointStore(tmp_path / "job" / "checkpoints")
     staging = store.staging(2)
@@ -77,7 +77,7 @@ async def test_a_resume_with_a_damaged_registry_state_is_refused_before_anything
 
 
 def test_data_and_environments_given_as_objects_are_checked_before_anything_starts(tmp_path):
-    from shunter.engine.environments import Calculator
+    from shunter.engine.data.environments import Calculator
 
     rows = [{"prompt": [{"role": "user", "content": "12"}], "reward_model": {"ground_truth": "12"}}]
     Engine(from_dict({}), train_data=rows, val_data=rows, environment=Calculator)  # fine: nothing starts
@@ -108,7 +108,7 @@ def test_data_and_environments_given_as_objects_are_checked_before_anything_star
 
 
 def test_rows_given_as_objects_are_checked_like_a_files_rows():
-    from shunter.engine.datasets import DataError, Dataset
+    from shunter.engine.data.datasets import DataError, Dataset
 
     ok = {"prompt": "12>", "data_source": "d", "reward_model": {"ground_truth": 3}}
     d = Dataset.from_records([ok, ok], "train_data")

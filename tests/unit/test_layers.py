@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["events", "policies", "engine", "actors", "api", "progress", "bench", "contract", "cli"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
-VLLM_ADAPTERS = {"actors/vllm_backend.py", "actors/vllm_weights.py", "actors/vllm_ext.py", "actors/vllm_nccl.py"}
+VLLM_ADAPTERS = {"actors/vllm/backend.py", "actors/vllm/weights.py", "actors/vllm/extension.py", "actors/vllm/nccl.py"}
 THIRD_PARTY = {"events": {"msgspec"}, "policies": {"msgspec"}}
 
 
@@ -68,7 +68,7 @@ def imports(rel: str) -> set[str]:
 
 
 def test_the_scan_sees_the_modules():
-    assert {"engine/loop.py", "events/base.py", "actors/vllm_backend.py", "api.py"} <= set(modules())
+    assert {"engine/coordinator/coordinator.py", "events/base.py", "actors/vllm/backend.py", "api.py"} <= set(modules())
 
 
 @pytest.mark.parametrize("rel", modules())
@@ -103,9 +103,9 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
     [
         ("shunter.events", ("torch", "vllm", "ray", "transformers")),
         ("shunter.policies", ("torch", "vllm", "ray", "transformers")),
-        ("shunter.engine.loop", ("torch", "vllm", "ray", "transformers")),
+        ("shunter.engine.coordinator.coordinator", ("torch", "vllm", "ray", "transformers")),
         ("shunter.contract", ("torch", "vllm", "ray", "transformers")),
-        ("shunter.engine.trainer", ("vllm", "ray")),
+        ("shunter.engine.trainer.trainer", ("vllm", "ray")),
     ],
 )
 def test_importing_a_layer_pulls_in_nothing_it_must_not(module, banned):

@@ -1,0 +1,117 @@
+"""Where each actor of a run goes: the bundles of its Ray placement groups and the slot of
+every component in them.
+
+Invariants (checked by :func:`plan`, which refuses a config that breaks them, naming it):
+
+- the trainer's side has ``trainer.gpus`` bundles of one GPU each (bundles 0 .. gpus-1), in a
+  group of their own laid on one node (``STRICT_PACK``: the trainer is one process, its
+  hybrid replicas map its GPU memory); the trainer process takes its fraction of bundle 0,
+  which also holds ``trainer.resources``;
+- hybrid replicas live in the trainer's bundles, round robin — each with its fraction of
+  that GPU, and the fractions on one GPU (the trainer's included) fit in it;
+- every standalone replica has a bundle of its own (one GPU and ``rollout.resources``), so it
+  never lands on a trainer GPU nor shares a GPU with another standalone replica — unless
+  ``rollout.share_trainer_gpu`` (one-GPU machines) puts them in the trainer's bundle too; those
+  bundles form a second group laid over the nodes by ``rollout.placement_strategy``;
+- a config that asks for no GPU gets no plan (plain CPU reservations, as on CPU machines).
+
+The plan is plain data; ``actors/launch/placement.py`` reserves it and turns slots into Ray options.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shunter.engine.config import ConfigError, EngineConfig
+
+TRAINER_BUNDLE = 0
+
+
+class Slot(msgspec.Struct, frozen=True):
+    bundle: int
+    num_gpus: float
+    num_cpus: float
+
+
+class Placement(msgspec.Struct, frozen=True):
+    bundles: list[dict[str, float]]
+    """Every bundle, the trainer's side first (``trainer_bundles`` of them), then the replicas'."""
+    trainer: Slot
+    hybrid: list[Slot]
+    standalone: list[Slot]
+    trainer_bundles: int = 1
+    strategy: str = "SPREAD"
+    """How the replicas' group lays its bundles over the nodes."""
+
+    @property
+    def gpus(self) -> int:
+        return int(sum(b.get("GPU", 0) for b in self.bundles))
+
+    def groups(self) -> list[tuple[list[dict[str, float]], str]]:
+        """The placement groups to reserve: (bundles, strategy) — the trainer's side, then the
+        standalone replicas' (none when they share the trainer's GPU)."""
+        side = self.bundles[: self.trainer_bundles]
+        rest = self.bundles[self.trainer_bundles :]
+        return [(side, "STRICT_PACK")] + ([(rest, self.strategy)] if rest else [])
+
+    def locate(self, bundle: int) -> tuple[int, int]:
+        """A global bundle index as (group, index within the group)."""
+        return (0, bundle) if bundle < self.trainer_bundles else (1, bundle - self.trainer_bundles)
+
+
+def plan(cfg: EngineConfig) -> Placement | None:
+    t, r = cfg.trainer, cfg.rollout
+    if t.num_gpus == 0 and r.num_gpus == 0:
+        return None
+    if t.num_gpus == 0:
+        raise ConfigError(
+            "rollout.num_gpus > 0 but trainer.num_gpus = 0: give the trainer a GPU (a fraction of one "
+            "when hybrid replicas share it)"
+        )
+    if r.num_gpus == 0:
+        raise ConfigError("trainer.num_gpus > 0 but rollout.num_gpus = 0: give each replica a GPU or a fraction")
+    if r.num_gpus > 1:
+        raise ConfigError(
+            f"rollout.num_gpus = {r.num_gpus:g}: a replica runs on one GPU (tensor parallelism is not supported yet)"
+        )
+    side = t.gpus
+    guests = [0] * side  # replicas per trainer-side GPU
+    hybrid = []
+    for k in range(r.hybrid_replicas):
+        hybrid.append(Slot(k % side, r.num_gpus, r.num_cpus))
+        guests[k % side] += 1
+    standalone = []
+    if r.share_trainer_gpu:
+        standalone = [Slot(0, r.num_gpus, r.num_cpus) for _ in range(r.standalone_replicas)]
+        guests[0] += r.standalone_replicas
+    what = "hybrid" + (" and standalone" if r.share_trainer_gpu else "")
+    for g, n in enumerate(guests):
+        used = (t.num_gpus if g == 0 else 0) + n * r.num_gpus
+        if n and used > 1 + 1e-9:
+            head = f"trainer.num_gpus ({t.num_gpus:g}) + " if g == 0 else ""
+            raise ConfigError(
+                f"trainer-side GPU {g}: {head}{n} {what} replicas x rollout.num_gpus ({r.num_gpus:g}) "
+                f"= {used:g} GPUs, more than one — lower the fractions (or raise trainer.gpus)"
+            )
+    bundles = [{"GPU": 1.0, "CPU": (t.num_cpus if g == 0 else 0) + n * r.num_cpus} for g, n in enumerate(guests)]
+    for name, v in t.resources.items():
+        bundles[0][name] = bundles[0].get(name, 0.0) + v
+    if r.share_trainer_gpu:
+        for name, v in r.resources.items():
+            bundles[0][name] = bundles[0].get(name, 0.0) + v * r.standalone_replicas
+    trainer = Slot(TRAINER_BUNDLE, t.num_gpus, t.num_cpus)
+    if not r.share_trainer_gpu:
+        for _ in range(r.standalone_replicas):
+            standalone.append(Slot(len(bundles), r.num_gpus, r.num_cpus))
+            bundles.append({"GPU": 1.0, "CPU": r.num_cpus, **r.resources})
+    for b in bundles:  # Ray refuses zero-valued resources in a bundle
+        for name in [name for name, v in b.items() if v == 0]:
+            del b[name]
+    return Placement(
+        bundles=bundles,
+        trainer=trainer,
+        hybrid=hybrid,
+        standalone=standalone,
+        trainer_bundles=side,
+        strategy=r.placement_strategy,
+    )

@@ -1,0 +1,342 @@
+"""``Coordinator``: the one consumer loop of a run, and its one fault barrier.
+
+Every message is handled by the same numbered steps, in arrival order, by one coroutine:
+
+    1. record   the message goes to every sink (event log, logs, metrics, feed)
+    2. apply    an event changes the state (``engine/coordinator/apply.py``); an intent from a user is
+                carried out (``engine/coordinator/intents.py``)
+    3. decide   ``PolicyGuard`` asks the policy (``engine/coordinator/guard.py``); each intent it returns
+                is recorded and carried out — while the run goes on as usual; once it
+                stops, less and then not at all (``_consults``: a slow policy cannot hold up
+                a stop)
+    4. pump     start new groups and resume partial samples (``engine/coordinator/inflight.py``) — once
+                per batch of messages that arrived together (``handle_many``), after all of them
+    5. finale   once the run should end, move it towards ``RunEnded`` (``engine/coordinator/finale.py``)
+
+A ``RelayReport`` (``engine/coordinator/relay.py``) is recorded once and its facts are then applied, decided
+on and drained one by one, exactly as if each had come alone.
+
+Events the coordinator derives on the way (``GroupDropped``, ``BatchReady``, ``IntentRejected``
+…) are handled before the next message from outside.
+
+Invariants: nothing inside the loop awaits a component (the executor reports back with
+events); the policy sees ``RunStarted`` / ``RunResumed`` first — setup facts from the opening
+are recorded and applied before it, never handed to the policy; and any exception anywhere
+in the loop ends the run with ``RunEnded(reason="error")`` naming the stage, the message
+being handled and the cause — written to every sink that still works — instead of a loop
+that dies silently.
+
+The ``Coordinator``'s methods are in four modules: this one builds it, runs the loop and takes
+and restores its snapshots; ``loop_parts`` wires its parts together; ``loop_calls`` answers the
+direct calls between two turns (``take_batch``, ``why_no_batch``, ``view``); ``loop_end`` ends
+the run (``end``, a crash's report, a stall). The other three are mixins of ``Coordinator``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from shunter.engine.config import EngineConfig
+from shunter.engine.coordinator import snapshot as snapshot_mod
+from shunter.engine.coordinator.buffer import SampleBuffer
+from shunter.engine.coordinator.calls import _WAKE as _WAKE
+from shunter.engine.coordinator.calls import CoordinatorCalls
+from shunter.engine.coordinator.dispatcher import Dispatcher
+from shunter.engine.coordinator.ending import CoordinatorEnd
+from shunter.engine.coordinator.ending import E as E
+from shunter.engine.coordinator.ending import _sink_name as _sink_name
+from shunter.engine.coordinator.executor import Executor
+from shunter.engine.coordinator.parts import CoordinatorParts
+from shunter.engine.coordinator.state import EngineState
+from shunter.engine.coordinator.tally import Tally
+from shunter.engine.io.checkpoint import CheckpointStore
+from shunter.events import (
+    Event,
+    EventRejected,
+    Intent,
+    LoopIdle,
+    Message,
+    PromptSpec,
+    RelayReport,
+    RunEnded,
+    RunResumed,
+    RunStarted,
+    Stamper,
+    Stop,
+    tag_of,
+)
+from shunter.policies import Policy
+from shunter.policies.base import SAMPLE_EVENTS
+
+Sink = Callable[[Message], None]
+
+
+class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
+    BATCH = 256
+    """At most this many queued messages are handled as one batch (one ``pump``)."""
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        policy: Policy,
+        executor: Executor,
+        prompts: Iterator[PromptSpec],
+        *,
+        run_id: str,
+        validation_prompts: list[PromptSpec] | None = None,
+        sinks: list[Sink] | None = None,
+        clock: Callable[[], float] = time.time,
+        checkpoints: CheckpointStore | None = None,
+        inbox: asyncio.Queue[Message | object] | None = None,
+    ) -> None:
+        """``inbox``: the queue messages from outside wait in (a simulation passes one that
+        charges the loop's CPU time to its virtual clock); a plain ``asyncio.Queue`` by default."""
+        self.cfg, self.policy, self.executor, self.clock = cfg, policy, executor, clock
+        self.sinks: list[Sink] = list(sinks or [])
+        self.stamp = Stamper(run_id, "coordinator", clock)
+        self.policy_stamp = Stamper(run_id, "policy", clock)
+        self.state = EngineState.for_run(cfg, run_id)
+        self.buffer = SampleBuffer.for_run(cfg)
+        self.dispatcher = Dispatcher()
+        self.tally = Tally(clock)
+        self._wire(prompts, list(validation_prompts or []), checkpoints)
+        self.ended: RunEnded | None = None
+        self._inbox: asyncio.Queue[Message | object] = inbox if inbox is not None else asyncio.Queue()
+        self._derived: deque[Event] = deque()
+        self._opened = False
+        self._resumed: RunResumed | None = None
+        self._stage: str | Sink = "open"
+        self._current: Message | None = None
+        self._idle = False
+        self._stop_posted = False
+        executor.bind(self.post_many)
+
+    # -- inputs ----------------------------------------------------------------------------
+    def post(self, msg: Message) -> None:
+        if msg.__class__ is Stop:  # known at once, handled in its turn: the backlog before it hurries
+            self._stop_posted = True
+        self._inbox.put_nowait(msg)
+
+    def post_many(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            self._inbox.put_nowait(m)
+
+    def emit(self, event: Event) -> None:
+        """An event the coordinator itself derived; handled before the next inbox item."""
+        self._derived.append(self.stamp(event))
+
+    def issue(self, intent: Intent) -> None:
+        """An intent of the coordinator's own (the finale's): recorded and carried out like the policy's."""
+        intent = self.stamp(intent)
+        self._record(intent)
+        self.intents.carry_out(intent)
+
+    def stop(self, reason: str) -> None:
+        """End the run (a ``Stop`` intent): nothing new starts; the finale takes over."""
+        self.finale.begin(reason or "stopped")
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> RunEnded:
+        try:
+            self._open()
+            stall = self.cfg.run.stall_timeout_s
+            while self.ended is None:
+                if self._inbox.empty() and self.executor.pending() == 0 and not self._idle:
+                    self._idle = True  # once per quiet period: the policy may act on the view
+                    self.emit(LoopIdle(in_flight=self.dispatcher.total_in_flight))
+                    self._settle()
+                    continue
+                if self._inbox.empty():
+                    try:
+                        first = await asyncio.wait_for(self._inbox.get(), stall)
+                    except TimeoutError:
+                        self._stalled(stall)
+                        continue
+                else:  # no timer needed (an inbox may still make the loop wait: the simulator's charges time)
+                    first = await self._inbox.get()
+                batch = [first]
+                while len(batch) < self.BATCH and not self._inbox.empty():
+                    batch.append(self._inbox.get_nowait())
+                msgs = [m for m in batch if isinstance(m, Message)]
+                if msgs:
+                    self._idle = False
+                    self.handle_many(msgs)
+        except Exception as e:  # noqa: BLE001 - the one fault barrier: any error ends the run, said so
+            self._crash(e)
+        assert self.ended is not None
+        return self.ended
+
+    def _open(self) -> None:
+        """Setup facts (replicas up, ranks, placement) are recorded and applied; then the policy
+        sees the run begin — ``RunResumed`` for an attempt from a checkpoint, else ``RunStarted``."""
+        while not self._inbox.empty():
+            msg = self._inbox.get_nowait()
+            if isinstance(msg, Message):
+                self._step(msg)
+            self._drain()
+        opening = self._resumed or RunStarted(
+            policy=self.guard.name, replicas=len(self.state.replicas), trainer_driver=self.state.trainer_driver
+        )
+        self._opened = True
+        self.emit(opening)
+        if self._resumed is not None:
+            self.applier.restored()
+        self._settle()
+
+    def handle(self, msg: Message) -> None:
+        """One message from outside, then everything it derived, then the finale."""
+        self.handle_many([msg])
+
+    def handle_many(self, msgs: list[Message]) -> None:
+        """Messages that arrived together, in order: each is recorded, applied and decided on,
+        with everything it derived, before the next; new work starts once, after the last
+        (``pump`` sees the capacity all of them freed), then the finale."""
+        for msg in msgs:
+            self._step(msg)
+            if self._derived:
+                self._drain(pump=False)
+            if self.ended is not None:
+                return
+        self._pump()
+        self._settle()
+
+    def _settle(self) -> None:
+        while self.ended is None:
+            if self._derived:
+                self._drain()
+            if not self._opened or self.ended is not None or self.finale.phase == "running":
+                return
+            self._stage = "finale"
+            self.finale.advance()
+            if not self._derived:
+                return
+
+    def _drain(self, pump: bool = True) -> None:
+        """Handle the events derived so far, and what they derive in turn; then (``pump``) start
+        new work, and handle what that derived. Bounded: one message can derive about one event
+        per sample and group it touches; far more is a feedback loop."""
+        limit = 10_000 + 10 * (self.dispatcher.total_in_flight + self.buffer.in_flight + self.buffer.ready)
+        handled = 0
+        while self._derived and self.ended is None:
+            while self._derived and self.ended is None:
+                handled += 1
+                if handled > limit:
+                    raise RuntimeError(
+                        f"livelock: one message derived more than {limit} events (the last {tag_of(self._derived[0])})"
+                    )
+                self._step(self._derived.popleft())
+            if pump:
+                self._pump()
+
+    def _step(self, msg: Message) -> None:
+        self._current = msg
+        self._record(msg)
+        if msg.__class__ is RelayReport:
+            self._report(msg)
+        elif isinstance(msg, Intent):
+            self._stage = "intent"
+            self.intents.carry_out(msg)
+        elif isinstance(msg, Event):
+            self._stage = "apply"
+            self.applier.apply(msg)
+            if self._opened and self.ended is None and self._consults(msg):
+                self._decide(msg)
+        else:  # an order can only come from this side of the bus
+            self.emit(
+                EventRejected(
+                    origin=msg.source or "unknown",
+                    error=f"{tag_of(msg)} is an order; only the coordinator gives orders (submit intents)",
+                )
+            )
+
+    def _report(self, report: RelayReport) -> None:
+        """A relay's report: each fact it carries is applied, shown to the policy and followed
+        by what it derived, as if it had come alone (it was recorded with the report)."""
+        for ev in report.events:
+            self._current = ev
+            self._stage = "apply"
+            self.applier.apply(ev)
+            if self._opened and self.ended is None and self._consults(ev):
+                self._decide(ev)
+            if self._derived:
+                self._drain(pump=False)
+            if self.ended is not None:
+                return
+
+    def _pump(self) -> None:
+        if self._opened and not self.finale.finishing and self.ended is None:
+            self._stage = "pump"
+            self.inflight.pump()
+            if self.inflight.exhausted and self._out_of_data():
+                self.finale.begin()  # the dataset's epochs are done: the run ends as completed
+
+    def _out_of_data(self) -> bool:
+        """No prompt left, none generating, no batch to train: an engine-driven run has nothing
+        more to do (a user's loop hears it from ``next_batch``)."""
+        b, t = self.buffer, self.state.trainer
+        return (
+            self.state.trainer_driver == "engine"
+            and not b.in_flight
+            and b.ready_batches(t.version) == 0
+            and t.state == "idle"
+            and self.batches.training is None
+        )
+
+    def _consults(self, event: Event) -> bool:
+        """Whether the policy is asked about ``event``: while the run goes on as usual; once a
+        ``Stop`` was posted (still queued behind a backlog) and in a stop's last cycle
+        (``cycling``) not about single samples (the run is about to take no new group; the
+        batches they complete come as ``BatchReady``); once the finale issues the last intents
+        itself (``finishing``) not at all — so a slow policy, behind on a backlog of events,
+        cannot hold up a stop."""
+        phase = self.finale.phase
+        if phase == "running" and not self._stop_posted:
+            return True
+        return phase in ("running", "cycling") and not isinstance(event, SAMPLE_EVENTS)
+
+    def _decide(self, event: Event) -> None:
+        self._stage = "decide"
+        if not self.guard.wants(event):
+            return
+        for intent in self.guard.decide(event, self.view()):
+            intent = self.policy_stamp(intent)
+            self._record(intent)
+            self._stage = "intent"
+            self.intents.carry_out(intent)
+        if self.guard.fatal:
+            self._drain()  # the policy's last failure reaches the sinks before the end
+            self.end("error", error=self.guard.fatal)
+
+    def _record(self, msg: Message) -> None:
+        for sink in self.sinks:
+            self._stage = sink  # named only if it raises (formatting a name per message costs)
+            sink(msg)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def snapshot(self) -> snapshot_mod.CoordinatorSnapshot:
+        """The coordinator's state at this cut (see ``shunter.engine.coordinator.snapshot``)."""
+        return snapshot_mod.take(self)
+
+    def restore(
+        self,
+        snap: snapshot_mod.CoordinatorSnapshot,
+        *,
+        checkpoint: str = "",
+        attempt: int = 1,
+        reason: str = "",
+        skipped: dict[str, str] | None = None,
+    ) -> None:
+        """Continue a run from a snapshot (before :meth:`run`): the buffer, the samples in
+        flight (they resume from their prefixes), the prompt stream, the policy's state."""
+        snapshot_mod.restore(self, snap)
+        self._resumed = RunResumed(
+            checkpoint=checkpoint,
+            step=snap.step,
+            version=snap.version,
+            attempt=attempt,
+            reason=reason,
+            skipped=skipped or {},
+        )

@@ -42,8 +42,8 @@ from typing import Any
 from shunter.actors.pool import ReplicaPool
 from shunter.api_replicas import EngineReplicas
 from shunter.api_steering import EngineSteering
-from shunter.api_steering import _loss_spec as _loss_spec
-from shunter.engine.config import EngineConfig, load_config
+from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.config.load import load_config
 from shunter.engine.io.checkpoint import CheckpointStore, Found, resolve
 from shunter.engine.io.errors import (
     EngineError,
@@ -110,7 +110,7 @@ class Engine(EngineReplicas, EngineSteering):
 
             if self.cfg.task.environment:
                 raise EngineSetupError("environment and task.environment are both given: use one")
-            from shunter.engine.config import check_env_timeout
+            from shunter.engine.config.checks import check_env_timeout
 
             try:
                 load_environment(environment)

@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from shunter.engine.config import ConfigError, load_config, schema
+from shunter.engine.config.base import ConfigError
+from shunter.engine.config.load import load_config, schema
 
 EXIT_STATUSES: dict[int, str] = {
     0: "the run completed; every policy check passed; the event log read whole",
@@ -118,8 +119,8 @@ def _run(args) -> int:
     except ConfigError as e:
         print(f"shunter: bad config: {e}", file=sys.stderr)
         return USAGE
-    from shunter.api import EngineSetupError
     from shunter.engine.io.checkpoint import CheckpointError
+    from shunter.engine.io.errors import EngineSetupError
     from shunter.progress import run_with_progress
 
     try:

@@ -37,7 +37,9 @@ from typing import Any
 
 import msgspec
 
-from shunter.engine.config import ConfigError, EngineConfig, from_dict
+from shunter.engine.config.base import ConfigError
+from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.config.load import from_dict
 from shunter.engine.coordinator.guard import check_intents
 from shunter.engine.io.errors import bounded, describe
 from shunter.events import (

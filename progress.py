@@ -15,7 +15,7 @@ import sys
 from tqdm import tqdm
 
 from shunter.api import Engine
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.io.checkpoint import CheckpointStore
 from shunter.events import (
     CommandFailed,

@@ -23,7 +23,8 @@ from shunter.engine import config as config_mod
 from shunter.engine.coordinator import snapshot
 from shunter.engine.coordinator.coordinator import Coordinator
 from shunter.engine.coordinator.relay import Relay
-from shunter.engine.data.datasets import DataError, Dataset, Row, expand, prompt_room, run_prompts, validation_specs
+from shunter.engine.data.datasets import Dataset, prompt_room, run_prompts, validation_specs
+from shunter.engine.data.files import DataError, Row, expand
 from shunter.engine.io.checkpoint import CheckpointStore
 from shunter.engine.io.errors import bounded, describe
 from shunter.engine.io.records import RunSinks

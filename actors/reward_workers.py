@@ -111,7 +111,7 @@ class RewardWorker:
         self, reward: str, task: str, *, timeout_s: float, threads: int, import_paths: list[str] | None = None
     ) -> None:
         from shunter.engine.data.rewards import ThreadRewards
-        from shunter.engine.tasks import as_scorer, load_reward, load_task
+        from shunter.engine.tasks.base import as_scorer, load_reward, load_task
         from shunter.policies.registry import use_import_paths
 
         use_import_paths(import_paths or [])

@@ -84,7 +84,7 @@ class RolloutWorker:
         from transformers import AutoTokenizer
 
         from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
-        from shunter.engine.tasks import load_reward, load_task
+        from shunter.engine.tasks.base import load_reward, load_task
 
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
         tok = AutoTokenizer.from_pretrained(self.model_dir)
@@ -210,7 +210,7 @@ class RolloutWorker:
 
     def _serve_for(self, serving: dict) -> None:
         """Take a new run's settings (``adopt``)."""
-        from shunter.engine.tasks import load_reward, load_task
+        from shunter.engine.tasks.base import load_reward, load_task
         from shunter.policies.registry import use_import_paths
 
         if unknown := set(serving) - set(self.SERVING):

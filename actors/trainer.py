@@ -22,7 +22,7 @@ import msgspec
 import ray
 
 from shunter.actors.wire import decode_order, encode_events
-from shunter.engine.config import TrainerConfig
+from shunter.engine.config.trainer import TrainerConfig
 from shunter.events import DIRECT, Delivery, InstallWeights, Stamper
 
 INLINE_BYTES = 100 * 1024

@@ -25,7 +25,7 @@ from shunter.events import (
     WeightGroupOpened,
     tag_of,
 )
-from shunter.events.view import STANDALONE
+from shunter.events.vocab import STANDALONE
 
 
 class WeightGroups:

@@ -101,8 +101,15 @@ from shunter.events.training import (
 )
 from shunter.events.validation import ValidateBegin, ValidateEnd
 from shunter.events.view import BufferView, EngineView, ReplicaView, ReplicaViews, TrainerView
+from shunter.events.vocab import DOWN, HYBRID, ROLLOUT, STANDALONE, SWITCHING, TRAINER
 
 __all__ = [
+    "DOWN",
+    "HYBRID",
+    "ROLLOUT",
+    "STANDALONE",
+    "SWITCHING",
+    "TRAINER",
     "BY_TAG",
     "Batch",
     "BatchReady",

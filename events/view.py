@@ -16,12 +16,6 @@ from typing import overload
 import msgspec
 
 from shunter.events.vocab import (
-    DOWN,
-    HYBRID,
-    ROLLOUT,
-    STANDALONE,
-    SWITCHING,
-    TRAINER,
     Mode,
     ReplicaKind,
     TrainerActivity,
@@ -29,12 +23,6 @@ from shunter.events.vocab import (
 )
 
 __all__ = [
-    "DOWN",
-    "HYBRID",
-    "ROLLOUT",
-    "STANDALONE",
-    "SWITCHING",
-    "TRAINER",
     "BufferView",
     "EngineView",
     "ReplicaView",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import msgspec
 
 from shunter.events import EngineView, Event, Intent, SwitchToRollout, SwitchToTrainer
-from shunter.events.view import HYBRID, ROLLOUT, TRAINER
+from shunter.events.vocab import HYBRID, ROLLOUT, TRAINER
 from shunter.policies import Policy
 from shunter.policies.base import load_on_ready, train_or_publish
 

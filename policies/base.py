@@ -57,7 +57,7 @@ from shunter.events import (
     WeightsLoaded,
     WeightsReady,
 )
-from shunter.events.view import DOWN, ROLLOUT, STANDALONE
+from shunter.events.vocab import DOWN, ROLLOUT, STANDALONE
 
 
 class NoState(msgspec.Struct):

@@ -25,7 +25,7 @@ from shunter.events import (
     TrainStep,
     WeightsReady,
 )
-from shunter.events.view import HYBRID, ROLLOUT, TRAINER
+from shunter.events.vocab import HYBRID, ROLLOUT, TRAINER
 from shunter.policies.base import (
     Policy,
     ValidationState,

@@ -77,7 +77,7 @@ from shunter.events import (
     SwitchToTrainer,
     WeightsReady,
 )
-from shunter.events.view import DOWN, HYBRID, ROLLOUT, STANDALONE, SWITCHING, TRAINER
+from shunter.events.vocab import DOWN, HYBRID, ROLLOUT, STANDALONE, SWITCHING, TRAINER
 from shunter.policies.base import (
     Policy,
     ValidationState,

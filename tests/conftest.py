@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def ray_cluster():
     import ray
 
-    from shunter.actors.launch.launcher import local_only
+    from shunter.actors.launch.cluster import local_only
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     local_only()  # as a default run: every socket on 127.0.0.1

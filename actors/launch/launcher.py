@@ -40,7 +40,7 @@ from shunter.actors.launch.cluster import (  # noqa: F401 - local_only & co. are
 from shunter.actors.launch.launcher_cluster import LauncherCluster
 from shunter.actors.launch.launcher_replicas import LauncherReplicas
 from shunter.actors.wire import root_cause
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.io.checkpoint import Found
 from shunter.engine.io.errors import EngineSetupError
 from shunter.events import (

@@ -75,7 +75,7 @@ class LauncherCluster:
         if not self.cfg.data.train_files and self.train_data is None:
             return None
         from shunter.actors.coordinator import load_run_data
-        from shunter.engine.data.datasets import DataError
+        from shunter.engine.data.files import DataError
 
         try:
             return load_run_data(self.cfg, self.model_dir, self.train_data, self.val_data)

@@ -41,19 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shunter.actors.vllm.stream import _FINISH_MAP as _FINISH_MAP
-from shunter.actors.vllm.stream import DEATH_POLL_S as DEATH_POLL_S
 from shunter.actors.vllm.stream import VLLMStream, _engine_rpc
-from shunter.actors.vllm.stream import _engine_call as _engine_call
-from shunter.actors.vllm.stream import _marks as _marks
-from shunter.actors.vllm.weights import _EXT_RPC as _EXT_RPC
-from shunter.actors.vllm.weights import _EXT_RPC_IPC as _EXT_RPC_IPC
-from shunter.actors.vllm.weights import _EXT_RPC_JOIN as _EXT_RPC_JOIN
-from shunter.actors.vllm.weights import _EXT_RPC_RECV as _EXT_RPC_RECV
-from shunter.actors.vllm.weights import VLLMWeights, _ipc_init_info
-from shunter.actors.vllm.weights import _ipc_update_info as _ipc_update_info
-from shunter.actors.vllm.weights import _timed as _timed
-from shunter.engine.replica.backend import EngineDead as EngineDead  # the shared protocol types
+from shunter.actors.vllm.weights import (
+    VLLMWeights,
+    _ipc_init_info,
+)
 from shunter.engine.replica.backend import GenParams, GenResult
 from shunter.engine.weights.group import Received
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from shunter.bench.sim.backends import CostModel
 from shunter.bench.sim.replica_model import prefill_s
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 
 
 def colocated_run_s(cfg: EngineConfig, cost: CostModel) -> float:

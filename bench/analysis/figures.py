@@ -52,7 +52,7 @@ from shunter.events import (
     WeightsReady,
 )
 from shunter.events.relay import flatten
-from shunter.events.view import ROLLOUT
+from shunter.events.vocab import ROLLOUT
 
 
 def busy_intervals(changes: list[tuple[float, int]]) -> list[tuple[float, float]]:

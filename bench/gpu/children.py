@@ -142,7 +142,7 @@ def _transports_child(spec: dict) -> dict:
     handles) and load into one vLLM engine that has both paths; alternate the paths."""
     import torch
 
-    from shunter.engine.config import TrainerConfig
+    from shunter.engine.config.trainer import TrainerConfig
     from shunter.engine.trainer.trainer import Trainer
     from shunter.engine.weights import transport as wt
 

@@ -46,7 +46,7 @@ def _busy_gpu(stop: threading.Event) -> None:
 
 
 def rpc_child(spec: dict) -> dict:
-    from shunter.bench.gpu.one_gpu import child_backend
+    from shunter.bench.gpu.children import child_backend
     from shunter.engine.replica.backend import GenParams
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # as in a replica: the engine core in its own process

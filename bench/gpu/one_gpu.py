@@ -52,31 +52,25 @@ import sys
 import time
 from pathlib import Path
 
-from shunter.bench.gpu.children import _core_child as _core_child  # re-exported
-from shunter.bench.gpu.children import _in_child as _in_child  # re-exported
-from shunter.bench.gpu.children import _raw_child as _raw_child  # re-exported
-from shunter.bench.gpu.children import _transports_child as _transports_child  # re-exported
-from shunter.bench.gpu.children import child_backend as child_backend  # re-exported
-from shunter.bench.gpu.children import core_alone as core_alone  # re-exported
-from shunter.bench.gpu.children import raw_vllm as raw_vllm  # re-exported
-from shunter.bench.gpu.figures import _ended as _ended  # re-exported
-from shunter.bench.gpu.figures import decode_steps as decode_steps  # re-exported
-from shunter.bench.gpu.figures import rollout_tokens_per_s as rollout_tokens_per_s  # re-exported
-from shunter.bench.gpu.figures import step_time as step_time  # re-exported
-from shunter.bench.gpu.figures import switch_figures as switch_figures  # re-exported
-from shunter.bench.gpu.figures import sync_figures as sync_figures  # re-exported
-from shunter.bench.gpu.runs import _plain as _plain  # re-exported
-from shunter.bench.gpu.runs import _published_nbytes as _published_nbytes  # re-exported
-from shunter.bench.gpu.runs import _run as _run  # re-exported
-from shunter.bench.gpu.runs import _wait_for_free_gpu as _wait_for_free_gpu  # re-exported
-from shunter.bench.gpu.runs import copy_floor_gbps as copy_floor_gbps  # re-exported
-from shunter.bench.gpu.runs import machine as machine  # re-exported
-from shunter.bench.gpu.runs import run as run  # re-exported
-from shunter.bench.gpu.two_gpus import _nccl_floor_child as _nccl_floor_child  # re-exported
-from shunter.bench.gpu.two_gpus import nccl_floor as nccl_floor  # re-exported
-from shunter.bench.gpu.two_gpus import two_gpu_overrides as two_gpu_overrides  # re-exported
-from shunter.bench.gpu.two_gpus import two_gpu_run as two_gpu_run  # re-exported
-from shunter.engine.config import EngineConfig, load_config, merge
+from shunter.bench.gpu.children import (
+    _core_child,
+    _in_child,
+    _raw_child,
+    _transports_child,
+    core_alone,
+    raw_vllm,
+)
+from shunter.bench.gpu.figures import (
+    _ended,
+    rollout_tokens_per_s,
+    step_time,
+    switch_figures,
+    sync_figures,
+)
+from shunter.bench.gpu.runs import _plain, _published_nbytes, copy_floor_gbps, machine, run
+from shunter.bench.gpu.two_gpus import nccl_floor, two_gpu_run
+from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.config.load import load_config, merge
 
 PARTS = (
     "sync",
@@ -104,7 +98,7 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
     res: dict = {"machine": machine(), "config": config, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def cfg(over: dict) -> EngineConfig:
-        from shunter.engine.config import from_dict
+        from shunter.engine.config.load import from_dict
 
         return from_dict(merge(json.loads(json.dumps(_plain(base))), over))
 
@@ -172,7 +166,7 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 from transformers import AutoTokenizer
 
                 from shunter.actors.vllm.backend import EngineSpec
-                from shunter.engine.tasks import load_task
+                from shunter.engine.tasks.base import load_task
 
                 tok = AutoTokenizer.from_pretrained(base.model.path)
                 task = load_task(base.task.name)

@@ -15,7 +15,7 @@ import platform
 import time
 from pathlib import Path
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.events import SampleEnd
 
 

@@ -33,9 +33,9 @@ from pathlib import Path
 import msgspec
 
 from shunter.bench.analysis.figures import summarize
-from shunter.bench.gpu.one_gpu import step_time as steady_step_s
-from shunter.bench.gpu.one_gpu import two_gpu_overrides
-from shunter.engine.config import from_dict, load_config, merge
+from shunter.bench.gpu.figures import step_time as steady_step_s
+from shunter.bench.gpu.two_gpus import two_gpu_overrides
+from shunter.engine.config.load import from_dict, load_config, merge
 from shunter.events import (
     ModeChanged,
     Offloaded,

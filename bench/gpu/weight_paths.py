@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import msgspec
 
-    from shunter.bench.gpu.one_gpu import _run, machine, sync_figures
-    from shunter.engine.config import load_config
+    from shunter.bench.gpu.figures import sync_figures
+    from shunter.bench.gpu.runs import _run, machine
+    from shunter.engine.config.load import load_config
 
     base = load_config(a.config)
     runs: dict[str, list[dict]] = {k: [] for k in PATHS}

@@ -15,16 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shunter.bench.report.gpu_sections import _gpu_table as _gpu_table  # re-exported
-from shunter.bench.report.gpu_sections import gpu2_section as gpu2_section  # re-exported
-from shunter.bench.report.gpu_sections import gpu_section as gpu_section  # re-exported
-from shunter.bench.report.gpu_sections import gpu_sim_section as gpu_sim_section  # re-exported
-from shunter.bench.report.gpu_sections import live_sync_row as live_sync_row  # re-exported
-from shunter.bench.report.plots import _mean_curve as _mean_curve  # re-exported
-from shunter.bench.report.plots import _save as _save  # re-exported
-from shunter.bench.report.plots import _smooth as _smooth  # re-exported
-from shunter.bench.report.plots import plot as plot  # re-exported
-from shunter.bench.report.plots import plot_curves as plot_curves  # re-exported
+from shunter.bench.report.gpu_sections import gpu2_section, gpu_section, gpu_sim_section
+from shunter.bench.report.plots import plot, plot_curves
 
 COLUMNS = [
     ("speedup_vs_colocated", "speedup vs colocated", "{:.2f}x"),

@@ -52,7 +52,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     return made
 
 
-def _smooth(xs: list[float], k: int = 10) -> list[float]:
+def smooth(xs: list[float], k: int = 10) -> list[float]:
     out, acc = [], 0.0
     for i, x in enumerate(xs):
         acc += x - (xs[i - k] if i >= k else 0.0)
@@ -60,7 +60,7 @@ def _smooth(xs: list[float], k: int = 10) -> list[float]:
     return out
 
 
-def _mean_curve(runs: list[dict], key: str) -> tuple[list[float], list[float]]:
+def mean_curve(runs: list[dict], key: str) -> tuple[list[float], list[float]]:
     """Mean over seeds of ``key`` per optimizer step (up to the shortest run)."""
     n = min(len(r["step"]) for r in runs)
     return runs[0]["step"][:n], [sum(r[key][i] for r in runs) / len(runs) for i in range(n)]
@@ -85,10 +85,10 @@ def plot_curves(result: dict, out_dir: Path) -> list[Path]:
     for i, (variant, runs) in enumerate(curves.items()):
         color = cmap(i / max(1, len(curves) - 1))
         style = "--" if "decoupled" in variant else "-"
-        steps, reward = _mean_curve(runs, "reward")
-        _, wall = _mean_curve(runs, "wall_s")
-        axes[0].plot(steps, _smooth(reward), style, color=color, label=variant)
-        axes[1].plot(wall, _smooth(reward), style, color=color, label=variant)
+        steps, reward = mean_curve(runs, "reward")
+        _, wall = mean_curve(runs, "wall_s")
+        axes[0].plot(steps, smooth(reward), style, color=color, label=variant)
+        axes[1].plot(wall, smooth(reward), style, color=color, label=variant)
     axes[0].set_xlabel("optimizer step")
     axes[1].set_xlabel("wall time (s)")
     for ax in axes:

@@ -23,7 +23,7 @@ from shunter.events import (
     StepEnd,
     WeightsReady,
 )
-from shunter.events.view import TRAINER
+from shunter.events.vocab import TRAINER
 
 
 def plot_timeline(messages: Iterable[Message], out: str | Path, title: str = "", max_rows: int = 24) -> Path:

@@ -13,18 +13,20 @@ from pathlib import Path
 
 import msgspec
 
-from shunter.bench.runner import scenario as sc_mod
+from shunter.bench.runner.results import write
+from shunter.bench.runner.scenario import run_scenario
+from shunter.bench.runner.spec import load
 
 
 def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = None) -> Path:
-    sc = sc_mod.load(path)
+    sc = load(path)
     if seeds:
         sc = msgspec.structs.replace(sc, scenario=msgspec.structs.replace(sc.scenario, seeds=seeds))
     print(f"scenario {sc.scenario.name} ({sc.scenario.kind}): {sc.scenario.description}")
     target = Path(out) if out else Path("bench/results") / f"{sc.scenario.name}.json"
     if sc.scenario.kind == "sim":
         target.parent.mkdir(parents=True, exist_ok=True)
-        result = sc_mod.run_scenario(sc, out_dir=target.parent)
+        result = run_scenario(sc, out_dir=target.parent)
     elif sc.scenario.kind == "overhead":
         from shunter.bench.runner.overhead import run_overhead
 
@@ -36,7 +38,7 @@ def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = Non
     else:
         raise ValueError(f"scenario {path}: unknown kind {sc.scenario.kind!r} (sim, overhead, real)")
     result["command"] = command_line(path, seeds)
-    return sc_mod.write(result, target)
+    return write(result, target)
 
 
 def command_line(path: str, seeds: list[int] | None) -> str:

@@ -26,7 +26,7 @@ import statistics
 import time
 from typing import Any
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.events import Sample
 
 

@@ -15,7 +15,9 @@ import time
 
 import msgspec
 
-from shunter.bench.runner.scenario import Scenario, result_json, variant_setup
+from shunter.bench.runner.results import result_json
+from shunter.bench.runner.scenario import variant_setup
+from shunter.bench.runner.spec import Scenario
 from shunter.bench.sim.cluster import run_sim
 
 
@@ -50,7 +52,7 @@ def _ingest(n_batches: int, batch: int) -> dict[str, float]:
     import ray
 
     from shunter.actors import coordinator
-    from shunter.engine.config import from_dict
+    from shunter.engine.config.load import from_dict
     from shunter.events import Codec, SampleBegin
 
     cfg = from_dict({"run": {"output_dir": "/tmp/shunter-bench-overhead"}, "validation": {"every": 0}})
@@ -103,7 +105,7 @@ def run_overhead(sc: Scenario) -> dict:
                 f"p50 {m['latency_p50_ms']:.3f} ms, p99 {m['latency_p99_ms']:.3f} ms"
             )
         metrics[v.name] = {k: _stats([x[k] for x in runs]) for k in runs[0]}
-    from shunter.actors.launch.launcher import local_only
+    from shunter.actors.launch.cluster import local_only
 
     local_only()
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 from shunter.bench.analysis.figures import summarize
-from shunter.bench.runner.scenario import Scenario, aggregate, result_json
-from shunter.engine.config import load_config, merge
+from shunter.bench.runner.results import aggregate, result_json
+from shunter.bench.runner.spec import Scenario
+from shunter.engine.config.load import load_config, merge
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sort_separate.toml"
 

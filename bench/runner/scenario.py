@@ -39,23 +39,18 @@ from shunter.bench.analysis import bound
 from shunter.bench.analysis.analytic import colocated_run_s
 from shunter.bench.analysis.figures import Summary
 from shunter.bench.analysis.gap import Gaps
-from shunter.bench.runner.results import aggregate as aggregate  # re-exported
-from shunter.bench.runner.results import capacity_used as capacity_used  # re-exported
-from shunter.bench.runner.results import commit as commit  # re-exported
-from shunter.bench.runner.results import loop_figures as loop_figures  # re-exported
-from shunter.bench.runner.results import machine as machine  # re-exported
-from shunter.bench.runner.results import result_json as result_json  # re-exported
-from shunter.bench.runner.results import rollout_ledger as rollout_ledger  # re-exported
-from shunter.bench.runner.results import versions as versions  # re-exported
-from shunter.bench.runner.results import write as write  # re-exported
-from shunter.bench.runner.spec import Cluster as Cluster  # re-exported
-from shunter.bench.runner.spec import Meta as Meta  # re-exported
-from shunter.bench.runner.spec import Scenario as Scenario  # re-exported
-from shunter.bench.runner.spec import Variant as Variant  # re-exported
-from shunter.bench.runner.spec import load as load  # re-exported
+from shunter.bench.runner.results import (
+    aggregate,
+    capacity_used,
+    loop_figures,
+    result_json,
+    rollout_ledger,
+)
+from shunter.bench.runner.spec import Scenario, Variant
 from shunter.bench.sim.backends import CostModel
 from shunter.bench.sim.cluster import run_sim
-from shunter.engine.config import EngineConfig, from_dict, merge
+from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.config.load import from_dict, merge
 
 
 def variant_setup(sc: Scenario, v: Variant) -> tuple[EngineConfig, CostModel]:

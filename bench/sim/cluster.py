@@ -28,10 +28,7 @@ from pathlib import Path
 
 import looptime
 
-from shunter.bench.sim.accounting import ChargedInbox as ChargedInbox  # re-exported
-from shunter.bench.sim.accounting import GcPauses as GcPauses  # re-exported
-from shunter.bench.sim.accounting import SimResult as SimResult  # re-exported
-from shunter.bench.sim.accounting import kv_occupancy as kv_occupancy  # re-exported
+from shunter.bench.sim.accounting import ChargedInbox, GcPauses, SimResult, kv_occupancy
 from shunter.bench.sim.backends import (
     CostModel,
     SimBackend,
@@ -40,7 +37,7 @@ from shunter.bench.sim.backends import (
     sim_reward,
 )
 from shunter.bench.sim.turns import SimTool
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator import snapshot
 from shunter.engine.coordinator.coordinator import Coordinator
 from shunter.engine.coordinator.local import LocalExecutor
@@ -59,7 +56,7 @@ from shunter.events import (
     Stamper,
     flatten,
 )
-from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
+from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER
 from shunter.policies import Policy, make_policy
 
 

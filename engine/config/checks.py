@@ -89,8 +89,8 @@ def _check_task(cfg: EngineConfig) -> None:
     """The task and the reward override load (the replicas load them again, in their processes),
     the dataset's files exist (their rows are checked when the run loads them) and its prompt
     limit leaves the response its room in the context."""
-    from shunter.engine.data.datasets import DataError, expand
-    from shunter.engine.tasks import load_reward, load_task
+    from shunter.engine.data.files import DataError, expand
+    from shunter.engine.tasks.base import load_reward, load_task
 
     try:
         load_task(cfg.task.name)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import msgspec
 
-from shunter.engine.config import ConfigError, EngineConfig
+from shunter.engine.config.base import ConfigError
+from shunter.engine.config.engine_config import EngineConfig
 
 TRAINER_BUNDLE = 0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator.batches import Batches
 from shunter.engine.coordinator.buffer import SampleBuffer
 from shunter.engine.coordinator.cuts import CheckpointCuts

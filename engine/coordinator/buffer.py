@@ -39,12 +39,9 @@ from __future__ import annotations
 from collections import Counter
 from itertools import islice
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator.deadlines import Pace, formable_now, plan
-from shunter.engine.coordinator.groups import AccountingError as AccountingError  # re-exported
-from shunter.engine.coordinator.groups import BufferState as BufferState  # re-exported
-from shunter.engine.coordinator.groups import Group as Group  # re-exported
-from shunter.engine.coordinator.groups import GroupState as GroupState  # re-exported
+from shunter.engine.coordinator.groups import AccountingError, BufferState, Group, GroupState
 from shunter.events import Batch, PromptSpec, Sample
 
 

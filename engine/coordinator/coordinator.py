@@ -39,15 +39,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator import snapshot as snapshot_mod
 from shunter.engine.coordinator.buffer import SampleBuffer
-from shunter.engine.coordinator.calls import _WAKE as _WAKE
 from shunter.engine.coordinator.calls import CoordinatorCalls
 from shunter.engine.coordinator.dispatcher import Dispatcher
 from shunter.engine.coordinator.ending import CoordinatorEnd
-from shunter.engine.coordinator.ending import E as E
-from shunter.engine.coordinator.ending import _sink_name as _sink_name
 from shunter.engine.coordinator.executor import Executor
 from shunter.engine.coordinator.parts import CoordinatorParts
 from shunter.engine.coordinator.state import EngineState

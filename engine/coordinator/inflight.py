@@ -40,9 +40,10 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from shunter.engine.coordinator.buffer import Group, SampleBuffer
+from shunter.engine.coordinator.buffer import SampleBuffer
 from shunter.engine.coordinator.dispatcher import Dispatcher
 from shunter.engine.coordinator.executor import Executor
+from shunter.engine.coordinator.groups import Group
 from shunter.engine.coordinator.state import EngineState
 from shunter.events import (
     CutSamples,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator import snapshot as snapshot_mod
 from shunter.engine.coordinator.apply import Applier
 from shunter.engine.coordinator.batches import Batches

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shunter.engine.coordinator.buffer import BufferState
+from shunter.engine.coordinator.groups import BufferState
 from shunter.events import Sample, ValidateEnd
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config.engine_config import EngineConfig
 from shunter.events import BufferView, EngineView, ReplicaView, ReplicaViews, TrainerView
 from shunter.events.vocab import ROLLOUT, TRAINER, Mode, ReplicaKind, TrainerActivity, TrainerDriver
 

@@ -47,28 +47,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shunter.engine.data.files import SUFFIXES as SUFFIXES  # re-exported
-from shunter.engine.data.files import DataError as DataError  # re-exported
-from shunter.engine.data.files import Record as Record  # re-exported
-from shunter.engine.data.files import Row as Row  # re-exported
-from shunter.engine.data.files import _decoded as _decoded  # re-exported
-from shunter.engine.data.files import _json_float as _json_float  # re-exported
-from shunter.engine.data.files import _JsonFloat as _JsonFloat  # re-exported
-from shunter.engine.data.files import _jsonl as _jsonl  # re-exported
-from shunter.engine.data.files import _kind as _kind  # re-exported
-from shunter.engine.data.files import _messages as _messages  # re-exported
-from shunter.engine.data.files import _object as _object  # re-exported
-from shunter.engine.data.files import _once as _once  # re-exported
-from shunter.engine.data.files import _parquet as _parquet  # re-exported
-from shunter.engine.data.files import _plain as _plain  # re-exported
-from shunter.engine.data.files import _row as _row  # re-exported
-from shunter.engine.data.files import _text as _text  # re-exported
-from shunter.engine.data.files import expand as expand  # re-exported
-from shunter.engine.data.files import read_rows as read_rows  # re-exported
+from shunter.engine.data.files import (
+    DataError,
+    Row,
+    _kind,
+    _once,
+    _row,
+    read_rows,
+)
 from shunter.events import PromptSpec
 
 if TYPE_CHECKING:
-    from shunter.engine.config import EngineConfig
+    from shunter.engine.config.engine_config import EngineConfig
 
 
 def prompt_room(cfg: EngineConfig) -> tuple[int, str]:
@@ -219,7 +209,7 @@ def run_prompts(
     if data is not None:
         train, val = data
         return PromptStream(train, cfg.run.seed, shuffle=cfg.data.shuffle, epochs=cfg.data.epochs), val
-    from shunter.engine.tasks import load_task
+    from shunter.engine.tasks.base import load_task
 
     task = load_task(cfg.task.name)
     prompts = (

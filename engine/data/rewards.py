@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import msgspec
 
 from shunter.engine.io.errors import describe, type_name
-from shunter.engine.tasks import Scorer, score_of
+from shunter.engine.tasks.base import Scorer, score_of
 from shunter.events import PromptSpec
 from shunter.events.vocab import RewardFailure, WorkerLoss
 

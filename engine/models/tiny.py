@@ -30,7 +30,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shunter.engine.tasks import Task, TaskPrompt, load_task
+from shunter.engine.tasks.base import Task, TaskPrompt, load_task
 from shunter.engine.tasks.sort_digits import SEPARATOR
 
 if TYPE_CHECKING:

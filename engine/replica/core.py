@@ -41,10 +41,8 @@ from shunter.engine.replica.envs import Environments
 from shunter.engine.replica.heartbeat import Heartbeat
 from shunter.engine.replica.modes import E, Running, WeightsAndModes
 from shunter.engine.replica.samples import Samples
-from shunter.engine.replica.samples import _still as _still
-from shunter.engine.replica.samples import _versions as _versions
 from shunter.engine.replica.validation import Validation
-from shunter.engine.tasks import as_scorer
+from shunter.engine.tasks.base import as_scorer
 from shunter.events import (
     CommandFailed,
     CutSamples,

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from shunter.engine.config import TrainerConfig
+from shunter.engine.config.trainer import TrainerConfig
 from shunter.engine.io.errors import UserCodeError, type_name
 
 

@@ -30,12 +30,9 @@ from pathlib import Path
 
 import torch
 
-from shunter.engine.config import TrainerConfig
+from shunter.engine.config.trainer import TrainerConfig
 from shunter.engine.trainer.publish import TrainerWeights
-from shunter.engine.trainer.step import _HEAD_TRANSFORMS as _HEAD_TRANSFORMS
 from shunter.engine.trainer.step import TrainerStep
-from shunter.engine.trainer.step import _host_copy as _host_copy
-from shunter.engine.trainer.step import _plain_head as _plain_head
 from shunter.engine.weights import transport as weight_transport
 
 

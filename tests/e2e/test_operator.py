@@ -130,7 +130,7 @@ def test_a_run_listens_only_on_loopback_stops_on_ctrl_c_and_resumes_exactly_once
 def test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process(tiny_model, tmp_path):
     """Was: two Ctrl-C's a second apart exited 130 printing about 77 lines (Ray's shutdown, asyncio's
     'Task exception was never retrieved'), or, a little later, nothing at all."""
-    from shunter.actors.launch.launcher import RAY_SESSION
+    from shunter.actors.launch.cluster import RAY_SESSION
 
     cfg = _config(tmp_path, tiny_model)
     run = tmp_path / "runs" / "op2"

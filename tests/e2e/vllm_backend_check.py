@@ -106,12 +106,8 @@ def max_abs_diff(a: list[float], b: list[float]) -> float:
 
 
 async def run(model_dir: Path) -> None:
-    from shunter.actors.vllm.backend import (
-        BackendStartError,
-        EngineSpec,
-        GenParams,
-        VLLMBackend,
-    )
+    from shunter.actors.vllm.backend import BackendStartError, EngineSpec, VLLMBackend
+    from shunter.engine.replica.backend import GenParams
     from shunter.engine.trainer.trainer import state_dict_to_blob
 
     print(
@@ -396,7 +392,7 @@ async def check_keep(be, ref, prompt: list[int], old_greedy: list[int]) -> None:
     labels the tokens after the load with the new version. Ordered by the request's own
     tokens (an observer on the stream), not by a sleep: the pause is sent once 8 of its 200
     tokens exist, and the 192 left take far longer than the pause's round trip."""
-    from shunter.actors.vllm.backend import GenParams
+    from shunter.engine.replica.backend import GenParams
     from shunter.engine.trainer.trainer import state_dict_to_blob
 
     print("[keep: pause a running request with its KV cache, load, resume]")

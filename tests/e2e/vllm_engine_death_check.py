@@ -23,8 +23,8 @@ async def run(model_dir: Path) -> list[str]:
     from safetensors.torch import save
     from transformers import AutoModelForCausalLM
 
-    from shunter.actors.vllm.backend import EngineSpec, GenParams, VLLMBackend
-    from shunter.engine.replica.backend import EngineDead
+    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+    from shunter.engine.replica.backend import EngineDead, GenParams
 
     fails: list[str] = []
     # float32: vLLM's CPU build picks bfloat16 where the CPU reports AMX, and on a VM that reports

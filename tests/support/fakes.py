@@ -309,7 +309,7 @@ def local_run(
     from shunter.engine.tasks import load_task
     from shunter.engine.trainer.host import TrainerHost
     from shunter.events import RankAssigned, ReplicaRestart, ReplicaUp, Stamper
-    from shunter.events.view import HYBRID, ROLLOUT, STANDALONE, TRAINER
+    from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER
     from shunter.policies import make_policy
 
     task = load_task(cfg.task.name)

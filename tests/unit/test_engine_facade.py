@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shunter import Engine, EngineError, EngineSetupError, UserCodeError
-from shunter.api import _loss_spec
+from shunter.api_steering import _loss_spec
 from shunter.engine.config import from_dict
 from shunter.events import Batch, Stop
 from tests.support.fakes import virtual_time
@@ -108,7 +108,8 @@ def test_data_and_environments_given_as_objects_are_checked_before_anything_star
 
 
 def test_rows_given_as_objects_are_checked_like_a_files_rows():
-    from shunter.engine.data.datasets import DataError, Dataset
+    from shunter.engine.data.datasets import Dataset
+    from shunter.engine.data.files import DataError
 
     ok = {"prompt": "12>", "data_source": "d", "reward_model": {"ground_truth": 3}}
     d = Dataset.from_records([ok, ok], "train_data")

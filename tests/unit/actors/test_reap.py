@@ -8,7 +8,7 @@ import subprocess
 
 import psutil
 
-from shunter.actors.launch.launcher import reap_orphans
+from shunter.actors.launch.cluster import reap_orphans
 
 
 def _orphan(tag: str) -> int:

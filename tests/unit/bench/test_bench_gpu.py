@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-from shunter.bench.gpu import one_gpu as gpu
-from shunter.bench.report.markdown import gpu_section
+from shunter.bench.gpu.figures import decode_steps, switch_figures, sync_figures
+from shunter.bench.gpu.two_gpus import two_gpu_overrides
+from shunter.bench.report.gpu_sections import gpu_section
 from shunter.events import (
     Codec,
     LoadWeights,
@@ -47,7 +48,7 @@ def test_sync_figures_pair_each_publish_with_its_last_load_and_the_floor(tmp_pat
             ),
         ]
     log.write_bytes(b"".join(c.frame(m) for m in msgs))
-    f = gpu.sync_figures(log, floor_gbps=4000.0)
+    f = sync_figures(log, floor_gbps=4000.0)
     assert f["n"] == 3 and f["transport"] == "cuda_ipc"
     assert abs(f["median_end_to_end_s"] - 0.1) < 1e-6 and f["median_load_s"] == 0.05
     assert abs(f["floor_s"] - 10**9 / 2e12) < 1e-12 and f["ratio_to_floor"] > 100
@@ -61,7 +62,7 @@ def test_switch_figures_and_the_report_section():
         ModeChanged(replica_id="h", mode=m, previous="x", duration_s=d, detail={"sleep_s": d}, wall_time=i, **ENV)
         for i, (m, d) in enumerate([("trainer", 0.1), ("rollout", 0.2), ("trainer", 0.3), ("rollout", 0.4)])
     ]
-    sw = gpu.switch_figures(evs)
+    sw = switch_figures(evs)
     assert sw["to_trainer_s"] == 0.3 and sw["to_rollout_s"] == 0.4  # past the first switch
     r = {
         "machine": {"gpu": "G", "gpu_memory_gib": 1},
@@ -111,7 +112,7 @@ def test_the_simulator_calibrated_on_its_own_runs_predicts_them(tmp_path):
     base = msgspec.to_builtins(load_config("examples/gpu2_qwen05b.toml"))
     c = Codec()
     for part in ("separate2", "colocated2", "lend2"):
-        over = gpu.two_gpu_overrides(part)
+        over = two_gpu_overrides(part)
         over.setdefault("rollout", {}).update(length_dist="", ignore_eos=False, engine_args={})
         res = run_sim(from_dict(merge(json.loads(json.dumps(base)), over)), truth)
         with gzip.open(tmp_path / f"events_{part}.bin.gz", "wb") as f:
@@ -126,7 +127,7 @@ def test_the_simulator_calibrated_on_its_own_runs_predicts_them(tmp_path):
     for v in r["step_time_ratios"].values():  # eight steps per run, as on the GPU: ~10 % noise in a pace
         st = v["steady_step_s"]
         assert abs(st["predicted"] / st["measured"] - 1) < 0.2, v
-    from shunter.bench.report.markdown import gpu_sim_section
+    from shunter.bench.report.gpu_sections import gpu_sim_section
 
     assert any("ratio colocated2_over_separate2" in line for line in gpu_sim_section(r, out))
 
@@ -150,8 +151,8 @@ def test_decode_steps_estimate_the_step_a_load_waits_for_from_the_runs_samples()
         SampleEnd(replica_id="a", sample=s(0), wall_time=10.0, **ENV),
         SampleEnd(replica_id="a", sample=s(1), wall_time=10.0, **ENV),
     ]
-    f = gpu.decode_steps(msgs, [3.0])
+    f = decode_steps(msgs, [3.0])
     assert abs(f["decode_tokens_per_s"] - 20.0) < 1e-9 and abs(f["mean_in_flight"] - 2.0) < 1e-9
     assert abs(f["decode_step_s"] - 0.1) < 1e-9 and abs(f["step_wait_floor_s"] - 0.05) < 1e-9
     assert f["in_flight_at_load"] == 2.0
-    assert gpu.decode_steps([], []) == {}
+    assert decode_steps([], []) == {}

@@ -12,7 +12,8 @@ import pytest
 from shunter.bench.analysis.analytic import colocated_run_s
 from shunter.bench.analysis.figures import summarize
 from shunter.bench.report.trace import to_trace
-from shunter.bench.runner.scenario import load, variant_setup
+from shunter.bench.runner.scenario import variant_setup
+from shunter.bench.runner.spec import load
 from shunter.bench.sim.backends import CostModel
 from shunter.bench.sim.cluster import run_sim
 from shunter.engine.config import from_dict
@@ -301,20 +302,20 @@ def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ah
 
 
 def test_reward_curves_are_averaged_over_seeds_smoothed_and_plotted(tmp_path):
-    from shunter.bench.report import markdown as report
+    from shunter.bench.report.plots import mean_curve, plot_curves, smooth
 
-    assert report._smooth([1.0, 3.0, 5.0, 7.0], k=2) == [1.0, 2.0, 4.0, 6.0]
+    assert smooth([1.0, 3.0, 5.0, 7.0], k=2) == [1.0, 2.0, 4.0, 6.0]
     runs = [
         {"seed": s, "step": [1.0, 2.0, 3.0], "wall_s": [1.0, 2.0, 3.0], "reward": [0.1 * s, 0.2 * s, 0.3 * s]}
         for s in (1, 3)
     ]
-    assert report._mean_curve(runs, "reward") == ([1.0, 2.0, 3.0], [0.2, 0.4, pytest.approx(0.6)])
+    assert mean_curve(runs, "reward") == ([1.0, 2.0, 3.0], [0.2, 0.4, pytest.approx(0.6)])
     metrics = {
         n: {"reward_avg": {"min": r, "median": r, "max": r}}
         for n, r in (("eta=0 ppo", 0.5), ("eta=0 decoupled", 0.5), ("eta=4 ppo", 0.3), ("eta=4 decoupled", 0.45))
     }
     result = {"scenario": {"scenario": {"name": "sweep"}}, "metrics": metrics, "curves": {n: runs for n in metrics}}
-    made = report.plot_curves(result, tmp_path)
+    made = plot_curves(result, tmp_path)
     assert [p.name for p in made] == ["sweep-reward.png", "sweep-summary.png"] and all(p.stat().st_size for p in made)
 
 

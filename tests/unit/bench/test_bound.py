@@ -8,7 +8,8 @@ import pytest
 
 from shunter.bench.analysis import bound
 from shunter.bench.analysis.bound import Fleet, StepWork
-from shunter.bench.runner.scenario import Cluster, Meta, Scenario, Variant, run_scenario
+from shunter.bench.runner.scenario import run_scenario
+from shunter.bench.runner.spec import Cluster, Meta, Scenario, Variant
 from shunter.bench.sim.backends import CostModel
 
 RATE = bound.RateMachine(peak_tok_s=100, alone_tok_s=100)

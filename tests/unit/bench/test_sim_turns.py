@@ -17,7 +17,8 @@ from shunter.bench.__main__ import main as bench_main
 from shunter.bench.analysis import bound
 from shunter.bench.analysis.figures import Summary
 from shunter.bench.report.markdown import write_report
-from shunter.bench.runner.scenario import load, variant_setup
+from shunter.bench.runner.scenario import variant_setup
+from shunter.bench.runner.spec import load
 from shunter.bench.sim.backends import CostModel, LengthSampler, SimBackend, SimTokenizer
 from shunter.bench.sim.cluster import run_sim
 from shunter.bench.sim.turns import CALL, CALL_TEXT, FILL, KEY0, OBS, Plans, SimTool, spell

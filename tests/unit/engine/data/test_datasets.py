@@ -12,15 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from shunter.engine.config import ConfigError, from_dict, load_config
-from shunter.engine.data.datasets import (
-    DataError,
-    Dataset,
-    PromptStream,
-    expand,
-    prompt_room,
-    read_rows,
-    validation_specs,
-)
+from shunter.engine.data.datasets import Dataset, PromptStream, prompt_room, validation_specs
+from shunter.engine.data.files import DataError, expand, read_rows
 from shunter.engine.tasks import as_scorer, load_reward, score_of
 from shunter.events import ChatMessage, PromptSpec
 

@@ -76,7 +76,7 @@ def test_the_generator_writes_a_verl_parquet_the_engine_loads(tmp_path, monkeypa
     import sys
     from pathlib import Path
 
-    from shunter.engine.data.datasets import read_rows
+    from shunter.engine.data.files import read_rows
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[4] / "examples"))  # as when run as a script
     __import__("make_word_problems").main(str(tmp_path), train=50, val=10)

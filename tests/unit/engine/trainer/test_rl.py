@@ -216,7 +216,8 @@ def test_head_logprobs_in_chunks_equal_the_full_logits_path_in_value_and_gradien
 
 def test_trainer_logprobs_of_response_tokens_match_the_full_forward_and_its_gradient(model_dir):
     from shunter.engine.config import TrainerConfig
-    from shunter.engine.trainer.trainer import Trainer, _plain_head
+    from shunter.engine.trainer.step import _plain_head
+    from shunter.engine.trainer.trainer import Trainer
     from shunter.events import Sample
 
     tr = Trainer(TrainerConfig(), model_dir, temperature=0.8)

@@ -44,7 +44,7 @@ def test_vllms_ipc_engine_accepts_our_update_info_and_unpacks_our_buffer():
     ipc = pytest.importorskip("vllm.distributed.weight_transfer.ipc_engine")
     from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
-    from shunter.actors.vllm.backend import _ipc_update_info
+    from shunter.actors.vllm.weights import _ipc_update_info
 
     items = _items()
     buf = torch.empty(sum(t.numel() for _, t in items), dtype=torch.bfloat16)

@@ -26,10 +26,14 @@ in the loop ends the run with ``RunEnded(reason="error")`` naming the stage, the
 being handled and the cause — written to every sink that still works — instead of a loop
 that dies silently.
 
-The ``Coordinator``'s methods are in four modules: this one builds it, runs the loop and takes
-and restores its snapshots; ``loop_parts`` wires its parts together; ``loop_calls`` answers the
-direct calls between two turns (``take_batch``, ``why_no_batch``, ``view``); ``loop_end`` ends
-the run (``end``, a crash's report, a stall). The other three are mixins of ``Coordinator``.
+The coordinator is built from parts, each an object of its own handed the others it needs here,
+once, in :meth:`Coordinator.__init__` — no part finds another any other way: the samples in
+flight (``InFlight``), the mini-batches (``Batches``), the policy's guard (``PolicyGuard``), the
+checkpoint cuts (``CheckpointCuts``), the intents (``Intents``), the finale (``Finale``), the
+replica supervisor (``Supervisor``), the ``Applier`` that applies events to them all, and the
+``Ending`` that closes the books. Between two turns of the loop it answers direct calls
+(``take_batch``, ``why_no_batch``, ``view``) under the same fault barrier; a call that ended the
+run wakes the loop (``_WAKE``) so it returns ``RunEnded``.
 """
 
 from __future__ import annotations
@@ -41,16 +45,26 @@ from collections.abc import Callable, Iterator
 
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator import snapshot as snapshot_mod
+from shunter.engine.coordinator.apply import Applier
+from shunter.engine.coordinator.batches import Batches
 from shunter.engine.coordinator.buffer import SampleBuffer
-from shunter.engine.coordinator.calls import CoordinatorCalls
+from shunter.engine.coordinator.cuts import CheckpointCuts
 from shunter.engine.coordinator.dispatcher import Dispatcher
-from shunter.engine.coordinator.ending import CoordinatorEnd
+from shunter.engine.coordinator.ending import Ending, crash_error, stall_error
 from shunter.engine.coordinator.executor import Executor
-from shunter.engine.coordinator.parts import CoordinatorParts
+from shunter.engine.coordinator.finale import Finale
+from shunter.engine.coordinator.guard import PolicyGuard
+from shunter.engine.coordinator.inflight import InFlight
+from shunter.engine.coordinator.intents import Intents
 from shunter.engine.coordinator.state import EngineState
+from shunter.engine.coordinator.supervisor import Supervisor
 from shunter.engine.coordinator.tally import Tally
 from shunter.engine.io.checkpoint import CheckpointStore
+from shunter.engine.io.records import Sink
 from shunter.events import (
+    Batch,
+    BufferView,
+    EngineView,
     Event,
     EventRejected,
     Intent,
@@ -65,13 +79,14 @@ from shunter.events import (
     Stop,
     tag_of,
 )
+from shunter.events.vocab import EndReason
 from shunter.policies import Policy
 from shunter.policies.base import SAMPLE_EVENTS
 
-Sink = Callable[[Message], None]
+_WAKE = object()  # wakes the loop after a direct call ended the run
 
 
-class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
+class Coordinator:
     BATCH = 256
     """At most this many queued messages are handled as one batch (one ``pump``)."""
 
@@ -99,7 +114,85 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
         self.buffer = SampleBuffer.for_run(cfg)
         self.dispatcher = Dispatcher()
         self.tally = Tally(clock)
-        self._wire(prompts, list(validation_prompts or []), checkpoints)
+        # the parts, each handed the others it needs — here, once (see the module docstring)
+        self.inflight = InFlight(
+            self.state,
+            self.buffer,
+            self.dispatcher,
+            executor,
+            prompts,
+            cfg.sampling(),
+            cfg.rollout.n_samples_per_prompt,
+        )
+        if self.state.trainer_driver == "engine":  # the run trains this many groups, no more
+            self.inflight.groups_wanted = cfg.run.total_steps * cfg.groups_per_mini_batch
+        self.inflight.spread_at_end = cfg.rollout.spread_at_end
+        self.batches = Batches(self.buffer, self.state, self.emit)
+        self.guard = PolicyGuard(
+            self.policy,
+            emit=self.emit,
+            max_failures=cfg.run.policy_max_failures,
+            budget_ms=cfg.run.policy_budget_ms,
+            timeout_s=cfg.run.policy_timeout_s,
+        )
+        self.cuts = CheckpointCuts(
+            checkpoints,
+            cfg.run.checkpoint_every,
+            executor,
+            run_id=self.state.run_id,
+            emit=self.emit,
+            fatal=lambda error: self.end("error", error=error),
+        )
+        self.intents = Intents(
+            self.state,
+            self.dispatcher,
+            self.batches,
+            executor,
+            self.inflight,
+            emit=self.emit,
+            stop=self.stop,
+            loss_fn=cfg.trainer.loss_fn,
+            validation_prompts=list(validation_prompts or []),
+            group_size=cfg.rollout.n_samples_per_prompt,
+        )
+        self.finale = Finale(
+            self.state,
+            self.intents,
+            self.issue,
+            self.cuts,
+            validate=cfg.validation.every > 0,
+            snapshot=self.snapshot,
+            end=self.end,
+        )
+        self.supervisor = Supervisor(
+            self.state, restarts=cfg.rollout.replica_restarts, backoff_s=cfg.rollout.replica_restart_backoff_s
+        )
+        self.applier = Applier(
+            cfg,
+            self.state,
+            self.buffer,
+            self.dispatcher,
+            self.inflight,
+            self.batches,
+            self.intents,
+            self.cuts,
+            self.finale,
+            self.tally,
+            self.supervisor,
+            emit=self.emit,
+            end=self.end,
+            snapshot=self.snapshot,
+        )
+        self.ending = Ending(
+            self.state,
+            self.buffer,
+            self.batches,
+            self.inflight,
+            self.tally,
+            self.guard,
+            self.sinks,
+            self.stamp,
+        )
         self.ended: RunEnded | None = None
         self._inbox: asyncio.Queue[Message | object] = inbox if inbox is not None else asyncio.Queue()
         self._derived: deque[Event] = deque()
@@ -315,7 +408,7 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
     # -- checkpoints -------------------------------------------------------------------------
     def snapshot(self) -> snapshot_mod.CoordinatorSnapshot:
         """The coordinator's state at this cut (see ``shunter.engine.coordinator.snapshot``)."""
-        return snapshot_mod.take(self)
+        return snapshot_mod.take(self.state, self.buffer, self.inflight, self.policy, self.tally)
 
     def restore(
         self,
@@ -328,7 +421,10 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
     ) -> None:
         """Continue a run from a snapshot (before :meth:`run`): the buffer, the samples in
         flight (they resume from their prefixes), the prompt stream, the policy's state."""
-        snapshot_mod.restore(self, snap)
+        snapshot_mod.restore(snap, self.state, self.buffer, self.inflight, self.policy, self.tally)
+        self.cuts.last_step = snap.step
+        if self.state.trainer_driver == "engine" and snap.step >= self.cfg.run.total_steps:
+            self.finale.begin()  # saved at the very end: only the finale is left
         self._resumed = RunResumed(
             checkpoint=checkpoint,
             step=snap.step,
@@ -337,3 +433,76 @@ class Coordinator(CoordinatorParts, CoordinatorCalls, CoordinatorEnd):
             reason=reason,
             skipped=skipped or {},
         )
+
+    # -- a user's loop (run.trainer_driver = "user") --------------------------------------------
+    def take_batch(self) -> Batch | None:
+        """The next ready mini-batch for a user's loop (None if none is ready). Runs between
+        two turns of the loop, under the same fault barrier."""
+        if self.ended is not None or not self._opened:
+            return None
+        batch = None
+        try:
+            self._current = None
+            self._stage = "take_batch"
+            batch = self.batches.hand_out()
+            self._settle()
+        except Exception as e:  # noqa: BLE001 - the fault barrier, as in run()
+            self._crash(e)
+        if self.ended is not None:
+            self._inbox.put_nowait(_WAKE)
+        return batch
+
+    def why_no_batch(self) -> str:
+        """Why no mini-batch is ready, in the words a user needs to act on it."""
+        if self.ended is not None:
+            e = self.ended
+            return f"the run ended ({e.reason}" + (f": {e.error})" if e.error else ")")
+        if self.finale.finishing:
+            return "the run is ending (total_steps reached or Stop): no new groups start"
+        if self.inflight.exhausted and not self.buffer.in_flight:
+            return (
+                f"the dataset is exhausted (data.epochs): {self.inflight.prompts_taken} prompts taken, "
+                f"{self.buffer.ready} ready groups do not fill a mini-batch"
+            )
+        return self.batches.why_none(self.dispatcher)
+
+    def view(self) -> EngineView:
+        b, t = self.buffer, self.state.trainer
+        serving = self.dispatcher.serving_version()
+        # with no replica serving, whether a replica switched in (on current weights) could start work
+        gate = b.capacity(t.version if serving is None else serving) > 0
+        bv = BufferView(
+            ready_samples=b.ready_samples,
+            ready_batches=b.ready_batches(t.version),
+            in_flight_groups=b.in_flight,
+            in_flight_samples=self.dispatcher.total_in_flight,
+            dispatched_groups=b.dispatched,
+            trained_groups=b.trained,
+            dropped_groups=sum(b.dropped.values()),
+            gate_open=gate and not self.finale.finishing,
+            pending_resumes=len(self.inflight.resumes) + len(self.inflight.tail_resumes),
+        )
+        return self.state.view(bv, self.dispatcher.in_flight)
+
+    # -- the end ------------------------------------------------------------------------------
+    def end(
+        self, reason: EndReason, error: str = "", failed_component: str = "", fault: str = "", *, careful: bool = False
+    ) -> None:
+        """End the run: what is in flight is dropped and ``RunEnded`` reaches every sink
+        (``Ending``), once. ``careful``: after a crash — a sink or a check that fails is skipped."""
+        if self.ended is not None:
+            return
+        self.finale.phase = "ended"
+        self.ended = self.ending.end(reason, error, failed_component, fault, careful=careful)
+
+    def summary(self) -> dict[str, float]:
+        return self.ending.summary()
+
+    def _crash(self, exc: Exception) -> None:
+        error, fault = crash_error(exc, self._stage, self._current)
+        self.end("error", error=error, fault=fault, careful=True)
+
+    def _stalled(self, stall: float) -> None:
+        quiet = self.executor.pending() == 0 and self._inbox.empty() and not self.supervisor.busy
+        if self.state.trainer_driver == "engine" and quiet:
+            self.end("error", error=stall_error(self.view(), stall))

@@ -10,15 +10,16 @@ and resumes from it; the prompt stream goes on after ``prompts_taken``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from shunter.engine.coordinator.buffer import SampleBuffer
 from shunter.engine.coordinator.groups import BufferState
+from shunter.engine.coordinator.inflight import InFlight
+from shunter.engine.coordinator.state import EngineState
+from shunter.engine.coordinator.tally import Tally
 from shunter.events import Sample, ValidateEnd
-
-if TYPE_CHECKING:
-    from shunter.engine.coordinator.coordinator import Coordinator
 
 SNAPSHOT_FILE = "coordinator.msgpack"
 
@@ -75,17 +76,19 @@ def policy_state(policy: Any) -> dict[str, Any]:
     return state
 
 
-def take(c: Coordinator) -> CoordinatorSnapshot:
+def take(
+    state: EngineState, buffer: SampleBuffer, inflight: InFlight, policy: Any, tally: Tally
+) -> CoordinatorSnapshot:
     """The coordinator's state now (called at a cut: right after a publish)."""
-    t, tally = c.state.trainer, c.tally
+    t = state.trainer
     return CoordinatorSnapshot(
-        run_id=c.state.run_id,
+        run_id=state.run_id,
         step=t.step,
         version=t.version,
-        prompts_taken=c.inflight.prompts_taken,
-        buffer=c.buffer.snapshot(),
-        in_flight=c.inflight.unfinished(),
-        policy=policy_state(c.policy),
+        prompts_taken=inflight.prompts_taken,
+        buffer=buffer.snapshot(),
+        in_flight=inflight.unfinished(),
+        policy=policy_state(policy),
         tokens=tally.tokens,
         wall_s=tally.wall_s(),
         rewards=list(tally.rewards),
@@ -99,27 +102,27 @@ def take(c: Coordinator) -> CoordinatorSnapshot:
     )
 
 
-def restore(c: Coordinator, snap: CoordinatorSnapshot) -> None:
-    """Put a snapshot back into a coordinator that has not started: buffer, samples in flight,
-    prompt stream, trainer step and version, the policy's state, the tallies."""
-    c.buffer.restore(snap.buffer)
-    c.inflight.restore(snap.in_flight, snap.prompts_taken)
-    t = c.state.trainer
+def restore(
+    snap: CoordinatorSnapshot, state: EngineState, buffer: SampleBuffer, inflight: InFlight, policy: Any, tally: Tally
+) -> None:
+    """Put a snapshot back into the parts of a coordinator that has not started: buffer, samples
+    in flight, prompt stream, trainer step and version, the policy's state, the tallies. (What the
+    checkpoint cuts and the finale take from it, the coordinator hands them.)"""
+    buffer.restore(snap.buffer)
+    inflight.restore(snap.in_flight, snap.prompts_taken)
+    t = state.trainer
     t.step, t.version, t.steps_since_publish = snap.step, snap.version, 0
-    c.cuts.last_step = snap.step
-    if c.state.trainer_driver == "engine" and snap.step >= c.cfg.run.total_steps:
-        c.finale.begin()  # saved at the very end: only the finale is left
     if snap.policy:
-        c.policy.restore(snap.policy)
-    c.tally.restore(
+        policy.restore(snap.policy)
+    tally.restore(
         tokens=snap.tokens,
         rewards=snap.rewards,
         validations=snap.validations,
         failed_groups=snap.failed_groups,
         wall_s=snap.wall_s,
     )
-    c.tally.rewards_scored = snap.rewards_scored
-    c.tally.reward_failures.update(snap.reward_failures)
-    c.tally.env_steps = snap.env_steps
-    c.tally.env_failures.update(snap.env_failures)
-    c.tally.workers_lost.update(snap.workers_lost)
+    tally.rewards_scored = snap.rewards_scored
+    tally.reward_failures.update(snap.reward_failures)
+    tally.env_steps = snap.env_steps
+    tally.env_failures.update(snap.env_failures)
+    tally.workers_lost.update(snap.workers_lost)

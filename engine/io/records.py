@@ -49,6 +49,15 @@ QUIET = (SampleBegin, SampleEnd, SampleResumed)
 """Per-sample messages: never a log line of their own (the event log and metrics have them)."""
 
 
+Sink = Callable[[Message], None]
+"""Where the coordinator hands every message it handles, in handling order."""
+
+
+def sink_name(sink: Sink) -> str:
+    """A sink as an error names it (its qualified name, else its type's)."""
+    return getattr(sink, "__qualname__", None) or type(sink).__name__
+
+
 class EventLog:
     """Appends frames to ``events.bin``. A resumed attempt appends to the same log; if the
     previous writer left it damaged (a tail torn by a kill, or worse) it is repaired first
@@ -325,7 +334,7 @@ class RunSinks:
             feed,
         )
 
-    def __iter__(self) -> Iterator[Callable[[Message], None]]:
+    def __iter__(self) -> Iterator[Sink]:
         yield from (self.log, self.run_log, self.metrics)
 
     def close(self) -> None:

@@ -115,12 +115,3 @@ def test_importing_a_layer_pulls_in_nothing_it_must_not(module, banned):
     )
     out = _fresh(code)
     assert out.returncode == 0, out.stdout + out.stderr
-
-
-def test_no_module_is_over_400_lines():
-    """Modules stay small enough to read in one sitting (CONTRIBUTING: one responsibility, at
-    most ~400 lines): cut a growing one where a newcomer would look for its parts."""
-    pkgs = ["engine", "actors", "events", "policies", "bench"]
-    files = [p for d in pkgs for p in (ROOT / d).rglob("*.py")] + list(ROOT.glob("*.py"))
-    over = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 400}
-    assert not over, over

@@ -11,7 +11,7 @@ never polls a dead run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,11 @@ import msgspec
 
 from shunter.actors.executor import RayExecutor
 from shunter.actors.wire import codec
-from shunter.engine import config as config_mod
-from shunter.engine.coordinator import snapshot
-from shunter.engine.coordinator.coordinator import Coordinator
+from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.coordinator.assemble import build_coordinator
 from shunter.engine.coordinator.relay import Relay
-from shunter.engine.data.datasets import Dataset, prompt_room, run_prompts, validation_specs
+from shunter.engine.data.datasets import Dataset, validation_specs
 from shunter.engine.data.files import DataError, Row, expand
-from shunter.engine.io.checkpoint import CheckpointStore
 from shunter.engine.io.errors import bounded, describe
 from shunter.engine.io.records import RunSinks
 from shunter.events import (
@@ -51,7 +49,6 @@ from shunter.events import (
     WeightsReady,
     tag_of,
 )
-from shunter.policies import make_policy
 from shunter.policies.registry import use_import_paths
 
 
@@ -77,12 +74,12 @@ class Waiters:
 
 
 def load_run_data(
-    cfg: config_mod.EngineConfig,
+    cfg: EngineConfig,
     model_dir: str,
     train_data: Sequence[Mapping[str, Any]] | None = None,
     val_data: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[Dataset, list[PromptSpec]]:
-    """A run's dataset (see ``shunter.engine.data.datasets.run_prompts``), loaded once by the launcher
+    """A run's dataset (see ``shunter.engine.coordinator.assemble.run_prompts``), loaded once by the launcher
     before any component starts: the training rows (``data.train_files``, or ``train_data``
     given as objects), their prompts too long for the context left out (counted with the model's
     own tokenizer and chat template, as the replicas will tokenize them), and the validation
@@ -94,7 +91,7 @@ def load_run_data(
 
     d = cfg.data
     tok = HFTokenizer(AutoTokenizer.from_pretrained(model_dir))
-    room, limit = prompt_room(cfg)
+    room, limit = cfg.prompt_room()
 
     def count(row: Row) -> int:
         try:
@@ -116,9 +113,6 @@ def load_run_data(
 
 
 class CoordinatorActor:
-    def _prompts(self) -> tuple[Iterator[PromptSpec], list[PromptSpec]]:
-        return run_prompts(self.cfg, self.data)
-
     def __init__(
         self,
         cfg: bytes,
@@ -134,8 +128,7 @@ class CoordinatorActor:
         skipped: dict[str, str] | None = None,
         data: tuple[Dataset, list[PromptSpec]] | None = None,
     ) -> None:
-        self.cfg = msgspec.msgpack.decode(cfg, type=config_mod.EngineConfig)
-        self.data = data
+        self.cfg = msgspec.msgpack.decode(cfg, type=EngineConfig)
         use_import_paths(self.cfg.run.import_paths)
         self.run_id = run_id
         self.out = Path(out_dir)
@@ -175,29 +168,18 @@ class CoordinatorActor:
         self.log, self.metrics, self.feed = self.sinks.log, self.sinks.metrics, self.sinks.feed
         self.executor.known = self.log.remember  # a relay's report is logged as the bytes it came in
         self.user = Stamper(run_id, "user")
-        prompts, val = self._prompts()
-        self.core = Coordinator(
+        self.core = build_coordinator(
             self.cfg,
-            make_policy(self.cfg.run.policy, self.cfg.run.policy_options),
             self.executor,
-            prompts,
             run_id=run_id,
-            validation_prompts=val,
-            sinks=[
-                *self.sinks,
-                self.waiters,
-                self._release_dead,
-                self._remember,
-            ],
-            checkpoints=(
-                CheckpointStore(self.out / "checkpoints", keep=self.cfg.run.checkpoint_keep)
-                if self.cfg.run.checkpoint_every > 0
-                else None
-            ),
+            data=data,
+            sinks=[*self.sinks, self.waiters, self._release_dead, self._remember],
+            checkpoints=self.out / "checkpoints" if self.cfg.run.checkpoint_every > 0 else None,
+            resume=resume or None,  # a checkpoint folder, already verified by the Engine
+            attempt=attempt,
+            reason=reason,
+            skipped=skipped,
         )
-        if resume:  # a checkpoint folder, already verified by the Engine
-            snap = snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes())
-            self.core.restore(snap, checkpoint=resume, attempt=attempt, reason=reason, skipped=skipped)
         self.registry = registry
         self._task: asyncio.Task | None = None
         self._restarts: list[bytes] = []

@@ -38,12 +38,10 @@ from shunter.bench.sim.backends import (
 )
 from shunter.bench.sim.turns import SimTool
 from shunter.engine.config.engine_config import EngineConfig
-from shunter.engine.coordinator import snapshot
-from shunter.engine.coordinator.coordinator import Coordinator
+from shunter.engine.coordinator.assemble import build_coordinator, replica_kinds, resume_version
 from shunter.engine.coordinator.local import LocalExecutor
 from shunter.engine.coordinator.ranks import RankTable
 from shunter.engine.coordinator.relay import Relay, route_through_relays
-from shunter.engine.io.checkpoint import CheckpointStore
 from shunter.engine.io.records import RunSinks
 from shunter.engine.replica.core import RolloutCore
 from shunter.engine.trainer.host import TrainerHost
@@ -56,8 +54,8 @@ from shunter.events import (
     Stamper,
     flatten,
 )
-from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER
-from shunter.policies import Policy, make_policy
+from shunter.events.vocab import ROLLOUT, STANDALONE, TRAINER
+from shunter.policies import Policy
 
 
 def prompts() -> Iterator[PromptSpec]:
@@ -135,9 +133,9 @@ async def _run(
 ) -> SimResult:
     run_id = f"sim-{seed}"
     clock = loop.time
-    version = CheckpointStore(resume.parent).verify(resume).version if resume is not None else 0
+    version = resume_version(resume)
     table = RankTable(run_id)
-    kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
+    kinds = replica_kinds(cfg)
     cores, opening, models = {}, [], []
     for i, kind in enumerate(kinds):
         rid = f"{kind}-{i}"
@@ -226,20 +224,18 @@ async def _run(
         recorded.clear()
 
     inbox = ChargedInbox(clock)
-    store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
-    coord = Coordinator(
+    coord = build_coordinator(
         cfg,
-        policy or make_policy(cfg.run.policy, cfg.run.policy_options),
         executor,
-        prompts(),
         run_id=run_id,
+        prompts=(prompts(), []),
+        policy=policy,
         sinks=[*(extra or ()), recorded.append],
         clock=clock,
-        checkpoints=store,
+        checkpoints=checkpoints,
+        resume=resume,
         inbox=inbox,
     )
-    if resume is not None:
-        coord.restore(snapshot.decode((resume / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     coord.post_many(opening)
     spent: list[float] = []
     sizes: list[int] = []

@@ -39,3 +39,10 @@ class EngineConfig(Section):
             ignore_eos=r.ignore_eos,
             length_dist=r.length_dist,
         )
+
+    def prompt_room(self) -> tuple[int, str]:
+        """The prompt length in force, and the setting that sets it: ``data.max_prompt_tokens``,
+        or (when 0) the context the response leaves, ``rollout.max_model_len - rollout.max_tokens``."""
+        if self.data.max_prompt_tokens:
+            return self.data.max_prompt_tokens, "data.max_prompt_tokens"
+        return self.rollout.max_model_len - self.rollout.max_tokens, "rollout.max_model_len - rollout.max_tokens"

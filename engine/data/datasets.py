@@ -35,8 +35,9 @@ Invariants:
 
 Nothing here imports torch, Ray or vLLM; pyarrow is imported when a parquet file is read.
 
-Reading the files (:func:`expand`, :func:`read_rows`, :class:`Row`, :class:`DataError`) lives in
-``engine/data/files.py``; its names are re-exported here.
+Reading the files (:func:`expand`, :func:`read_rows`, :class:`Row`, :class:`DataError`) is
+``engine/data/files.py``'s job; which stream a run draws (a dataset's or its task's) is decided
+where the run is assembled (``engine/coordinator/assemble.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shunter.engine.data.files import (
     DataError,
@@ -56,17 +57,6 @@ from shunter.engine.data.files import (
     read_rows,
 )
 from shunter.events import PromptSpec
-
-if TYPE_CHECKING:
-    from shunter.engine.config.engine_config import EngineConfig
-
-
-def prompt_room(cfg: EngineConfig) -> tuple[int, str]:
-    """The prompt length in force, and the setting that sets it: ``data.max_prompt_tokens``,
-    or (when 0) the context the response leaves, ``rollout.max_model_len - rollout.max_tokens``."""
-    if cfg.data.max_prompt_tokens:
-        return cfg.data.max_prompt_tokens, "data.max_prompt_tokens"
-    return cfg.rollout.max_model_len - cfg.rollout.max_tokens, "rollout.max_model_len - rollout.max_tokens"
 
 
 @dataclass
@@ -90,7 +80,7 @@ class Dataset:
         limit: str = "",
     ) -> Dataset:
         """The rows of ``files`` (each read once), those longer than ``max_prompt_tokens`` left
-        out; ``limit`` names the setting that limit comes from (:func:`prompt_room`)."""
+        out; ``limit`` names the setting that limit comes from (``EngineConfig.prompt_room``)."""
         if not files:
             raise DataError("no data file given: name at least one parquet or JSONL file")
         unique = _once(files)
@@ -199,24 +189,3 @@ class PromptStream(Iterator[PromptSpec]):
 def validation_specs(data: Dataset, n: int) -> list[PromptSpec]:
     """The first ``n`` rows (file order) as validation prompts (ids ``-1, -2, ...``)."""
     return [r.spec(-1 - i) for i, r in enumerate(data.rows[:n])]
-
-
-def run_prompts(
-    cfg: EngineConfig, data: tuple[Dataset, list[PromptSpec]] | None = None
-) -> tuple[Iterator[PromptSpec], list[PromptSpec]]:
-    """A run's training stream and validation prompts: a dataset's (``data``: its rows and
-    validation prompts, when ``data.train_files`` is set), else the task's own."""
-    if data is not None:
-        train, val = data
-        return PromptStream(train, cfg.run.seed, shuffle=cfg.data.shuffle, epochs=cfg.data.epochs), val
-    from shunter.engine.tasks.base import load_task
-
-    task = load_task(cfg.task.name)
-    prompts = (
-        PromptSpec(prompt_id=i, text=p.text, answer=p.answer) for i, p in enumerate(task.train_prompts(cfg.run.seed))
-    )
-    val = [
-        PromptSpec(prompt_id=-1 - i, text=p.text, answer=p.answer)
-        for i, p in enumerate(task.validation_prompts(cfg.validation.prompts, cfg.run.seed))
-    ]
-    return prompts, val

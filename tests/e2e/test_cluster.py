@@ -166,7 +166,7 @@ def _greedy_scores(folder: Path, run: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from shunter.engine.config import load_config
-    from shunter.engine.data.datasets import run_prompts
+    from shunter.engine.coordinator.assemble import run_prompts
     from shunter.engine.io.checkpoint import CheckpointStore
     from shunter.engine.tasks import load_task
 

@@ -297,26 +297,18 @@ def local_run(
     makes the runs multi-turn; ``relays``: replicas per relay (``engine.relay``, with the config's
     ``rollout.report_window_s``: facts folded into reports, the trainer handing weights to the
     relays); 0: none, every fact posted as it comes."""
-    from pathlib import Path
-
-    from shunter.engine.coordinator import snapshot
-    from shunter.engine.coordinator.coordinator import Coordinator
+    from shunter.engine.coordinator.assemble import build_coordinator, replica_kinds, resume_version
     from shunter.engine.coordinator.local import LocalExecutor
-    from shunter.engine.data.datasets import run_prompts
     from shunter.engine.data.environments import load_environment
-    from shunter.engine.io.checkpoint import CheckpointStore
     from shunter.engine.replica.core import RolloutCore
     from shunter.engine.tasks import load_task
     from shunter.engine.trainer.host import TrainerHost
     from shunter.events import RankAssigned, ReplicaRestart, ReplicaUp, Stamper
-    from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER
-    from shunter.policies import make_policy
+    from shunter.events.vocab import ROLLOUT, STANDALONE, TRAINER
 
     task = load_task(cfg.task.name)
-    version = 0
-    if resume is not None:
-        version = CheckpointStore(Path(resume).parent).verify(resume).version
-    kinds = [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
+    version = resume_version(resume)
+    kinds = replica_kinds(cfg)
     backends, cores, ups = {}, {}, []
 
     def make(rid: str, kind: str, rank: int) -> ReplicaUp:
@@ -369,21 +361,17 @@ def local_run(
             window_s=r.report_window_s,
             max_events=r.report_max_events,
         )
-    stream, val = run_prompts(cfg) if prompts is None else prompts
-    store = CheckpointStore(checkpoints, keep=cfg.run.checkpoint_keep) if checkpoints is not None else None
-    coord = Coordinator(
+    coord = build_coordinator(
         cfg,
-        policy or make_policy(cfg.run.policy, cfg.run.policy_options),
         executor,
-        stream,
         run_id=run_id,
-        validation_prompts=val,
-        checkpoints=store,
-        clock=loop_clock,
+        prompts=prompts,
+        policy=policy,
         sinks=[round_trip] if check_codec else [],
+        clock=loop_clock,
+        checkpoints=checkpoints,
+        resume=resume,
     )
-    if resume is not None:
-        coord.restore(snapshot.decode((Path(resume) / snapshot.SNAPSHOT_FILE).read_bytes()), checkpoint=str(resume))
     made = itertools.count(len(kinds))
 
     def replace(m) -> None:  # what Engine does on ReplicaRestart: a new replica after the delay

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shunter.engine.config import ConfigError, from_dict, load_config
-from shunter.engine.data.datasets import Dataset, PromptStream, prompt_room, validation_specs
+from shunter.engine.data.datasets import Dataset, PromptStream, validation_specs
 from shunter.engine.data.files import DataError, expand, read_rows
 from shunter.engine.tasks import as_scorer, load_reward, score_of
 from shunter.events import ChatMessage, PromptSpec
@@ -233,8 +233,8 @@ def test_prompts_too_long_are_left_out_and_counted(tmp_path):
 
 
 def test_the_prompt_limit_in_force_is_named_by_its_setting():
-    assert prompt_room(from_dict({})) == (48, "rollout.max_model_len - rollout.max_tokens")
-    assert prompt_room(from_dict({"data": {"max_prompt_tokens": 20}})) == (20, "data.max_prompt_tokens")
+    assert from_dict({}).prompt_room() == (48, "rollout.max_model_len - rollout.max_tokens")
+    assert from_dict({"data": {"max_prompt_tokens": 20}}).prompt_room() == (20, "data.max_prompt_tokens")
 
 
 def test_a_prompt_limit_beyond_the_context_left_is_refused_at_load_naming_both():

@@ -4,7 +4,7 @@
 - ``policies``: that, plus ``shunter.events``;
 - ``engine``: never Ray or vLLM, and nothing above it (actors, the facade, the CLI, bench);
   its control plane (the coordinator's loop and everything it imports) not even torch;
-- ``actors``: vLLM only in the vLLM adapters (``vllm_backend``, ``vllm_weights``, ``vllm_ext``, ``vllm_nccl``);
+- ``actors``: vLLM only in the vLLM adapters (``actors/vllm/``: ``engine``, ``weights``, ``extension``, ``nccl``);
 - nothing imports upward: events <- policies <- engine <- actors <- api <- progress <- bench <- contract
   <- cli.
 
@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["events", "policies", "engine", "actors", "api", "progress", "bench", "contract", "cli"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
-VLLM_ADAPTERS = {"actors/vllm/backend.py", "actors/vllm/weights.py", "actors/vllm/extension.py", "actors/vllm/nccl.py"}
+VLLM_ADAPTERS = {"actors/vllm/engine.py", "actors/vllm/weights.py", "actors/vllm/extension.py", "actors/vllm/nccl.py"}
 THIRD_PARTY = {"events": {"msgspec"}, "policies": {"msgspec"}}
 
 

@@ -83,7 +83,8 @@ class RolloutWorker:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from transformers import AutoTokenizer
 
-        from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+        from shunter.actors.vllm.backend import VLLMBackend
+        from shunter.actors.vllm.engine import EngineSpec
         from shunter.engine.tasks.base import load_reward, load_task
 
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
@@ -193,7 +194,7 @@ class RolloutWorker:
         backend = await self._stop_serving()
         if backend.dead():
             raise RuntimeError(f"the vLLM engine of replica {self.replica_id} is dead")
-        if getattr(backend, "_paused", False):  # the attempt ended inside a keep-mode weight load
+        if getattr(backend, "paused", False):  # the attempt ended inside a keep-mode weight load
             await backend.resume()
         files = sorted(Path(model_dir).glob("*.safetensors"))
         if not files:

@@ -18,7 +18,8 @@ import time
 
 
 async def main(model_dir: str) -> None:
-    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import VLLMBackend
+    from shunter.actors.vllm.engine import EngineSpec
     from shunter.engine.replica.backend import GenParams
 
     b = VLLMBackend(EngineSpec(model_dir=model_dir, max_model_len=32))

@@ -67,7 +67,8 @@ def _in_child(flag: str, spec: dict) -> dict:
 def child_backend(spec: dict, **over: Any) -> Any:
     """The ``VLLMBackend`` a measurement child starts, from the spec its parent sent (the
     config's model, context and memory share, engine args; ``over``: fields to change)."""
-    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import VLLMBackend
+    from shunter.actors.vllm.engine import EngineSpec
 
     kw: dict = {
         "model_dir": spec["model_dir"],

@@ -55,7 +55,7 @@ def rpc_child(spec: dict) -> dict:
     async def go() -> dict:
         be = child_backend(spec)
         await be.start()
-        engine = be._require()
+        engine = be.engine.require()
 
         async def rpc() -> None:
             await engine.collective_rpc(noop)

@@ -165,7 +165,7 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 eng = rollout_tokens_per_s(events)
                 from transformers import AutoTokenizer
 
-                from shunter.actors.vllm.backend import EngineSpec
+                from shunter.actors.vllm.engine import EngineSpec
                 from shunter.engine.tasks.base import load_task
 
                 tok = AutoTokenizer.from_pretrained(base.model.path)

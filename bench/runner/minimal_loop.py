@@ -34,7 +34,8 @@ async def run_minimal(cfg: EngineConfig) -> dict[str, float]:
     """The loop for ``cfg.run.total_steps`` optimizer steps; figures as ``bench.real`` reports them."""
     from transformers import AutoTokenizer
 
-    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import VLLMBackend
+    from shunter.actors.vllm.engine import EngineSpec
     from shunter.engine.models.folder import check_model_dir
     from shunter.engine.models.tiny import build_tiny_model
     from shunter.engine.replica.backend import GenParams

@@ -106,7 +106,8 @@ def max_abs_diff(a: list[float], b: list[float]) -> float:
 
 
 async def run(model_dir: Path) -> None:
-    from shunter.actors.vllm.backend import BackendStartError, EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import VLLMBackend
+    from shunter.actors.vllm.engine import BackendStartError, EngineSpec
     from shunter.engine.replica.backend import GenParams
     from shunter.engine.trainer.trainer import state_dict_to_blob
 
@@ -308,7 +309,7 @@ async def run(model_dir: Path) -> None:
     check(d < 1e-3, f"logprobs within 1e-3 after 2nd update (max diff {d:.2e})")
 
     print("[copy plan: refused on a layout it does not know (vLLM CPU repacks its linear weights)]")
-    plan_on = await be._require().collective_rpc(_copy_plan_fit, args=(blob2,))
+    plan_on = await be.engine.require().collective_rpc(_copy_plan_fit, args=(blob2,))
     print(f"    {plan_on[0]}")
     emb, padded, linear_rows, fits = plan_on[0]
     check(padded == 64 and emb == 42, f"vLLM pads the 42-row embedding to 64 rows ({emb} -> {padded})")
@@ -400,14 +401,14 @@ async def check_keep(be, ref, prompt: list[int], old_greedy: list[int]) -> None:
     if not be.keeps_kv:
         return
     sampled = asyncio.Event()
-    take = be._take
+    take = be.requests._take
 
     def observe(comp, tokens: list[int], logprobs: list[float]) -> None:
         take(comp, tokens, logprobs)
         if len(tokens) >= 8:
             sampled.set()
 
-    be._take = observe
+    be.requests._take = observe
     try:
         long = GenParams(max_tokens=200, temperature=0.0, ignore_eos=True)
         task = asyncio.create_task(be.generate("kept", prompt, long))
@@ -418,7 +419,7 @@ async def check_keep(be, ref, prompt: list[int], old_greedy: list[int]) -> None:
         await be.resume(9)
         res = await asyncio.wait_for(task, 120)
     finally:
-        be._take = take
+        be.requests._take = take
     check(
         res.finish_reason == "length" and len(res.token_ids) == 200,
         f"the paused request ran to its full length ({res.finish_reason}, {len(res.token_ids)} tokens)",

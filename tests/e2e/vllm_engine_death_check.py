@@ -23,7 +23,8 @@ async def run(model_dir: Path) -> list[str]:
     from safetensors.torch import save
     from transformers import AutoModelForCausalLM
 
-    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import VLLMBackend
+    from shunter.actors.vllm.engine import EngineSpec
     from shunter.engine.replica.backend import EngineDead, GenParams
 
     fails: list[str] = []

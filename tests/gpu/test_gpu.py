@@ -146,7 +146,8 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import VLLMBackend
+    from shunter.actors.vllm.engine import EngineSpec
 
     @ray.remote(num_gpus=1 if transport == "nccl" else 0.4)
     class Pub:
@@ -219,7 +220,8 @@ def _ipc_round_trip(model_dir: str, transport: str) -> None:
 
 
 def test_sleep_frees_gpu_memory_and_wake_gives_the_same_outputs(tiny):
-    from shunter.actors.vllm.backend import EngineSpec, VLLMBackend
+    from shunter.actors.vllm.backend import VLLMBackend
+    from shunter.actors.vllm.engine import EngineSpec
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

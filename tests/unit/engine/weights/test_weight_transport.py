@@ -42,14 +42,13 @@ def test_pack_into_lays_tensors_back_to_back_in_the_buffer_dtype():
 
 def test_vllms_ipc_engine_accepts_our_update_info_and_unpacks_our_buffer():
     ipc = pytest.importorskip("vllm.distributed.weight_transfer.ipc_engine")
+    from shunter.actors.vllm.weights import ipc_update_info
     from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
-
-    from shunter.actors.vllm.weights import _ipc_update_info
 
     items = _items()
     buf = torch.empty(sum(t.numel() for _, t in items), dtype=torch.bfloat16)
     info = wt.vllm_update_info(wt.pack_into(buf, items), torch.bfloat16, {"GPU-uuid": ("rebuild", "args")})
-    typed = ipc.IPCWeightTransferUpdateInfo(**_ipc_update_info(info))  # vLLM's own validation
+    typed = ipc.IPCWeightTransferUpdateInfo(**ipc_update_info(info))  # vLLM's own validation
     got = unpack_tensor(
         buf.view(torch.uint8),
         typed.names,

@@ -1,85 +1,47 @@
-"""The streaming half of ``VLLMBackend``: ``generate`` / ``abort``, and the wrappers that turn a
-dead engine core into ``EngineDead``.
+"""The requests of one vLLM engine: ``VLLMRequests`` turns ``GenParams`` into vLLM's sampling
+parameters, streams each request (``generate``), aborts them (``abort``), and keeps the table of
+requests in flight.
 
-``VLLMStream`` is a mixin of ``shunter.actors.vllm.backend.VLLMBackend`` (it holds no state of
-its own: ``VLLMBackend.__init__`` sets what its methods use). It imports no vLLM: the
-sampling types come from ``self._vllm``, which ``start()`` fills.
+``VLLMRequests`` is held by ``shunter.actors.vllm.backend.VLLMBackend``; it is given the
+``VLLMEngine`` (vLLM's ``AsyncLLM``, the sampling types ``start()`` imported, whether prompts
+take a cache salt, whether the engine is asleep) and the ``WeightEpoch`` that ``VLLMWeights``
+advances (the salt of new requests). It imports no vLLM.
 
-Invariants it keeps (numbered as in ``vllm_backend``): 2. tokens are never lost to an abort
+Invariants it keeps (numbered as in ``backend``): 2. tokens are never lost to an abort
 (``generate`` returns the partial with ``finish_reason="abort"``; ``len(token_ids) ==
 len(logprobs)``); 3. ``logprobs[i]`` is the log-prob of ``token_ids[i]`` as the engine sampled
-it; and a call into an engine whose core died raises ``EngineDead``, within ``DEATH_POLL_S``
-for a call that waits on the core.
+it; and a call into an engine whose core died raises ``EngineDead``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from shunter.engine.replica.backend import EngineDead, GenParams, GenResult
-
-if TYPE_CHECKING:
-    from shunter.actors.vllm.backend import VLLMBackend
+from shunter.actors.vllm.engine import VLLMEngine, engine_call, engine_rpc
+from shunter.actors.vllm.weights import WeightEpoch
+from shunter.engine.replica.backend import GenParams, GenResult
 
 _FINISH_MAP = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-DEATH_POLL_S = 0.5
-"""How often a call waiting on the engine core (a weight load, a pause, a sleep) checks that
-the core is still alive."""
+class VLLMRequests:
+    """``VLLMBackend``'s requests: sampling parameters, ``generate``, ``abort``."""
 
+    def __init__(self, engine: VLLMEngine, epoch: WeightEpoch):
+        self.engine = engine
+        self.epoch = epoch
+        self._inflight: set[str] = set()
+        self._abort_requested: set[str] = set()
 
-def _engine_call(fn: Any) -> Any:
-    """A call into vLLM: an error that means the engine core is gone (``EngineDeadError``, or
-    any error once the engine reports itself errored) becomes ``EngineDead``."""
-
-    @functools.wraps(fn)
-    async def call(self: VLLMBackend, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await fn(self, *args, **kwargs)
-        except EngineDead:
-            raise
-        except Exception as e:
-            if self.dead(e):
-                raise EngineDead(f"the vLLM engine core is gone ({type(e).__name__}: {e})") from e
-            raise
-
-    return call
-
-
-def _engine_rpc(fn: Any) -> Any:
-    """An ``_engine_call`` that waits on the engine core's answer to a utility call
-    (``collective_rpc``, ``pause_generation``, ``sleep``, ...). vLLM fails a request's output
-    stream when its core process dies, but never the future of a utility call in flight: a
-    ``kill -9`` of ``VLLM::EngineCore`` during a weight load would hang the call until
-    ``run.timeout_s``. So the call is raced against the core's death (vLLM's own liveness
-    monitor sets ``errored``), checked every ``DEATH_POLL_S``: ``EngineDead`` within a second."""
-    inner = _engine_call(fn)
-
-    @functools.wraps(fn)
-    async def call(self: VLLMBackend, *args: Any, **kwargs: Any) -> Any:
-        task = asyncio.ensure_future(inner(self, *args, **kwargs))
-        try:
-            while not (await asyncio.wait({task}, timeout=DEATH_POLL_S))[0]:
-                if self.dead():
-                    raise EngineDead(f"the vLLM engine core is gone (its process exited during {fn.__name__})")
-            return task.result()
-        finally:
-            task.cancel()  # the caller was cancelled, or the engine died: the call goes too
-
-    return call
-
-
-class VLLMStream:
-    """``VLLMBackend``'s requests: sampling parameters, ``generate``, ``abort`` (a mixin)."""
+    def running(self) -> list[str]:
+        """The ids of the requests in flight."""
+        return list(self._inflight)
 
     def _sampling_params(self, p: GenParams) -> Any:
-        SamplingParams = self._vllm["SamplingParams"]
-        RequestOutputKind = self._vllm["RequestOutputKind"]
+        SamplingParams = self.engine.vllm["SamplingParams"]
+        RequestOutputKind = self.engine.vllm["RequestOutputKind"]
         if p.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {p.max_tokens}")
         # "disabled" top-k: vLLM >= ~0.10 uses 0 (and maps -1 -> 0); older
@@ -108,7 +70,7 @@ class VLLMStream:
                 return SamplingParams(**kw)
             raise
 
-    @_engine_call
+    @engine_call
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenParams) -> GenResult:
         """Generate one completion of ``prompt_token_ids``.
 
@@ -118,15 +80,15 @@ class VLLMStream:
         ``CancelledError`` propagates (tokens are lost).  Request ids must be
         unique among in-flight requests (a resubmission uses a new id).
         """
-        engine = self._require()
-        if self._sleeping:
+        engine = self.engine.require()
+        if self.engine.sleeping:
             raise RuntimeError("generate() called while the engine is asleep; call wake_up() first")
         if request_id in self._inflight:
             raise ValueError(f"request id {request_id!r} is already in flight")
         sp = self._sampling_params(params)
         prompt: dict[str, Any] = {"prompt_token_ids": [int(t) for t in prompt_token_ids]}  # TokensPrompt
-        if self._salted:
-            prompt["cache_salt"] = f"w{self._epoch}"  # prefix-cache hits only on blocks of these weights
+        if self.engine.salted:
+            prompt["cache_salt"] = f"w{self.epoch.loads}"  # prefix-cache hits only on blocks of these weights
 
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -184,13 +146,13 @@ class VLLMStream:
             tokens.append(int(tok))
             logprobs.append(lp)
 
-    @_engine_rpc
+    @engine_rpc
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in-flight requests; their ``generate`` calls return partials.
 
         Ids that are not in flight (unknown, or already finished) are ignored.
         """
-        engine = self._require()
+        engine = self.engine.require()
         ids = [r for r in request_ids if r in self._inflight]
         if not ids:
             return

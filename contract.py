@@ -204,8 +204,8 @@ class Recording(Policy):
 
 
 def _sim(subject: Subject, policy: Policy, **kw: Any) -> Any:
-    from shunter.bench.sim.backends import CostModel
     from shunter.bench.sim.cluster import run_sim
+    from shunter.bench.sim.cost_model import CostModel
 
     cost = CostModel(
         prompt_tokens=16, decode_step_s=0.01, length_median=24, length_sigma=0.6, train_step_s=0.2, weight_bytes=1e8

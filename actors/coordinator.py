@@ -87,7 +87,7 @@ def load_run_data(
     cannot be used."""
     from transformers import AutoTokenizer
 
-    from shunter.actors.rollout import HFTokenizer
+    from shunter.engine.models.tokenizer import HFTokenizer
 
     d = cfg.data
     tok = HFTokenizer(AutoTokenizer.from_pretrained(model_dir))

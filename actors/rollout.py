@@ -85,6 +85,7 @@ class RolloutWorker:
 
         from shunter.actors.vllm.backend import VLLMBackend
         from shunter.actors.vllm.engine import EngineSpec
+        from shunter.engine.models.tokenizer import HFTokenizer
         from shunter.engine.tasks.base import load_reward, load_task
 
         reward = load_reward(self.reward_spec) if self.reward_spec else load_task(self.task).reward
@@ -289,29 +290,6 @@ class RolloutWorker:
         from shunter.actors.launch.placement import where
 
         return where()
-
-
-class HFTokenizer:
-    """Adapts an HF tokenizer to the engine's Tokenizer protocol (no special tokens added)."""
-
-    def __init__(self, tok) -> None:
-        self._tok = tok
-        self.eos_token_id = tok.eos_token_id
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
-
-    def render(self, messages) -> list[int]:
-        """A chat prompt through the model's chat template, with the generation prompt."""
-        if not getattr(self._tok, "chat_template", None):
-            raise ValueError("the model's tokenizer has no chat template; give the dataset's 'prompt' as a string")
-        text = self._tok.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages], tokenize=False, add_generation_prompt=True
-        )
-        return self.encode(text)
 
 
 def remote_class():

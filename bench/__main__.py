@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "gpu":
-        from shunter.bench.gpu import one_gpu as gpu
+        from shunter.bench.gpu import measure as gpu
 
         return gpu.main(argv[1:])
     if argv and argv[0] == "gpu-sim":

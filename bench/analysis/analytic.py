@@ -20,7 +20,7 @@ of length ``L`` (``length_sigma = 0``) spread evenly over ``R`` replicas
 
 from __future__ import annotations
 
-from shunter.bench.sim.backends import CostModel
+from shunter.bench.sim.cost_model import CostModel
 from shunter.bench.sim.replica_model import prefill_s
 from shunter.engine.config.engine_config import EngineConfig
 

@@ -1,10 +1,10 @@
 """The GPU bench's measurements that run in a child process of their own
-(``python -m shunter.bench.gpu.one_gpu --raw / --core / --transports``): raw vLLM generation, the
+(``python -m shunter.bench.gpu.measure --raw / --core / --transports``): raw vLLM generation, the
 replica's rollout core alone, and the two IPC weight paths side by side.
 
-Invariant: each runs in a fresh process (``_in_child``), so its GPU memory is freed when it
+Invariant: each runs in a fresh process (``in_child``), so its GPU memory is freed when it
 exits and it shares the device with no engine run; the parent reads the child's last JSON line,
-else the error it printed. This module never imports ``bench/gpu/one_gpu.py`` (the child's entry point
+else the error it printed. This module never imports ``bench/gpu/measure.py`` (the child's entry point
 is named by its module path only).
 """
 
@@ -32,7 +32,7 @@ def raw_vllm(
     ignore_eos: bool = False,
 ) -> dict:
     """Raw vLLM offline generation of the same requests, in a child process."""
-    return _in_child(
+    return in_child(
         "--raw",
         {
             "model_dir": model_dir,
@@ -48,11 +48,11 @@ def raw_vllm(
     )
 
 
-def _in_child(flag: str, spec: dict) -> dict:
+def in_child(flag: str, spec: dict) -> dict:
     """Run one measurement in a fresh process (its GPU memory is freed when it exits); its
     last JSON line is the result, else the error it printed."""
     out = subprocess.run(
-        [sys.executable, "-m", "shunter.bench.gpu.one_gpu", flag, json.dumps(spec)],
+        [sys.executable, "-m", "shunter.bench.gpu.measure", flag, json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -84,13 +84,13 @@ def core_alone(spec: dict) -> dict:
     """The replica's rollout core (``RolloutCore`` + ``VLLMBackend``) alone in one process, no
     Ray and no coordinator, on the same requests as the raw baseline: tells whether a gap to
     raw vLLM is in the core or between coordinator and replica."""
-    return _in_child("--core", spec)
+    return in_child("--core", spec)
 
 
-def _core_child(spec: dict) -> dict:
+def core_child(spec: dict) -> dict:
     from transformers import AutoTokenizer
 
-    from shunter.actors.rollout import _Tok
+    from shunter.engine.models.tokenizer import HFTokenizer
     from shunter.engine.replica.core import RolloutCore
     from shunter.events import Generate, PromptSpec, SampleEnd, SamplingSpec, Stamper
 
@@ -100,7 +100,11 @@ def _core_child(spec: dict) -> dict:
         be = child_backend(spec, stream_interval=spec.get("stream_interval", 16))
         await be.start()
         core = RolloutCore(
-            "core", be, _Tok(AutoTokenizer.from_pretrained(spec["model_dir"])), lambda *a: 0.0, Stamper("bench", "core")
+            "core",
+            be,
+            HFTokenizer(AutoTokenizer.from_pretrained(spec["model_dir"])),
+            lambda *a: 0.0,
+            Stamper("bench", "core"),
         )
         sp = SamplingSpec(
             max_tokens=spec["max_tokens"], temperature=spec["temperature"], ignore_eos=spec.get("ignore_eos", False)
@@ -138,7 +142,7 @@ def _core_child(spec: dict) -> dict:
     return asyncio.run(go())
 
 
-def _transports_child(spec: dict) -> dict:
+def transports_child(spec: dict) -> dict:
     """Publish from a real ``Trainer`` (fp32 master weights -> flat bf16 buffer -> IPC
     handles) and load into one vLLM engine that has both paths; alternate the paths."""
     import torch
@@ -152,7 +156,7 @@ def _transports_child(spec: dict) -> dict:
     # the trainer keeps no publisher of its own ("safetensors"); this one serves both wire formats
     t = Trainer(TrainerConfig(weight_transport="safetensors"), spec["model_dir"])
     t.setup()
-    pub = wt.CudaIpcPublisher()
+    pub = wt.FlatPublisher()
 
     async def go() -> dict:
         be = child_backend(spec, weight_transfer="ipc", extra={**spec["engine_args"], "dtype": "bfloat16"})
@@ -188,7 +192,7 @@ def _transports_child(spec: dict) -> dict:
     return asyncio.run(go())
 
 
-def _raw_child(spec: dict) -> dict:
+def raw_child(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(

@@ -1,4 +1,4 @@
-"""The GPU bench's figures (``python -m shunter.bench gpu``, ``bench/gpu/one_gpu.py``), read from a run's
+"""The GPU bench's figures (``python -m shunter.bench gpu``, ``bench/gpu/measure.py``), read from a run's
 events: weight sync per publish next to its floor, the decode step a load waits for, rollout
 tokens/s, a hybrid replica's switch cost, the step time and how a run ended.
 
@@ -182,6 +182,6 @@ def step_time(events: list, warmup: int = 2) -> float:
     return (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else float("nan")
 
 
-def _ended(events: list) -> str:
+def how_ended(events: list) -> str:
     e = next((x for x in reversed(events) if isinstance(x, RunEnded)), None)
     return "none" if e is None else f"{e.reason} after {e.steps} steps{': ' + e.error[:300] if e.error else ''}"

@@ -1,4 +1,4 @@
-"""The GPU bench's ground (``python -m shunter.bench gpu``, ``bench/gpu/one_gpu.py``): the machine's
+"""The GPU bench's ground (``python -m shunter.bench gpu``, ``bench/gpu/measure.py``): the machine's
 details, the device copy floor, one engine run (waiting first for the GPU's memory to come back
 from the last one) and the bytes one publish moves.
 
@@ -52,7 +52,7 @@ def copy_floor_gbps(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     return 2 * nbytes / dt / 1e9
 
 
-async def _run(cfg: EngineConfig, *, user_rollout_s: float = 0.0, user_samples: int = 0) -> tuple[list, Path]:
+async def run_engine(cfg: EngineConfig, *, user_rollout_s: float = 0.0, user_samples: int = 0) -> tuple[list, Path]:
     """One engine run; with ``user_rollout_s`` the trainer never runs (user driver): the
     replicas fill the buffer up to the staleness gate and the run is stopped once
     ``user_samples`` samples have ended, or after ``user_rollout_s`` at the latest."""
@@ -85,7 +85,7 @@ async def _run(cfg: EngineConfig, *, user_rollout_s: float = 0.0, user_samples: 
 
 def run(cfg: EngineConfig, **kw) -> tuple[list, Path]:
     _wait_for_free_gpu()
-    return asyncio.run(_run(cfg, **kw))
+    return asyncio.run(run_engine(cfg, **kw))
 
 
 def _wait_for_free_gpu(timeout_s: float = 120.0, used_below: float = 0.05) -> None:
@@ -103,7 +103,7 @@ def _wait_for_free_gpu(timeout_s: float = 120.0, used_below: float = 0.05) -> No
         time.sleep(2.0)
 
 
-def _published_nbytes(cfg: EngineConfig) -> int:
+def published_nbytes(cfg: EngineConfig) -> int:
     """Bytes one publish moves for the config's model (bf16, tied tensors once)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -111,9 +111,3 @@ def _published_nbytes(cfg: EngineConfig) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model.path))
     return 2 * sum(p.numel() for p in model.parameters())  # parameters() lists a tied tensor once
-
-
-def _plain(cfg: EngineConfig) -> dict:
-    import msgspec
-
-    return msgspec.to_builtins(cfg)

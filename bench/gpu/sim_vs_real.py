@@ -32,7 +32,7 @@ from pathlib import Path
 
 import msgspec
 
-from shunter.bench.analysis.figures import summarize
+from shunter.bench.analysis.summary import summarize
 from shunter.bench.gpu.figures import step_time as steady_step_s
 from shunter.bench.gpu.two_gpus import two_gpu_overrides
 from shunter.engine.config.load import from_dict, load_config, merge
@@ -143,8 +143,8 @@ def calibrate(runs: dict[str, list]) -> dict:
 
 def predict(config: str, fields: dict, parts: list[str]) -> dict:
     """Simulated summaries of each part's config under the calibrated cost model."""
-    from shunter.bench.sim.backends import CostModel
     from shunter.bench.sim.cluster import run_sim
+    from shunter.bench.sim.cost_model import CostModel
 
     base = msgspec.to_builtins(load_config(config))
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:

@@ -1,5 +1,5 @@
 """The GPU bench's parts across two GPUs of one host (``python -m shunter.bench gpu``,
-``bench/gpu/one_gpu.py``; issue 7): the NCCL broadcast floor (``nccl_floor``) and one run of the
+``bench/gpu/measure.py``; issue 7): the NCCL broadcast floor (``nccl_floor``) and one run of the
 two-GPU comparison (``separate2``, ``colocated2``, ``lend2``), its event log kept beside the JSON.
 
 Invariant: every two-GPU part is the base config plus ``two_gpu_overrides(part)`` only, the same
@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from shunter.bench.gpu.figures import _ended, step_time, sync_figures
+from shunter.bench.gpu.figures import how_ended, step_time, sync_figures
 from shunter.bench.gpu.runs import run
 from shunter.events import read_log
 
@@ -106,13 +106,13 @@ def two_gpu_run(part: str, cfg, out: Path, nccl_floor_s: float | None, copy_gbps
     import gzip
     import shutil
 
-    from shunter.bench.analysis.figures import summarize
+    from shunter.bench.analysis.summary import summarize
 
     events, run_dir = run(cfg(two_gpu_overrides(part)))
     log = run_dir / "events.bin"
     with open(log, "rb") as src, gzip.open(out.parent / f"events_{part}.bin.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
-    res = {"step_s": step_time(events), "ended": _ended(events), "summary": summarize(read_log(log))}
+    res = {"step_s": step_time(events), "ended": how_ended(events), "summary": summarize(read_log(log))}
     from shunter.events import ComponentPlaced
 
     res["placed"] = {

@@ -7,7 +7,7 @@ object store; on a GPU ``bench/gpu/weights_direct.py`` measures the same paths w
         [--repeats 2] [--out bench/results/weight_paths_cpu.json]
 
 Each run: the config with ``run.total_steps = --steps``, no validation and no checkpoints; the
-figures are ``bench.gpu.sync_figures`` of its event log (medians of the publishes past the
+figures are ``shunter.bench.gpu.figures.sync_figures`` of its event log (medians of the publishes past the
 first, in ms), per run and the median across the runs of each path.
 """
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import msgspec
 
     from shunter.bench.gpu.figures import sync_figures
-    from shunter.bench.gpu.runs import _run, machine
+    from shunter.bench.gpu.runs import machine, run_engine
     from shunter.engine.config.load import load_config
 
     base = load_config(a.config)
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                 base.run, total_steps=a.steps, direct_weights=direct, progress=False, checkpoint_every=0
             )
             cfg = msgspec.structs.replace(base, run=run, validation=msgspec.structs.replace(base.validation, every=0))
-            _, out_dir = asyncio.run(_run(cfg))
+            _, out_dir = asyncio.run(run_engine(cfg))
             f = sync_figures(out_dir / "events.bin", float("nan"))
             row = {k.removeprefix("median_"): round(v * 1e3, 2) for k, v in f.items() if k.startswith("median_")}
             runs[path].append({**row, "publishes": f["n"]})

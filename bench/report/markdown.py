@@ -5,7 +5,7 @@ commit, machine and command of every table, and can be rebuilt from them at any 
 
     python -m shunter.bench report bench/results/*.json --out bench/REPORT.md
 
-The parts live beside this module (their names re-exported here): ``bench/report/plots.py``
+The parts live beside this module: ``bench/report/plots.py``
 (the PNG plots) and ``bench/report/gpu_sections.py`` (the GPU sections); this module keeps the scenario
 tables and ``write_report``.
 """

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shunter.bench.analysis.gap import PARTS
+
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
     import matplotlib
@@ -45,11 +47,48 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
         ax.legend()
         made.append(_save(plt, fig, ax, out_dir / f"{name}-idle.png"))
     if any("gap_split_s" in m for m in metrics.values()):
-        from shunter.bench.analysis.gap import plot_gaps
-
         fig, ax = plot_gaps(plt, metrics)
         made.append(_save(plt, fig, ax, out_dir / f"{name}-gap.png"))
     return made
+
+
+GAP_COLORS = {
+    "split": "#8c8c8c",
+    "first_batch": "#4c72b0",
+    "gate": "#dd8452",
+    "end_of_run": "#55a868",
+    "deadline": "#8172b3",
+    "switches": "#937860",
+    "rollout": "#da8bc3",
+    "trainer_switches": "#ccb974",
+    "tail": "#64b5cd",
+    "other": "#dddddd",
+}
+
+
+def plot_gaps(plt, metrics: dict[str, dict]) -> tuple:
+    """One stacked bar per variant: its gap parts (medians over seeds) as fractions of the best
+    split's bound; a negative part (lending beating every split, the run ahead of the bound's
+    waits) is drawn left of zero."""
+    names = [n for n, m in metrics.items() if "gap_split_s" in m]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6))
+    pos, neg = [0.0] * len(names), [0.0] * len(names)
+    for part in PARTS:
+        vals = []
+        for n in names:
+            m = metrics[n]
+            vals.append(m[f"gap_{part}_s"]["median"] / m["best_split_bound_s"]["median"])
+        lefts = [neg[i] + v if v < 0 else pos[i] for i, v in enumerate(vals)]
+        ax.barh(names, [abs(v) for v in vals], left=lefts, color=GAP_COLORS[part], label=part)
+        for i, v in enumerate(vals):
+            if v < 0:
+                neg[i] += v
+            else:
+                pos[i] += v
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("wall time above the best split's bound, by cause (fraction of that bound, median)")
+    ax.legend(fontsize=7, ncol=4, loc="lower right")
+    return fig, ax
 
 
 def smooth(xs: list[float], k: int = 10) -> list[float]:

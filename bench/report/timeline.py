@@ -1,6 +1,6 @@
 """A timeline picture of one run: which replica generated when, when the trainer trained.
 
-Invariant: drawn only from the event log (the same intervals ``analysis`` measures): one
+Invariant: drawn only from the event log (the same intervals ``shunter.bench.analysis.summary`` measures): one
 row per replica (green while at least one sample is generating on it, grey while it is
 lent to the trainer) and one for the trainer (blue steps, orange publishes).
 """
@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from shunter.bench.analysis.figures import busy_intervals
+from shunter.bench.analysis.summary import busy_intervals
 from shunter.events import (
     Message,
     ModeChanged,

@@ -1,7 +1,7 @@
 """One entry point per scenario kind: ``sim`` (the simulated cluster), ``overhead`` (engine
 overhead next to raw Ray calls), ``real`` (real vLLM + trainer on this machine).
 
-Invariant: every kind writes the same JSON shape (``scenario.result_json``), so the report
+Invariant: every kind writes the same JSON shape (``shunter.bench.runner.results.result_json``), so the report
 reads them all the same way.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 
 from shunter.bench.runner.results import write
-from shunter.bench.runner.scenario import run_scenario
-from shunter.bench.runner.spec import load
+from shunter.bench.runner.scenario_file import load
+from shunter.bench.runner.simulated import run_scenario
 
 
 def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = None) -> Path:

@@ -31,7 +31,7 @@ from shunter.events import Sample
 
 
 async def run_minimal(cfg: EngineConfig) -> dict[str, float]:
-    """The loop for ``cfg.run.total_steps`` optimizer steps; figures as ``bench.real`` reports them."""
+    """The loop for ``cfg.run.total_steps`` optimizer steps; figures as ``shunter.bench.runner.real`` reports them."""
     from transformers import AutoTokenizer
 
     from shunter.actors.vllm.backend import VLLMBackend

@@ -16,8 +16,8 @@ import time
 import msgspec
 
 from shunter.bench.runner.results import result_json
-from shunter.bench.runner.scenario import variant_setup
-from shunter.bench.runner.spec import Scenario
+from shunter.bench.runner.scenario_file import Scenario
+from shunter.bench.runner.simulated import variant_setup
 from shunter.bench.sim.cluster import run_sim
 
 

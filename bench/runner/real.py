@@ -12,9 +12,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from shunter.bench.analysis.figures import summarize
+from shunter.bench.analysis.summary import summarize
 from shunter.bench.runner.results import aggregate, result_json
-from shunter.bench.runner.spec import Scenario
+from shunter.bench.runner.scenario_file import Scenario
 from shunter.engine.config.load import load_config, merge
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sort_separate.toml"
@@ -68,7 +68,7 @@ def curve(events: list) -> dict[str, list[float]]:
 
 
 MINIMAL = "minimal_loop"
-"""A variant whose ``policy`` is this runs ``bench.minimal_loop`` instead of the engine."""
+"""A variant whose ``policy`` is this runs ``shunter.bench.runner.minimal_loop`` instead of the engine."""
 
 
 def engine_parts(events: list) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""A bench scenario's figures and result JSON (``bench/runner/scenario.py`` runs the scenario): the
+"""A bench scenario's figures and result JSON (``bench/runner/simulated.py`` runs the scenario): the
 shares of the replicas' time (``capacity_used``, ``rollout_ledger``), the coordinator loop's
 figures (``loop_figures``), min / median / max over seeds (``aggregate``) and the result with
 the scenario, the machine, the package versions and the commit (``result_json``, ``write``).
@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from shunter.bench.analysis import bound
-from shunter.bench.runner.spec import Scenario
+from shunter.bench.runner.scenario_file import Scenario
 
 
 def capacity_used(m: dict[str, float], work: list[bound.StepWork], fl: bound.Fleet) -> None:

@@ -1,4 +1,6 @@
-"""Simulated rollout and trainer backends with stated cost models.
+"""Simulated rollout and trainer backends, spending the times of a stated cost model
+(``shunter.bench.sim.cost_model``): ``SimBackend`` (a replica), ``SimTrainer`` (the trainer core),
+``SimTokenizer`` and ``sim_reward``.
 
 Invariants: the simulator implements exactly the interfaces the real components do — a
 replica is a ``shunter.engine.replica.backend.Backend`` behind the real ``RolloutCore``, the trainer
@@ -14,8 +16,7 @@ schedules it — decode steps whose time grows with the batch and with the conte
 sequence attends to, chunked prefill as the replica's own work (a resumed sample re-prefills
 its prompt and prefix), a finite KV cache with admission and recompute preemption, and a
 pause that keeps the KV cache (``pause`` / ``resume``: a weight update in place). Response
-lengths are lognormal (``length_median``, ``length_sigma``), capped by the token budget, or
-drawn from a file of lengths. The first generated token carries the sample's target length,
+lengths are the cost model's (``LengthSampler``). The first generated token carries the sample's target length,
 so a sample cut by a weight update and resumed elsewhere keeps its length.
 
 Multi-turn trajectories (``tool_calls_max > 0``; ``shunter.bench.sim.turns``): the first
@@ -26,119 +27,24 @@ a simulated tool (``SimTool``) answers each call after a long-tailed latency wit
 tool holds no place in the replica's batch (as vLLM's does not); each turn prefills its whole
 context again (no prefix cache is modelled).
 
-Trainer: an optimizer step on ``t`` tokens over ``trainer_gpus`` data-parallel GPUs takes
-``train_step_s + train_s_per_token * t / trainer_gpus`` plus a ring all-reduce of
-``grad_bytes`` (``2 (g - 1) / g * grad_bytes / allreduce_Bps``); publishing takes
-``weight_bytes / sync_bandwidth_Bps + sync_latency_s + sync_s_per_replica * replicas +
-sync_s_per_relay * relays`` (the standalone replicas; hybrid ones share the trainer's GPUs and
-map its buffer; a transport that sends to each replica in turn costs the trainer more the more
-replicas there are; 0 for one that publishes once and lets replicas fetch — the trainer then
-hands the version to each host's relay, ``sync_s_per_relay`` a host); a replica applies weights in
-``load_s``, sleeps in ``sleep_s``, wakes in ``wake_s``.
+The trainer (``SimTrainer``) spends the cost model's step, publish and offload times
+(``shunter.bench.sim.cost_model.CostModel``, where each term is stated); a replica applies weights
+in ``load_s``, sleeps in ``sleep_s``, wakes in ``wake_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
 from shunter.bench.sim import turns as sim_turns
+from shunter.bench.sim.cost_model import CostModel, LengthSampler
 from shunter.bench.sim.replica_model import ReplicaModel
 from shunter.bench.sim.turns import CALL, EOS, FILL, OBS
-from shunter.engine.replica import lengths
 from shunter.engine.replica.backend import GenParams, GenResult
 from shunter.events import Sample
-
-
-class CostModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    prompt_tokens: int = 256
-    prefill_s_per_token: float = 2e-6
-    prefill_s_per_token_ctx: float = 0.0
-    """Prefill attention: a token at position ``c`` costs ``c`` times this on top."""
-    prefill_chunk_tokens: int = 8192
-    """Prefill tokens one decode step carries at most (vLLM's ``max_num_batched_tokens``)."""
-    decode_step_s: float = 0.02
-    decode_step_s_per_seq: float = 1e-4
-    decode_s_per_kv_token: float = 0.0
-    """Decode attention: seconds per step per token of context of every running sequence."""
-    kv_tokens: int = 0
-    """KV-cache capacity of one replica in tokens (0: unlimited)."""
-    length_median: float = 1000.0
-    length_sigma: float = 0.8
-    lengths_file: str = ""
-    train_step_s: float = 0.5
-    train_s_per_token: float = 2e-6
-    """Seconds per token of one GPU (divided over ``trainer_gpus``)."""
-    trainer_gpus: int = 1
-    grad_bytes: float = 0.0
-    """Bytes all-reduced per optimizer step across the trainer's GPUs (0: none)."""
-    allreduce_Bps: float = 100e9
-    weight_bytes: float = 15e9
-    sync_bandwidth_Bps: float = 50e9
-    sync_latency_s: float = 0.05
-    sync_s_per_replica: float = 0.0
-    sync_s_per_relay: float = 0.0
-    """The trainer's cost of handing a new version to one host's relay (one call per host: the
-    replicas behind it read the one published copy); paid when the replicas sit behind relays."""
-    load_s: float = 0.05
-    sleep_s: float = 0.5
-    wake_s: float = 0.5
-    offload_s: float = 0.2
-    tool_calls_max: int = 0
-    """Tool calls per trajectory, drawn uniformly from 0..this (0: single-turn samples); each
-    turn's length is then drawn as a response's is (``length_median`` / ``length_sigma``, or
-    the lengths file)."""
-    observation_tokens: int = 64
-    """Tokens a tool's answer appends (masked out of the loss; prefilled, never decoded)."""
-    env_latency_median_s: float = 2.0
-    env_latency_sigma: float = 1.0
-    """A tool call's latency: lognormal (median, sigma) — long-tailed — capped at ``env_latency_max_s``."""
-    env_latency_max_s: float = 300.0
-
-    def step_s(self, batch: int) -> float:
-        """A decode step of ``batch`` sequences, context not counted."""
-        return self.decode_step_s + self.decode_step_s_per_seq * batch
-
-    def allreduce_s(self) -> float:
-        g = self.trainer_gpus
-        return 2 * (g - 1) / g * self.grad_bytes / self.allreduce_Bps if g > 1 and self.grad_bytes else 0.0
-
-    def train_s(self, tokens: int) -> float:
-        return self.train_step_s + self.train_s_per_token * tokens / self.trainer_gpus + self.allreduce_s()
-
-    def publish_s(self, replicas: int = 0, relays: int = 0) -> float:
-        return (
-            self.weight_bytes / self.sync_bandwidth_Bps
-            + self.sync_latency_s
-            + self.sync_s_per_replica * replicas
-            + self.sync_s_per_relay * relays
-        )
-
-    def lengths(self, seed: int) -> LengthSampler:
-        return LengthSampler(self, seed)
-
-
-class LengthSampler:
-    """Seeded response lengths: lognormal, or uniform over the lengths in a file."""
-
-    def __init__(self, cost: CostModel, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.cost = cost
-        # the engine's length-file format (engine.lengths): positive integers, '#' comments
-        self.table = list(lengths.read_lengths(cost.lengths_file)) if cost.lengths_file else []
-
-    def draw(self, rng: random.Random | None = None) -> int:
-        r = rng or self.rng
-        if self.table:
-            return max(1, r.choice(self.table))
-        mu = math.log(self.cost.length_median)
-        return max(1, int(r.lognormvariate(mu, self.cost.length_sigma)))
 
 
 @dataclass

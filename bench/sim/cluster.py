@@ -14,7 +14,7 @@ process's own cyclic-GC passes inside a turn are taken out of the charge (``GcPa
 scan the simulated cluster's heap, not a coordinator's.
 
 The result record and the accounting (``SimResult``, ``kv_occupancy``, ``ChargedInbox``,
-``GcPauses``) live in ``bench/sim/accounting.py``; their names are re-exported here.
+``GcPauses``) live in ``bench/sim/accounting.py``.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ import looptime
 
 from shunter.bench.sim.accounting import ChargedInbox, GcPauses, SimResult, kv_occupancy
 from shunter.bench.sim.backends import (
-    CostModel,
     SimBackend,
     SimTokenizer,
     SimTrainer,
     sim_reward,
 )
+from shunter.bench.sim.cost_model import CostModel
 from shunter.bench.sim.turns import SimTool
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator.assemble import build_coordinator, replica_kinds, resume_version
@@ -79,7 +79,7 @@ def run_sim(
     replicas_per_relay: int = 8,
 ) -> SimResult:
     """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
-    folding sink such as ``analysis.Summary`` instead). ``policy``: an instance to use instead
+    folding sink such as ``shunter.bench.analysis.summary.Summary`` instead). ``policy``: an instance to use instead
     of ``run.policy``; ``checkpoints``: a folder for checkpoints; ``resume``: a checkpoint
     folder to continue from; ``time_limit_s``: simulated seconds before ``TimeoutError``;
     ``charge_coordinator``: the coordinator's real CPU time passes on the simulated clock;

@@ -24,12 +24,10 @@ import asyncio
 import math
 import random
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from shunter.bench.sim.cost_model import CostModel, LengthSampler
 from shunter.engine.data.environments import StepResult
-
-if TYPE_CHECKING:
-    from shunter.bench.sim.backends import CostModel, LengthSampler
 
 EOS, FILL, CALL, OBS = 0, 1, 2, 3
 KEY0 = 4

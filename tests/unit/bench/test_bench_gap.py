@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from shunter.bench.analysis import bound
-from shunter.bench.analysis.figures import Summary
 from shunter.bench.analysis.gap import PARTS, Gaps
+from shunter.bench.analysis.summary import Summary
 from shunter.bench.sim.cluster import run_sim
 from tests.unit.bench.test_bench_sim import SMALL, config
 

@@ -89,8 +89,8 @@ def test_the_simulator_calibrated_on_its_own_runs_predicts_them(tmp_path):
     import msgspec
 
     from shunter.bench.gpu import sim_vs_real as gpu_sim
-    from shunter.bench.sim.backends import CostModel
     from shunter.bench.sim.cluster import run_sim
+    from shunter.bench.sim.cost_model import CostModel
     from shunter.engine.config import from_dict, load_config, merge
 
     truth = CostModel(

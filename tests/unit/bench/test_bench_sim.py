@@ -10,12 +10,12 @@ import msgspec
 import pytest
 
 from shunter.bench.analysis.analytic import colocated_run_s
-from shunter.bench.analysis.figures import summarize
+from shunter.bench.analysis.summary import summarize
 from shunter.bench.report.trace import to_trace
-from shunter.bench.runner.scenario import variant_setup
-from shunter.bench.runner.spec import load
-from shunter.bench.sim.backends import CostModel
+from shunter.bench.runner.scenario_file import load
+from shunter.bench.runner.simulated import variant_setup
 from shunter.bench.sim.cluster import run_sim
+from shunter.bench.sim.cost_model import CostModel
 from shunter.engine.config import from_dict
 from shunter.events import Codec, PolicySlow, RankAssigned, ReplicaUp, SampleBegin, StepBegin, StepEnd, WeightsReady
 
@@ -172,7 +172,7 @@ def test_the_split_rule_counts_a_late_first_step_only_where_the_trainer_is_the_b
     GPUs for this work) take the wait in full, generation-bound ones (10, 11) hide it, so the
     rule's split (the least given the first step) is 10 where the plain bound's is 9."""
     from shunter.bench.analysis import bound
-    from shunter.bench.runner.scenario import split_bounds
+    from shunter.bench.runner.simulated import split_bounds
 
     sc = load(ROOT / "bench" / "scenarios" / "long_tail.toml")
     cfg, cost = variant_setup(sc, next(v for v in sc.variant if v.name == "separate 9:7 eta=24 keep"))
@@ -236,13 +236,13 @@ def test_lend_when_idle_is_never_more_than_1_percent_slower_than_separate(train_
 
 
 def test_busy_time_counts_overlaps_once_and_clips_to_the_run():
-    from shunter.bench.analysis.figures import _intervals_busy, busy_intervals
+    from shunter.bench.analysis.summary import busy_intervals, busy_within
 
     changes = [(1, 1), (2, 1), (3, -1), (5, -1), (6, 1)]
     assert busy_intervals(changes[:4]) == [(1, 4)]
-    assert _intervals_busy(changes, 0, 10) == 8  # 1..5 and 6..end
-    assert _intervals_busy([(float("-inf"), 1)], 0, 10) == 10
-    assert _intervals_busy([(-5, 1), (3, -1), (4, 1), (20, -1)], 0, 10) == 9
+    assert busy_within(changes, 0, 10) == 8  # 1..5 and 6..end
+    assert busy_within([(float("-inf"), 1)], 0, 10) == 10
+    assert busy_within([(-5, 1), (3, -1), (4, 1), (20, -1)], 0, 10) == 9
 
 
 def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ahead_is_in_batches():
@@ -250,7 +250,7 @@ def test_steady_rollout_idle_counts_from_the_first_step_to_the_last_group_and_ah
     Replica a is busy 0..40, b 0..20 and 25..30: from 10 to 30 they are idle 5 s of 40 (12.5 %),
     whatever happens after the last group began; from the first step to the end and over the
     whole run far more."""
-    from shunter.bench.analysis.figures import Summary
+    from shunter.bench.analysis.summary import Summary
     from shunter.events import RunEnded, RunStarted, SampleAborted
 
     def at(t, m):

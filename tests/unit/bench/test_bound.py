@@ -8,9 +8,9 @@ import pytest
 
 from shunter.bench.analysis import bound
 from shunter.bench.analysis.bound import Fleet, StepWork
-from shunter.bench.runner.scenario import run_scenario
-from shunter.bench.runner.spec import Cluster, Meta, Scenario, Variant
-from shunter.bench.sim.backends import CostModel
+from shunter.bench.runner.scenario_file import Cluster, Meta, Scenario, Variant
+from shunter.bench.runner.simulated import run_scenario
+from shunter.bench.sim.cost_model import CostModel
 
 RATE = bound.RateMachine(peak_tok_s=100, alone_tok_s=100)
 
@@ -188,7 +188,7 @@ def test_a_variant_that_admits_fewer_sequences_is_held_to_the_same_machine():
     """A lower ``max_in_flight_per_replica`` is the variant's choice, not the hardware's: its
     bound (and the best split's) is the one of the largest batch the scenario allows, so
     capping the batch can never loosen the figure it is judged by."""
-    from shunter.bench.runner.scenario import bound_batch, fleet, variant_setup
+    from shunter.bench.runner.simulated import bound_batch, fleet, variant_setup
 
     capped = Variant(name="capped", policy="separate", trainer_gpus=2, max_staleness=2)
     capped = msgspec.structs.replace(capped, engine={"rollout": {"max_in_flight_per_replica": 8}})

@@ -15,12 +15,13 @@ import pytest
 
 from shunter.bench.__main__ import main as bench_main
 from shunter.bench.analysis import bound
-from shunter.bench.analysis.figures import Summary
+from shunter.bench.analysis.summary import Summary
 from shunter.bench.report.markdown import write_report
-from shunter.bench.runner.scenario import variant_setup
-from shunter.bench.runner.spec import load
-from shunter.bench.sim.backends import CostModel, LengthSampler, SimBackend, SimTokenizer
+from shunter.bench.runner.scenario_file import load
+from shunter.bench.runner.simulated import variant_setup
+from shunter.bench.sim.backends import SimBackend, SimTokenizer
 from shunter.bench.sim.cluster import run_sim
+from shunter.bench.sim.cost_model import CostModel, LengthSampler
 from shunter.bench.sim.turns import CALL, CALL_TEXT, FILL, KEY0, OBS, Plans, SimTool, spell
 from shunter.engine.config import from_dict
 from shunter.engine.replica.backend import GenParams

@@ -11,8 +11,9 @@ import asyncio
 import msgspec
 import pytest
 
-from shunter.bench.sim.backends import CostModel, SimBackend
+from shunter.bench.sim.backends import SimBackend
 from shunter.bench.sim.cluster import run_sim
+from shunter.bench.sim.cost_model import CostModel
 from shunter.engine.config import ConfigError, from_dict
 from shunter.engine.coordinator.dispatcher import Dispatcher
 from shunter.engine.replica.core import RolloutCore
@@ -257,7 +258,7 @@ def test_spreading_at_the_end_moves_samples_only_once_the_last_group_started_and
     trains; after that, a replica left with nothing takes samples off the others, each cut
     sample resumes elsewhere from its prefix; on this seed the replicas idle 12.7 % of the run
     without it and 5.6 % with it (on seed 2 one sample moves and nothing changes)."""
-    from shunter.bench.analysis.figures import summarize
+    from shunter.bench.analysis.summary import summarize
 
     off = run_sim(config(), COST, seed=3)  # a seed whose end leaves one replica with the stragglers
     on = run_sim(config(spread_at_end=True), COST, seed=3)

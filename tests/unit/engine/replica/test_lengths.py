@@ -53,7 +53,7 @@ def test_a_relative_length_file_is_the_config_folders_whatever_the_working_direc
 
 
 def test_a_scenarios_length_files_are_its_folders(tmp_path, monkeypatch):
-    from shunter.bench.runner.spec import load
+    from shunter.bench.runner.scenario_file import load
 
     d = tmp_path / "sc"
     d.mkdir()

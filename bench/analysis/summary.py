@@ -12,7 +12,7 @@ simulated one are measured by the same code.
   trainer idle counts from the first ``StepBegin`` on (the wait for the first batch, which no
   schedule avoids, left out — ``first_step_s`` says how long it was);
 - ``rollout_avail_s``: replica-seconds in rollout mode (the denominator of the decode capacity
-  used, ``scenario.py``'s ``rollout_work_frac``);
+  used, ``bench/runner/results.py``'s ``rollout_work_frac``);
 - the work of each optimizer step (``work()``: the prompt and response length of every sample
   of the groups it trained, its duration plus the publish after it) — the input of the true bound
   (``shunter.bench.analysis.bound``), which needs the machine's capacity besides. Busy time is not a
@@ -68,7 +68,7 @@ def busy_intervals(changes: list[tuple[float, int]]) -> list[tuple[float, float]
     return out
 
 
-def _intervals_busy(changes: list[tuple[float, int]], start: float, end: float) -> float:
+def busy_within(changes: list[tuple[float, int]], start: float, end: float) -> float:
     """Time within [start, end] with a positive running count (an open stretch runs to end)."""
     clipped = [(min(max(t, start), end), d) for t, d in changes]
     level = sum(d for _, d in clipped)
@@ -163,16 +163,16 @@ class Summary:
 
     def _rollout_idle(self, lo: float, hi: float) -> float | None:
         """The replicas' idle fraction between ``lo`` and ``hi`` (None: none was in rollout)."""
-        busy = sum(_intervals_busy(self.flight.get(r, []), lo, hi) for r in self.rollout)
-        avail = sum(_intervals_busy([c for c in ch if c[1]], lo, hi) for ch in self.rollout.values())
+        busy = sum(busy_within(self.flight.get(r, []), lo, hi) for r in self.rollout)
+        avail = sum(busy_within([c for c in ch if c[1]], lo, hi) for ch in self.rollout.values())
         return max(0.0, 1 - busy / avail) if avail > 0 else None
 
     def result(self) -> dict[str, float]:
         start = self.start if self.start is not None else (self.first or 0.0)
         end = self.end if self.end is not None else (self.last or 0.0)
         span = max(end - start, 1e-12)
-        replica_busy = {r: _intervals_busy(self.flight.get(r, []), start, end) for r in self.rollout}
-        replica_avail = {r: _intervals_busy([c for c in ch if c[1]], start, end) for r, ch in self.rollout.items()}
+        replica_busy = {r: busy_within(self.flight.get(r, []), start, end) for r in self.rollout}
+        replica_avail = {r: busy_within([c for c in ch if c[1]], start, end) for r, ch in self.rollout.items()}
         n = max(1, self.steps)
         avail = sum(replica_avail.values())
         out = {

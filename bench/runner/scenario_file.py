@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from shunter.bench.sim.backends import CostModel
+from shunter.bench.sim.cost_model import CostModel
 from shunter.engine.replica import lengths
 
 
@@ -51,7 +51,7 @@ class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     timeline: bool = False
     """Draw a timeline PNG of every variant's first-seed run next to the results."""
     charge_coordinator: bool = True
-    """The coordinator's real CPU time passes on the simulated clock (``cluster.ChargedInbox``):
+    """The coordinator's real CPU time passes on the simulated clock (``shunter.bench.sim.accounting.ChargedInbox``):
     a coordinator that cannot keep up slows the run instead of hiding in virtual time."""
     production_sinks: bool = False
     """Attach a production run's sinks (event log, structured log, metrics, feed) in a

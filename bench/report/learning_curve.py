@@ -2,7 +2,7 @@
 the greedy held-out exact match, and for multi-turn runs the share of trajectories whose tool
 call was right (``env/tool_ok``), one line per run.
 
-    python -m shunter.bench.analysis.learning_curve runs/word-problems-XXXX runs/word-problems-tool-YYYY \\
+    python -m shunter.bench.report.learning_curve runs/word-problems-XXXX runs/word-problems-tool-YYYY \\
         --out docs/word_problems.png
 
 Invariant: every point is a figure the run recorded (no smoothing beyond the moving mean the

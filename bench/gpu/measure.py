@@ -37,7 +37,7 @@ comparison (``python -m shunter.bench gpu-sim``).
 
     python -m shunter.bench gpu --config examples/gpu_qwen05b.toml --out bench/results/gpu_h200.json
 
-The parts live beside this module (all their names re-exported here): ``bench/gpu/runs.py`` (the
+The parts live beside this module: ``bench/gpu/runs.py`` (the
 machine, the copy floor, one engine run), ``bench/gpu/figures.py`` (figures from a run's events),
 ``bench/gpu/children.py`` (measurements in a child process) and ``bench/gpu/two_gpus.py`` (the
 two-GPU parts); this module keeps the list of parts, ``measure`` and the entry point.
@@ -53,21 +53,21 @@ import time
 from pathlib import Path
 
 from shunter.bench.gpu.children import (
-    _core_child,
-    _in_child,
-    _raw_child,
-    _transports_child,
     core_alone,
+    core_child,
+    in_child,
+    raw_child,
     raw_vllm,
+    transports_child,
 )
 from shunter.bench.gpu.figures import (
-    _ended,
+    how_ended,
     rollout_tokens_per_s,
     step_time,
     switch_figures,
     sync_figures,
 )
-from shunter.bench.gpu.runs import _plain, _published_nbytes, copy_floor_gbps, machine, run
+from shunter.bench.gpu.runs import copy_floor_gbps, machine, published_nbytes, run
 from shunter.bench.gpu.two_gpus import nccl_floor, two_gpu_run
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.config.load import load_config, merge
@@ -98,9 +98,11 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
     res: dict = {"machine": machine(), "config": config, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
 
     def cfg(over: dict) -> EngineConfig:
+        import msgspec
+
         from shunter.engine.config.load import from_dict
 
-        return from_dict(merge(json.loads(json.dumps(_plain(base))), over))
+        return from_dict(merge(json.loads(json.dumps(msgspec.to_builtins(base))), over))
 
     def save():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -129,11 +131,11 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                     over["rollout"] = {"max_staleness": 8}
                 events, run_dir = run(cfg(over))
                 res[part] = sync_figures(run_dir / "events.bin", floor)
-                res[part]["ended"] = _ended(events)
+                res[part]["ended"] = how_ended(events)
             elif part in ("relay_sync", "fanout"):
                 from shunter.bench.gpu.weights_direct import fanout, relay_sync
 
-                res[part] = (relay_sync if part == "relay_sync" else fanout)(cfg, run, sync_figures, floor, _ended)
+                res[part] = (relay_sync if part == "relay_sync" else fanout)(cfg, run, sync_figures, floor, how_ended)
             elif part == "rollout":
                 r = base.rollout
                 # The same closed batch for all three, each timed from its first request to its
@@ -209,10 +211,10 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 events, _ = run(
                     cfg({"run": {"policy": "colocated"}, "rollout": {"standalone_replicas": 0, "hybrid_replicas": 1}})
                 )
-                res["switch"] = {**switch_figures(events), "step_s": step_time(events), "ended": _ended(events)}
+                res["switch"] = {**switch_figures(events), "step_s": step_time(events), "ended": how_ended(events)}
             elif part == "transports":
                 r = base.rollout
-                tr = _in_child(
+                tr = in_child(
                     "--transports",
                     {
                         "model_dir": base.model.path,
@@ -228,7 +230,7 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                 res["transports"] = tr
             elif part == "rpc":  # bench/gpu/engine_rpc.py: the engine-core round trip a load waits for
                 r = base.rollout
-                res["rpc"] = _in_child(
+                res["rpc"] = in_child(
                     "--rpc",
                     {
                         "model_dir": base.model.path,
@@ -238,7 +240,7 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                     },
                 )
             elif part == "nccl_floor":
-                res["nccl_floor"] = nccl_floor(_published_nbytes(base), int(base.trainer.weight_bucket_mb * (1 << 20)))
+                res["nccl_floor"] = nccl_floor(published_nbytes(base), int(base.trainer.weight_bucket_mb * (1 << 20)))
             elif part in ("separate2", "colocated2", "lend2"):
                 res[part] = two_gpu_run(part, cfg, out, res.get("nccl_floor", {}).get("floor_s"), floor)
             elif part == "policies":
@@ -258,8 +260,8 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                     "colocated_step_s": a,
                     "lend_when_idle_step_s": b,
                     "ratio_sync_over_lend": a / b,
-                    "colocated_ended": _ended(col),
-                    "lend_ended": _ended(lend),
+                    "colocated_ended": how_ended(col),
+                    "lend_ended": how_ended(lend),
                 }
         except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
             import traceback
@@ -288,13 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rpc_child(json.loads(a.rpc))))
         return 0
     if a.transports:
-        print(json.dumps(_transports_child(json.loads(a.transports))))
+        print(json.dumps(transports_child(json.loads(a.transports))))
         return 0
     if a.raw:
-        print(json.dumps(_raw_child(json.loads(a.raw))))
+        print(json.dumps(raw_child(json.loads(a.raw))))
         return 0
     if a.core:
-        print(json.dumps(_core_child(json.loads(a.core))))
+        print(json.dumps(core_child(json.loads(a.core))))
         return 0
     res = measure(a.config, tuple(x for x in a.parts.split(",") if x), Path(a.out))
     print(json.dumps(res, indent=1, default=str))

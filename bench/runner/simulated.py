@@ -1,7 +1,8 @@
-"""Scenario files: what to run, on which simulated cluster, and how variants compare.
+"""A ``sim`` scenario run (:func:`run_scenario`): each variant on the simulated cluster, once per seed,
+with its figures, its true bound and its gap to the best split.
 
-Invariants: a scenario is a TOML file loaded into the Structs below (unknown keys are
-errors); every variant runs once per seed with the same engine settings and cost model, so
+Invariants: a scenario is a TOML file loaded into the Structs of ``bench/runner/scenario_file.py``
+(unknown keys are errors); every variant runs once per seed with the same engine settings and cost model, so
 each ratio (``speedup_vs_<baseline>``) compares two runs of the same seed side by side;
 the JSON written holds the scenario itself, the machine, the package versions and the
 commit, and for every metric its min / median / max over the seeds.
@@ -24,8 +25,8 @@ reach), ``frac_of_best_split_bound`` and ``gap_<part>_s``: the distance to it cu
 parts that add up (``shunter.bench.analysis.gap``). The replicas' capacity is the cost model's
 (``bound.ModelMachine``: at most ``max_in_flight_per_replica`` sequences and ``kv_tokens`` of context per decode step).
 
-The scenario file's Structs and :func:`load` live in ``bench/runner/spec.py``, the figures
-and the result JSON in ``bench/runner/results.py``; their names are re-exported here.
+The scenario file's Structs and :func:`load` live in ``bench/runner/scenario_file.py``, the figures
+and the result JSON in ``bench/runner/results.py``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ import msgspec
 
 from shunter.bench.analysis import bound
 from shunter.bench.analysis.analytic import colocated_run_s
-from shunter.bench.analysis.figures import Summary
 from shunter.bench.analysis.gap import Gaps
+from shunter.bench.analysis.summary import Summary
 from shunter.bench.runner.results import (
     aggregate,
     capacity_used,
@@ -46,9 +47,9 @@ from shunter.bench.runner.results import (
     result_json,
     rollout_ledger,
 )
-from shunter.bench.runner.spec import Scenario, Variant
-from shunter.bench.sim.backends import CostModel
+from shunter.bench.runner.scenario_file import Scenario, Variant
 from shunter.bench.sim.cluster import run_sim
+from shunter.bench.sim.cost_model import CostModel
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.config.load import from_dict, merge
 

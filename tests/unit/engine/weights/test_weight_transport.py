@@ -42,8 +42,9 @@ def test_pack_into_lays_tensors_back_to_back_in_the_buffer_dtype():
 
 def test_vllms_ipc_engine_accepts_our_update_info_and_unpacks_our_buffer():
     ipc = pytest.importorskip("vllm.distributed.weight_transfer.ipc_engine")
-    from shunter.actors.vllm.weights import ipc_update_info
     from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
+
+    from shunter.actors.vllm.weights import ipc_update_info
 
     items = _items()
     buf = torch.empty(sum(t.numel() for _, t in items), dtype=torch.bfloat16)

@@ -1,7 +1,13 @@
-"""Verifiable tasks and reward loading.
+"""Verifiable tasks: prompts with a known answer and a reward in [0, 1]; the built-in rewards.
 
-Invariant: everything here is importable without torch, Ray or vLLM; tasks and rewards
-are resolved only from names the user gives (built-in short names or "module:attr").
+- ``base``: ``Task`` (what a task is), loading tasks and rewards by the names users give
+  (built-in short names or ``"module:attr"``), telling a reward's signature (``as_scorer``);
+- ``sort_digits``: the built-in task that learns on a CPU — sort 4-8 digits;
+- ``word_problems``: arithmetic word problems, with or without a calculator tool;
+- ``math_reward``: a math reward of verl's signature on math-verify (``task.reward = "math"``).
+
+Invariant: everything here is importable without torch, Ray or vLLM. The names below are the
+public API for users' tasks (``from shunter.engine.tasks import Task``).
 """
 
 from .base import (

@@ -18,10 +18,10 @@ the tokenizer files of the original model — that replicas can serve directly) 
 from them; the reference model for the KL term always comes from the original model.
 
 The ``Trainer`` holds the model, its frozen reference and the optimizer, and does what touches
-only those: it builds them, saves and loads them in checkpoints (with the step, version and RNG)
-and moves their tensors off the GPU
-and back (a hybrid replica's turn on the GPU; the parameters are back in one flat buffer after an
-``onload`` of ``params``, so a publish casts them with one copy). Its parts: ``counters``
+only those: it builds them, saves and loads them in checkpoints (with the step, version and
+RNG) and moves their tensors off the GPU and back (a hybrid replica's turn on the GPU; the
+parameters are back in one flat buffer after an ``onload`` of ``params``, so a publish casts
+them with one copy). Its parts: ``counters``
 (``TrainerCounters``: step, version, steps since the last publish — the one table all share),
 and, built in ``setup`` from the model, the optimizer and the config, ``stepper`` (``Stepper``,
 ``shunter.engine.trainer.step``: the optimizer steps) and ``weights`` (``WeightPublisher``,

@@ -1,12 +1,15 @@
-"""The ``Trainer``'s weights (its part): publishing a version (a safetensors blob, or a CUDA IPC
-or flat package for the replicas on the trainer's GPU), the weight groups that carry it to the
-replicas (nccl / gloo), and moving optimizer state, parameters and gradients off the GPU and back
-(a hybrid replica's turn on the GPU).
+"""``WeightPublisher``: the ``Trainer``'s weights going out — publishing a version (a safetensors
+blob, or a CUDA IPC or flat package for the replicas on the trainer's GPU) and the weight groups
+that carry it to the replicas (nccl / gloo).
 
-``TrainerWeights`` is a mixin of ``shunter.engine.trainer.trainer.Trainer`` (``Trainer.__init__`` and
-``setup`` set the state its methods use). Invariants: ``version`` counts publishes, so each
-``publish`` bumps it by one and returns that version's weights; the parameters are back in one
-flat buffer after an ``onload`` of ``params`` (a publish casts them with one copy).
+Held by ``shunter.engine.trainer.trainer.Trainer``, which picks the transport with
+``open_transport`` in ``setup`` (before it loads the model, so a transport the device cannot
+carry is refused first) and gives the publisher the trained model, the device and precision it
+runs in, the transport (its name, the flat-buffer publisher of the IPC and collective
+transports, the weight groups' sender of the collective ones) and the trainer's
+``TrainerCounters``. Invariants: ``version`` counts publishes, so each ``publish`` bumps it by one,
+resets ``steps_since_publish`` and returns that version's weights; what a publish sends is
+the live weights, whatever moved them since the last one.
 """
 
 from __future__ import annotations
@@ -16,11 +19,70 @@ import time
 
 import torch
 
+from shunter.engine.config.trainer import TrainerConfig
+from shunter.engine.trainer.counters import TrainerCounters
 from shunter.engine.weights import transport as weight_transport
+from shunter.engine.weights.group import WeightSender
 
 
-class TrainerWeights:
-    """The ``Trainer``'s publishes, weight groups and offloads (a mixin)."""
+def state_dict_to_blob(state_dict: dict, dtype: torch.dtype | None = None) -> bytes:
+    """An HF-named state dict as safetensors bytes (tied tensors written once, under the
+    first name; the replica side restores the tie)."""
+    return weight_transport.to_safetensors(weight_transport.unique_tensors(state_dict), dtype)
+
+
+def open_transport(
+    cfg: TrainerConfig, device: str, weight_host: str
+) -> tuple[str, weight_transport.FlatPublisher | None, WeightSender | None]:
+    """(the transport ``trainer.weight_transport`` names on ``device``, its flat-buffer publisher,
+    its weight groups' sender); ``weight_host``: the address replicas reach the weight groups at."""
+    cuda = device.startswith("cuda")
+    wt = cfg.weight_transport
+    transport = (weight_transport.CUDA_IPC if cuda else weight_transport.SAFETENSORS) if wt == "auto" else wt
+    if transport in weight_transport.IPC_TRANSPORTS:
+        if not cuda:
+            raise ValueError(
+                f"trainer.weight_transport = {transport!r} needs a cuda device, the trainer is on {device}"
+            )
+        return transport, weight_transport.FlatPublisher(), None
+    if transport in weight_transport.COLLECTIVE_TRANSPORTS:
+        if transport == weight_transport.NCCL and not cuda:
+            raise ValueError(f"trainer.weight_transport = 'nccl' needs a cuda device, the trainer is on {device}")
+        flat = weight_transport.FlatPublisher()
+        sender = WeightSender(
+            transport,
+            flat,
+            host=weight_host,
+            bucket_bytes=int(cfg.weight_bucket_mb * (1 << 20)),
+            timeout_s=cfg.weight_group_timeout_s,
+            device=torch.device(device) if cuda else None,
+        )
+        return transport, flat, sender
+    return transport, None, None
+
+
+class WeightPublisher:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        counters: TrainerCounters,
+        transport: str,
+        flat: weight_transport.FlatPublisher | None,
+        sender: WeightSender | None,
+        *,
+        device: str,
+        amp: bool,
+    ) -> None:
+        self.model = model
+        self.counters = counters
+        self.transport = transport
+        self.flat = flat  # the IPC and collective transports' buffers (None: a safetensors blob each publish)
+        self.sender = sender  # the nccl / gloo transports' weight groups
+        self.device = device
+        self.amp = amp  # bf16 autocast: the replicas get bf16 weights
+        self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
+        self.last_publish: dict[str, float] = {}  # seconds the last publish spent, by part (WeightsReady.detail)
+        self._items_cache: tuple[tuple[int, ...], list[tuple[str, torch.Tensor]], torch.Tensor | None] | None = None
 
     @property
     def publish_dtype(self) -> torch.dtype:
@@ -35,17 +97,17 @@ class TrainerWeights:
         t1 = time.perf_counter()
         dtype = self.publish_dtype
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
-        if self._publisher is not None:
+        if self.flat is not None:
             wire = self.transport
             if wire in weight_transport.COLLECTIVE_TRANSPORTS:  # hybrid replicas on this GPU map the handle
                 wire = weight_transport.CUDA_IPC if self.device.startswith("cuda") else weight_transport.FLAT
-            blob = self._publisher.publish(items, dtype, wire=wire, version=self.version + 1, source=source)
-            self.last_publish = {"items_s": t1 - t0, **self._publisher.last}
+            blob = self.flat.publish(items, dtype, wire=wire, version=self.counters.version + 1, source=source)
+            self.last_publish = {"items_s": t1 - t0, **self.flat.last}
         else:
             blob = weight_transport.to_safetensors(items, dtype)
             self.last_publish = {"items_s": t1 - t0, "pack_s": time.perf_counter() - t1}
-        self.version += 1
-        self.steps_since_publish = 0
+        self.counters.version += 1
+        self.counters.steps_since_publish = 0
         return blob
 
     def _publish_items(self) -> tuple[list[tuple[str, torch.Tensor]], torch.Tensor | None]:
@@ -76,38 +138,3 @@ class TrainerWeights:
     def drop_weight_group(self, replica_id: str) -> None:
         if self.sender is not None:
             self.sender.drop(replica_id)
-
-    def offload(self, parts: list[str]) -> int:
-        return self._move(parts, "cpu")
-
-    def onload(self, parts: list[str]) -> int:
-        moved = self._move(parts, self.device)
-        if "params" in parts:
-            weight_transport.flatten_module(self.model)  # back in one flat buffer
-        return moved
-
-    def _move(self, parts: list[str], device: str) -> int:
-        """Move optimizer state / params / grads; returns bytes that changed device."""
-        moved = 0
-        tensors: list[torch.Tensor] = []
-        if "optimizer" in parts:
-            tensors += [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
-        if "params" in parts:
-            tensors += [p.data for p in self.model.parameters()]
-        if "grads" in parts:
-            tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
-        target = torch.device(device)
-        for t in tensors:
-            if t.device.type != target.type:
-                moved += t.numel() * t.element_size()
-                if target.type == "cpu" and torch.cuda.is_available():  # pinned, so the copy runs at full bandwidth
-                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                    host.copy_(t.data, non_blocking=True)
-                    t.data = host
-                else:
-                    t.data = t.data.to(target, non_blocking=True)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            if target.type == "cpu":
-                torch.cuda.empty_cache()  # give the freed blocks back, so vLLM can wake into them
-        return moved

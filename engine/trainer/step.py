@@ -1,13 +1,17 @@
-"""One optimizer step of the ``Trainer`` (its part): the batch collated into padded tensors,
-the response tokens' log-probs (only the masked positions through the output head), the built-in
-PPO objective or the user's loss, and the decoupled objective's proximal log-probs.
+"""``Stepper``: the ``Trainer``'s optimizer steps — the batch collated into padded tensors, the
+response tokens' log-probs (only the masked positions through the output head), the built-in PPO
+objective or the user's loss, and the decoupled objective's proximal log-probs.
 
-``TrainerStep`` is a mixin of ``shunter.engine.trainer.trainer.Trainer`` (``Trainer.__init__`` and
-``setup`` set the state its methods use). Invariants (the ``trainer`` module's): each
-``train_step`` is exactly one optimizer step on the samples it is given, its micro-batches
-weighted by their share of the tokens so that it equals the whole-batch token-mean step; a user
-loss that fails raises ``UserCodeError`` before any optimizer step; with ``objective =
-"decoupled"`` the proximal log-probs are those of the weights of the last publish.
+Held by ``shunter.engine.trainer.trainer.Trainer``, which builds it in ``setup`` and gives it the
+trained model, its frozen reference (``None`` without a KL term), the optimizer, the device and
+precision they run in, the config, the padding token, the rollout's temperature and the
+trainer's ``TrainerCounters``; it keeps the decoupled objective's proximal weights and the user
+losses it has imported. Invariants: each ``train_step`` is exactly one optimizer step on the
+samples it is given, its micro-batches weighted by their share of the tokens so that it equals
+the whole-batch token-mean step; a user loss that fails raises ``UserCodeError`` before any
+optimizer step; with ``objective = "decoupled"`` the proximal log-probs are those of the weights
+of the last publish (the start of the sync cycle): the live weights at the cycle's first step,
+a host copy taken then for its later steps (``parameter_sync_step > 1``).
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import time
 
 import torch
 
+from shunter.engine.config.trainer import TrainerConfig
 from shunter.engine.trainer import rl
 from shunter.engine.trainer.batch_stats import batch_metrics
+from shunter.engine.trainer.counters import TrainerCounters
 from shunter.engine.trainer.loss import LossFn, LossInput, call_loss, load_loss
 from shunter.events import Sample
 
 _HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def _plain_head(model) -> tuple[torch.nn.Linear | None, torch.nn.Module | None]:
+def plain_head(model) -> tuple[torch.nn.Linear | None, torch.nn.Module | None]:
     """(output head, decoder body) when the logits are exactly ``head(body(...))``, else
     (None, None)."""
     cfg = getattr(model, "config", None)
@@ -46,8 +52,31 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class TrainerStep:
-    """The ``Trainer``'s optimizer step (a mixin)."""
+class Stepper:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        counters: TrainerCounters,
+        model: torch.nn.Module,
+        ref: torch.nn.Module | None,
+        opt: torch.optim.Optimizer,
+        *,
+        device: str,
+        amp: bool,
+        pad_token_id: int,
+        temperature: float,
+    ) -> None:
+        self.cfg = cfg
+        self.counters = counters
+        self.model = model
+        self.ref = ref
+        self.opt = opt
+        self.device = device
+        self.amp = amp  # bf16 autocast (fp32 master weights and optimizer state)
+        self.pad_token_id = pad_token_id
+        self.temperature = temperature
+        self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
+        self._losses: dict[str, LossFn] = {}  # the user's losses by spec
 
     def collate(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         rows = [s.prompt_token_ids + s.token_ids for s in samples]
@@ -76,7 +105,7 @@ class TrainerStep:
             "group_ids": torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev),
         }
 
-    def _logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    def logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the response tokens, [B, T-1] fp32; 0 outside ``b["mask"]``.
 
         Only the masked positions go through the output head, in chunks
@@ -85,7 +114,7 @@ class TrainerStep:
         soft-capping or scaling) take the plain path over the full logits."""
         targets = b["ids"][:, 1:]
         with torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.amp):
-            head, body = _plain_head(model)
+            head, body = plain_head(model)
             if head is None:
                 logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1]
                 return rl.token_logprobs(logits.float() / self.temperature, targets) * b["mask"]
@@ -96,11 +125,11 @@ class TrainerStep:
 
     def _loss(self, b: dict[str, torch.Tensor], adv: torch.Tensor, user: tuple[LossFn, str] | None, share: float):
         adv_tok = adv[:, None].expand_as(b["mask"])
-        logp = self._logp(self.model, b)
+        logp = self.logp(self.model, b)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
-                ref_logp = self._logp(self.ref, b)
+                ref_logp = self.logp(self.ref, b)
         if user is not None:
             fn, spec = user
             inp = LossInput(
@@ -112,7 +141,7 @@ class TrainerStep:
                 group_ids=b["group_ids"],
                 versions=b["versions"],
                 ref_logp=ref_logp,
-                trainer_version=self.version,
+                trainer_version=self.counters.version,
                 token_share=share,
                 cfg=self.cfg,
             )
@@ -137,15 +166,15 @@ class TrainerStep:
         return loss, stats
 
     @torch.no_grad()
-    def _prox_logps(self, batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    def prox_logps(self, batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Decoupled PPO: log-probs under the weights of the last publish (module docstring)."""
-        if self.steps_since_publish == 0:
+        if self.counters.steps_since_publish == 0:
             if self.cfg.parameter_sync_step > 1:  # later steps of this cycle need these weights
                 self._prox_host = {n: _host_copy(p) for n, p in self.model.named_parameters()}
-            return [self._logp(self.model, b) for b in batches]
+            return [self.logp(self.model, b) for b in batches]
         if self._prox_host is None:
             raise RuntimeError(
-                f"decoupled PPO: step {self.step + 1} is {self.steps_since_publish} steps after the "
+                f"decoupled PPO: step {self.counters.step + 1} is {self.counters.steps_since_publish} steps after the "
                 "last publish but no proximal weights were kept (trainer.parameter_sync_step = "
                 f"{self.cfg.parameter_sync_step}; is something publishing less often?)"
             )
@@ -154,7 +183,7 @@ class TrainerStep:
         try:
             for n, p in params.items():
                 p.data = self._prox_host[n].to(p.device, non_blocking=True)
-            return [self._logp(self.model, b) for b in batches]
+            return [self.logp(self.model, b) for b in batches]
         finally:
             for n, p in params.items():
                 p.data = live[n]
@@ -183,7 +212,7 @@ class TrainerStep:
             for i in range(0, len(samples), size)
         ]
         if self.cfg.objective == "decoupled" and user is None:
-            for (b, _, _), prox in zip(chunks, self._prox_logps([b for b, _, _ in chunks]), strict=True):
+            for (b, _, _), prox in zip(chunks, self.prox_logps([b for b, _, _ in chunks]), strict=True):
                 b["prox"] = prox
         self.opt.zero_grad(set_to_none=True)
         loss_sum, stats_sum = 0.0, {}
@@ -205,8 +234,8 @@ class TrainerStep:
         self.opt.step()
         if self.device.startswith("cuda"):  # the step's time holds its optimizer kernels, not the next publish's
             torch.cuda.synchronize(self.device)
-        self.step += 1
-        self.steps_since_publish += 1
+        self.counters.step += 1
+        self.counters.steps_since_publish += 1
         lens = [len(s.token_ids) for s in samples]
         out = {f"trainer/{k}": float(v) for k, v in stats.items()}
         out.update(
@@ -217,12 +246,11 @@ class TrainerStep:
                 "trainer/tokens": float(sum(lens)),
             }
         )
-        out.update(batch_metrics(samples, self.version))
+        out.update(batch_metrics(samples, self.counters.version))
         return out
 
     def _user_loss(self, spec: str) -> LossFn:
         """The user's loss by spec, imported once per spec (a failed import is retried next time)."""
-        cache = self.__dict__.setdefault("_losses", {})
-        if spec not in cache:
-            cache[spec] = load_loss(spec)
-        return cache[spec]
+        if spec not in self._losses:
+            self._losses[spec] = load_loss(spec)
+        return self._losses[spec]

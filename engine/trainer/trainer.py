@@ -17,10 +17,16 @@ the tokenizer files of the original model — that replicas can serve directly) 
 ``weights_only=True``, nothing is unpickled). ``Trainer(..., init_from=path)`` continues
 from them; the reference model for the KL term always comes from the original model.
 
-The ``Trainer``'s methods are in three modules: this one builds it (model, optimizer, weight
-transport) and saves and loads its checkpoints; ``trainer_step`` takes one optimizer step;
-``trainer_weights`` publishes its weights, serves the weight groups and offloads to the host. The
-other two are mixins of ``Trainer``.
+The ``Trainer`` holds the model, its frozen reference and the optimizer, and does what touches
+only those: it builds them, saves and loads them in checkpoints (with the step, version and
+RNG) and moves their tensors off the GPU and back (a hybrid replica's turn on the GPU; the
+parameters are back in one flat buffer after an ``onload`` of ``params``, so a publish casts
+them with one copy). Its parts: ``counters``
+(``TrainerCounters``: step, version, steps since the last publish — the one table all share),
+and, built in ``setup`` from the model, the optimizer and the config, ``stepper`` (``Stepper``,
+``shunter.engine.trainer.step``: the optimizer steps) and ``weights`` (``WeightPublisher``,
+``shunter.engine.trainer.publish``: the publishes and the weight groups). Their public methods and
+figures that callers use (``TrainerHost``'s core protocol) are passed through.
 """
 
 from __future__ import annotations
@@ -31,15 +37,11 @@ from pathlib import Path
 import torch
 
 from shunter.engine.config.trainer import TrainerConfig
-from shunter.engine.trainer.publish import TrainerWeights
-from shunter.engine.trainer.step import TrainerStep
+from shunter.engine.trainer.counters import TrainerCounters
+from shunter.engine.trainer.publish import WeightPublisher, open_transport
+from shunter.engine.trainer.step import Stepper
 from shunter.engine.weights import transport as weight_transport
-
-
-def state_dict_to_blob(state_dict: dict, dtype: torch.dtype | None = None) -> bytes:
-    """An HF-named state dict as safetensors bytes (tied tensors written once, under the
-    first name; the replica side restores the tie)."""
-    return weight_transport.to_safetensors(weight_transport.unique_tensors(state_dict), dtype)
+from shunter.events import Sample
 
 
 class ModelDirError(ValueError):
@@ -58,7 +60,7 @@ def load_causal_lm(model_dir: str, device: str):
         raise ModelDirError(f"model dir {model_dir!r} does not load: {type(e).__name__}: {e}") from e
 
 
-class Trainer(TrainerStep, TrainerWeights):
+class Trainer:
     def __init__(
         self,
         cfg: TrainerConfig,
@@ -77,22 +79,15 @@ class Trainer(TrainerStep, TrainerWeights):
         # the rollout samples from softmax(logits / T) and reports those log-probs; the
         # trainer must score the same distribution or the PPO ratio is off by the temperature
         self.temperature = temperature if temperature > 0 else 1.0
-        self.version = 0
-        self.step = 0
+        self.counters = TrainerCounters()
         self.device = "cpu"
         self.model = None
         self.ref = None
         self.opt = None
         self.amp = False  # bf16 autocast (fp32 master weights and optimizer state)
-        self.transport = weight_transport.SAFETENSORS
-        self._publisher: weight_transport.FlatPublisher | None = None
-        self.sender = None  # engine.weight_group.WeightSender for the nccl / gloo transports
         self.weight_host = "127.0.0.1"  # the address replicas reach this trainer's weight groups at
-        self.published_nbytes = 0  # bytes of the weights last published (a cuda_ipc payload is only handles)
-        self.last_publish: dict[str, float] = {}  # seconds the last publish spent, by part (WeightsReady.detail)
-        self.steps_since_publish = 0
-        self._items_cache: tuple[tuple[int, ...], list[tuple[str, torch.Tensor]], torch.Tensor | None] | None = None
-        self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
+        self.stepper: Stepper | None = None
+        self.weights: WeightPublisher | None = None
 
     def setup(self) -> None:
         torch.manual_seed(self.seed)
@@ -101,31 +96,7 @@ class Trainer(TrainerStep, TrainerWeights):
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev
         cuda = self.device.startswith("cuda")
         self.amp = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and cuda)
-        wt = self.cfg.weight_transport
-        self.transport = (weight_transport.CUDA_IPC if cuda else weight_transport.SAFETENSORS) if wt == "auto" else wt
-        if self.transport in weight_transport.IPC_TRANSPORTS:
-            if not cuda:
-                raise ValueError(
-                    f"trainer.weight_transport = {self.transport!r} needs a cuda device, "
-                    f"the trainer is on {self.device}"
-                )
-            self._publisher = weight_transport.FlatPublisher()
-        elif self.transport in weight_transport.COLLECTIVE_TRANSPORTS:
-            if self.transport == weight_transport.NCCL and not cuda:
-                raise ValueError(
-                    f"trainer.weight_transport = 'nccl' needs a cuda device, the trainer is on {self.device}"
-                )
-            from shunter.engine.weights.group import WeightSender
-
-            self._publisher = weight_transport.FlatPublisher()
-            self.sender = WeightSender(
-                self.transport,
-                self._publisher,
-                host=self.weight_host,
-                bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
-                timeout_s=self.cfg.weight_group_timeout_s,
-                device=torch.device(self.device) if cuda else None,
-            )
+        transport, flat, sender = open_transport(self.cfg, self.device, self.weight_host)
         start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
         self.model = load_causal_lm(start, self.device)
         self.model.train()
@@ -135,6 +106,59 @@ class Trainer(TrainerStep, TrainerWeights):
             self.ref = load_causal_lm(self.model_dir, self.device).eval().requires_grad_(False)
         if self.init_from:
             self._load_state(Path(self.init_from) / "trainer.pt")
+        self.stepper = Stepper(
+            self.cfg,
+            self.counters,
+            self.model,
+            self.ref,
+            self.opt,
+            device=self.device,
+            amp=self.amp,
+            pad_token_id=self.pad_token_id,
+            temperature=self.temperature,
+        )
+        self.weights = WeightPublisher(
+            self.model, self.counters, transport, flat, sender, device=self.device, amp=self.amp
+        )
+
+    # -- the parts' methods and figures, passed through --------------------------------------
+    @property
+    def step(self) -> int:
+        return self.counters.step
+
+    @property
+    def version(self) -> int:
+        return self.counters.version
+
+    def collate(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
+        return self.stepper.collate(samples)
+
+    def train_step(self, samples: list[Sample], loss_fn: str = "") -> dict[str, float]:
+        return self.stepper.train_step(samples, loss_fn)
+
+    @property
+    def transport(self) -> str:
+        return self.weights.transport
+
+    @property
+    def published_nbytes(self) -> int:
+        return self.weights.published_nbytes
+
+    @property
+    def last_publish(self) -> dict[str, float]:
+        return self.weights.last_publish
+
+    def publish(self) -> bytes:
+        return self.weights.publish()
+
+    def open_weight_group(self, replica_id: str) -> tuple[str, int]:
+        return self.weights.open_weight_group(replica_id)
+
+    def send_weights(self, replica_id: str, version: int) -> dict:
+        return self.weights.send_weights(replica_id, version)
+
+    def drop_weight_group(self, replica_id: str) -> None:
+        self.weights.drop_weight_group(replica_id)
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, path: str) -> int:
@@ -151,8 +175,8 @@ class Trainer(TrainerStep, TrainerWeights):
         torch.save(
             {
                 "optimizer": self.opt.state_dict(),
-                "step": self.step,
-                "version": self.version,
+                "step": self.counters.step,
+                "version": self.counters.version,
                 "rng": torch.get_rng_state(),
             },
             root / "trainer.pt",
@@ -163,7 +187,43 @@ class Trainer(TrainerStep, TrainerWeights):
         try:
             st = torch.load(path, map_location=self.device, weights_only=True)
             self.opt.load_state_dict(st["optimizer"])
-            self.step, self.version = int(st["step"]), int(st["version"])
+            self.counters.step, self.counters.version = int(st["step"]), int(st["version"])
             torch.set_rng_state(st["rng"].cpu())
         except Exception as e:  # noqa: BLE001 - name the file and the cause
             raise ModelDirError(f"trainer state {str(path)!r} does not load: {type(e).__name__}: {e}") from e
+
+    # -- the model and optimizer off the GPU and back --------------------------------------
+    def offload(self, parts: list[str]) -> int:
+        return self._move(parts, "cpu")
+
+    def onload(self, parts: list[str]) -> int:
+        moved = self._move(parts, self.device)
+        if "params" in parts:
+            weight_transport.flatten_module(self.model)  # back in one flat buffer
+        return moved
+
+    def _move(self, parts: list[str], device: str) -> int:
+        """Move optimizer state / params / grads; returns bytes that changed device."""
+        moved = 0
+        tensors: list[torch.Tensor] = []
+        if "optimizer" in parts:
+            tensors += [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
+        if "params" in parts:
+            tensors += [p.data for p in self.model.parameters()]
+        if "grads" in parts:
+            tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        target = torch.device(device)
+        for t in tensors:
+            if t.device.type != target.type:
+                moved += t.numel() * t.element_size()
+                if target.type == "cpu" and torch.cuda.is_available():  # pinned, so the copy runs at full bandwidth
+                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    host.copy_(t.data, non_blocking=True)
+                    t.data = host
+                else:
+                    t.data = t.data.to(target, non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            if target.type == "cpu":
+                torch.cuda.empty_cache()  # give the freed blocks back, so vLLM can wake into them
+        return moved

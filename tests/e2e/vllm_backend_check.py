@@ -109,7 +109,7 @@ async def run(model_dir: Path) -> None:
     from shunter.actors.vllm.backend import VLLMBackend
     from shunter.actors.vllm.engine import BackendStartError, EngineSpec
     from shunter.engine.replica.backend import GenParams
-    from shunter.engine.trainer.trainer import state_dict_to_blob
+    from shunter.engine.trainer.publish import state_dict_to_blob
 
     print(
         f"env: VLLM_ENABLE_V1_MULTIPROCESSING={os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING')} "
@@ -394,7 +394,7 @@ async def check_keep(be, ref, prompt: list[int], old_greedy: list[int]) -> None:
     tokens (an observer on the stream), not by a sleep: the pause is sent once 8 of its 200
     tokens exist, and the 192 left take far longer than the pause's round trip."""
     from shunter.engine.replica.backend import GenParams
-    from shunter.engine.trainer.trainer import state_dict_to_blob
+    from shunter.engine.trainer.publish import state_dict_to_blob
 
     print("[keep: pause a running request with its KV cache, load, resume]")
     check(be.keeps_kv, "this vLLM pauses with the KV cache and labels weight versions")

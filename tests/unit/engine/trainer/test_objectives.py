@@ -126,7 +126,7 @@ def _samples(tr, logprobs=None, versions=(0, 0, 0, 0)):
     if logprobs == "own":  # the trainer's own log-probs: exactly on-policy, no mismatch
         b = tr.collate(out)
         with torch.no_grad():
-            lp = tr._logp(tr.model, b)
+            lp = tr.stepper.logp(tr.model, b)
         out = [
             msgspec.structs.replace(s, logprobs=lp[k, len(s.prompt_token_ids) - 1 :][: len(s.token_ids)].tolist())
             for k, s in enumerate(out)
@@ -160,20 +160,20 @@ def test_decoupled_proximal_weights_are_the_cycles_first_and_the_live_weights_co
     after = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
     assert any(not torch.equal(after[n], start[n]) for n in start)
     b = tr.collate(_samples(tr))
-    prox = tr._prox_logps([b])[0]  # second step of the cycle: the weights of the cycle's start
+    prox = tr.stepper.prox_logps([b])[0]  # second step of the cycle: the weights of the cycle's start
     fresh = _trainer(model_dir, objective="bypass")
     with torch.no_grad():
-        want = fresh._logp(fresh.model, b)
+        want = fresh.stepper.logp(fresh.model, b)
     assert torch.allclose(prox, want, atol=1e-6)
     assert all(torch.equal(p, after[n]) for n, p in tr.model.named_parameters())  # live weights restored
     tr.publish()  # a new cycle: prox = live weights again
     with torch.no_grad():
-        assert torch.allclose(tr._prox_logps([b])[0], tr._logp(tr.model, b))
+        assert torch.allclose(tr.stepper.prox_logps([b])[0], tr.stepper.logp(tr.model, b))
 
 
 def test_trainer_reports_is_statistics_and_a_staleness_histogram(model_dir):
     tr = _trainer(model_dir, objective="decoupled", parameter_sync_step=2, mis="token", mis_low=0.5, mis_high=2.0)
-    tr.version = 2
+    tr.counters.version = 2
     m = tr.train_step(_samples(tr, versions=(2, 1, 1, 0)))
     assert (m["batch/staleness_0"], m["batch/staleness_1"], m["batch/staleness_2"]) == (1.0, 2.0, 1.0)
     for k in (

@@ -154,7 +154,7 @@ def test_trainer_scores_the_tempered_distribution_the_rollout_sampled_from(model
     )
     b = tr.collate([s])
     with torch.no_grad():
-        got = tr._logp(tr.model, b)[0, 2:4]
+        got = tr.stepper.logp(tr.model, b)[0, 2:4]
         logits = tr.model(input_ids=b["ids"]).logits[0]
         want = torch.log_softmax(logits / 0.5, -1)[[2, 3], [29, 31]]
     assert torch.allclose(got, want, atol=1e-5)
@@ -216,13 +216,13 @@ def test_head_logprobs_in_chunks_equal_the_full_logits_path_in_value_and_gradien
 
 def test_trainer_logprobs_of_response_tokens_match_the_full_forward_and_its_gradient(model_dir):
     from shunter.engine.config import TrainerConfig
-    from shunter.engine.trainer.step import _plain_head
+    from shunter.engine.trainer.step import plain_head
     from shunter.engine.trainer.trainer import Trainer
     from shunter.events import Sample
 
     tr = Trainer(TrainerConfig(), model_dir, temperature=0.8)
     tr.setup()
-    assert _plain_head(tr.model)[0] is not None  # the memory-lean path is the one tested
+    assert plain_head(tr.model)[0] is not None  # the memory-lean path is the one tested
     samples = [
         Sample(
             sample_id=f"0.{i}",
@@ -237,7 +237,7 @@ def test_trainer_logprobs_of_response_tokens_match_the_full_forward_and_its_grad
         for i in range(3)
     ]
     b = tr.collate(samples)
-    got = tr._logp(tr.model, b)
+    got = tr.stepper.logp(tr.model, b)
     full = torch.log_softmax(tr.model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1] / 0.8, -1)
     want = full.gather(-1, b["ids"][:, 1:, None]).squeeze(-1) * b["mask"]
     assert torch.allclose(got, want, atol=1e-5) and float(got.detach()[b["mask"] == 0].abs().sum()) == 0.0

@@ -23,13 +23,13 @@ from shunter.events import (
     StepEnd,
     Stop,
 )
-from tests.e2e.test_runs import config
+from tests.support.configs import e2e_config
 
 pytestmark = pytest.mark.e2e
 
 
 async def test_a_killed_replica_loses_no_sample_and_releases_its_rank(ray_cluster, tiny_model, tmp_path, replica_pool):
-    cfg = config(
+    cfg = e2e_config(
         tiny_model,
         tmp_path,
         run={"total_steps": 160},

@@ -24,7 +24,7 @@ from shunter.events import (
     StepEnd,
     read_log,
 )
-from tests.e2e.test_runs import config
+from tests.support.configs import e2e_config
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 async def test_trainer_then_coordinator_killed_the_run_resumes_and_trains_each_group_once(
     ray_cluster, tiny_model, tmp_path, replica_pool
 ):
-    cfg = config(
+    cfg = e2e_config(
         tiny_model,
         tmp_path,
         run={"total_steps": 16, "checkpoint_every": 2, "max_restarts": 2},

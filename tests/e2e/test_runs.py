@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
 from shunter import Engine
-from shunter.engine.config import load_config
 from shunter.events import (
     ModeChanged,
     RankAssigned,
@@ -23,16 +21,9 @@ from shunter.events import (
     WeightsLoaded,
     read_log,
 )
+from tests.support.configs import e2e_config
 
 pytestmark = pytest.mark.e2e
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sort_separate.toml"
-
-
-def config(tiny_model, tmp_path, **over):
-    base = {"run": {"output_dir": str(tmp_path), "progress": False}, "model": {"path": tiny_model, "build_tiny": ""}}
-    for k, v in over.items():
-        base[k] = {**base.get(k, {}), **v}
-    return load_config(EXAMPLE, base)
 
 
 async def run_collect(cfg, timeout, pool=None):
@@ -46,7 +37,7 @@ async def run_collect(cfg, timeout, pool=None):
 
 
 async def test_separate_run_learns_with_partial_rollout(ray_cluster, tiny_model, tmp_path, replica_pool):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 160}, validation={"every": 40, "prompts": 64})
+    cfg = e2e_config(tiny_model, tmp_path, run={"total_steps": 160}, validation={"every": 40, "prompts": 64})
     events, out_dir = await run_collect(cfg, 500, replica_pool)
     ended = events[-1]
     assert isinstance(ended, RunEnded) and ended.reason == "completed", ended
@@ -80,7 +71,7 @@ async def test_separate_run_learns_with_partial_rollout(ray_cluster, tiny_model,
 async def test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide(
     ray_cluster, tiny_model, tmp_path, replica_pool
 ):
-    cfg = config(
+    cfg = e2e_config(
         tiny_model,
         tmp_path,
         run={"total_steps": 30, "policy": "lend_when_idle", "policy_options": {"switch_cost_prior_s": 0.05}},
@@ -100,7 +91,7 @@ async def test_lend_when_idle_lends_hybrid_replicas_and_ranks_never_collide(
 
 
 async def test_two_runs_share_a_cluster_without_name_collisions(ray_cluster, tiny_model, tmp_path, replica_pool):
-    cfg = config(tiny_model, tmp_path, run={"total_steps": 4}, validation={"every": 0})
+    cfg = e2e_config(tiny_model, tmp_path, run={"total_steps": 4}, validation={"every": 0})
     a, b = await asyncio.gather(run_collect(cfg, 300, replica_pool), run_collect(cfg, 300, replica_pool))
     for events, _ in (a, b):
         assert events[-1].reason == "completed"
@@ -121,7 +112,7 @@ async def test_keep_updates_weights_in_place_on_vllm(ray_cluster, tiny_model, tm
     for batches and each load but the last (after the final dispatch) lands mid-generation.
     The backend half (a request paused mid-generation keeps its KV and its tokens' labels)
     is checked without any race in ``vllm_backend_check.py``."""
-    cfg = config(
+    cfg = e2e_config(
         tiny_model,
         tmp_path,
         run={"total_steps": 8},
@@ -146,14 +137,14 @@ async def test_a_pooled_replica_serves_the_next_run_as_a_new_one_would(ray_clust
     mode, takes it: the replica serves the base model's weights again (vLLM's log-probs are the
     trainer's own on the first step), its tokens carry this run's versions (none is stale, none
     dropped), under a rank of this run and the actor name the run that made it gave it."""
-    keep = config(
+    keep = e2e_config(
         tiny_model, tmp_path, run={"total_steps": 2}, validation={"every": 0}, rollout={"weight_update": "keep"}
     )
     a, _ = await run_collect(keep, 300, replica_pool)
     assert a[-1].reason == "completed", a[-1]
     assert len(replica_pool) >= 1
     # long enough that a token labelled with the keep run's last version (1) would be stale here
-    plain = config(tiny_model, tmp_path, run={"total_steps": 8}, validation={"every": 0})
+    plain = e2e_config(tiny_model, tmp_path, run={"total_steps": 8}, validation={"every": 0})
     b, _ = await run_collect(plain, 150, replica_pool)
     ended = b[-1]
     assert ended.reason == "completed", ended

@@ -28,7 +28,7 @@ from shunter.events import (
     WeightsReady,
     WeightsSent,
 )
-from tests.e2e.test_runs import config
+from tests.support.configs import e2e_config
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.e2e
 async def test_weights_travel_over_gloo_groups_and_a_late_replica_gets_them_before_requests(
     ray_cluster, tiny_model, tmp_path
 ):
-    cfg = config(
+    cfg = e2e_config(
         tiny_model,
         tmp_path,
         run={"total_steps": 400, "policy": "lend_when_idle", "policy_options": {"switch_cost_prior_s": 0.05}},

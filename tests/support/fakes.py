@@ -491,3 +491,27 @@ async def run_to_end(coord, timeout: float = 3600.0):
     finally:
         await coord.executor.close()
     return ended, seen
+
+
+class CoordinatorCrash(BaseException):  # a death, not an error: the loop cannot contain it
+    pass
+
+
+async def run_until(coord, pred, timeout=20, crash=False):
+    """Run the coordinator until ``pred`` holds for a message; with ``crash`` the loop dies
+    right there (an exception out of a sink), with whatever it held in memory."""
+    seen = []
+    hit = asyncio.Event()
+
+    def watch(m):
+        seen.append(m)
+        if pred(m) and not hit.is_set():
+            hit.set()
+            if crash:
+                raise CoordinatorCrash
+
+    coord.sinks.append(watch)
+    task = asyncio.create_task(coord.run())
+    async with asyncio.timeout(timeout):
+        await hit.wait()
+    return seen, task

@@ -19,8 +19,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from tests.support.configs import cfg
 from tests.support.fakes import ACTIONS, run_with_faults
-from tests.unit.engine.coordinator.test_coordinator import cfg
 
 
 def soak(runs: int, seed: int, total_steps: int = 10) -> dict:

@@ -11,7 +11,7 @@ from shunter.bench.analysis import bound
 from shunter.bench.analysis.gap import PARTS, Gaps
 from shunter.bench.analysis.summary import Summary
 from shunter.bench.sim.cluster import run_sim
-from tests.unit.bench.test_bench_sim import SMALL, config
+from tests.support.configs import SMALL, sim_config
 
 COST = msgspec.structs.replace(SMALL, length_sigma=1.2)
 
@@ -30,7 +30,7 @@ def gaps_of(cfg, seed=3):
 
 @pytest.mark.parametrize("eta", [1, 4])
 def test_the_parts_add_up_to_the_distance_and_the_ladder_is_the_bounds(eta):
-    summary, gaps, fleet = gaps_of(config("separate", 2, 0, eta=eta, steps=8))
+    summary, gaps, fleet = gaps_of(sim_config("separate", 2, 0, eta=eta, steps=8))
     work, wall = summary.work(), summary.result()["wall_s"]
     best = 0.9 * bound.bound_s(work, fleet, "overlapped")  # any reference: the parts measure from it
     gate = bound.Gate(eta, 2)
@@ -47,8 +47,8 @@ def test_the_parts_add_up_to_the_distance_and_the_ladder_is_the_bounds(eta):
 
 
 def test_a_tight_gate_costs_more_than_a_loose_one():
-    tight = gaps_of(config("separate", 2, 0, eta=0, steps=8))
-    loose = gaps_of(config("separate", 2, 0, eta=4, steps=8))
+    tight = gaps_of(sim_config("separate", 2, 0, eta=0, steps=8))
+    loose = gaps_of(sim_config("separate", 2, 0, eta=4, steps=8))
     g = [gs.parts(s.work(), f, "overlapped", 0.0, bound.Gate(e, 2)) for (s, gs, f), e in ((tight, 0), (loose, 4))]
     assert g[0]["gate"] > g[1]["gate"] >= 0
 

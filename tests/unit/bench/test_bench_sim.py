@@ -15,42 +15,11 @@ from shunter.bench.report.trace import to_trace
 from shunter.bench.runner.scenario_file import load
 from shunter.bench.runner.simulated import variant_setup
 from shunter.bench.sim.cluster import run_sim
-from shunter.bench.sim.cost_model import CostModel
 from shunter.engine.config import from_dict
 from shunter.events import Codec, PolicySlow, RankAssigned, ReplicaUp, SampleBegin, StepBegin, StepEnd, WeightsReady
+from tests.support.configs import SMALL, sim_config
 
 ROOT = Path(__file__).resolve().parents[3]
-
-SMALL = CostModel(
-    prompt_tokens=16,
-    decode_step_s=0.01,
-    decode_step_s_per_seq=1e-4,
-    length_median=60,
-    length_sigma=0.8,
-    train_step_s=0.2,
-    train_s_per_token=1e-4,
-    weight_bytes=1e9,
-)
-
-
-def config(policy="separate", standalone=2, hybrid=0, eta=1, steps=4, inflight=64, options=None, **rollout):
-    return from_dict(
-        {
-            "run": {"total_steps": steps, "policy": policy, "stall_timeout_s": 3600.0, "policy_options": options or {}},
-            "rollout": {
-                "standalone_replicas": standalone,
-                "hybrid_replicas": hybrid,
-                "n_samples_per_prompt": 4,
-                "max_tokens": 512,
-                "max_model_len": 1024,
-                "max_staleness": eta,
-                "max_in_flight_per_replica": inflight,
-                **rollout,
-            },
-            "trainer": {"ppo_mini_batch_size": 32, "parameter_sync_step": 2, "train_batch_size": 64},
-            "validation": {"every": 0},
-        }
-    )
 
 
 def test_same_seed_same_event_log_other_seed_other_log():
@@ -62,9 +31,9 @@ def test_same_seed_same_event_log_other_seed_other_log():
     def log(run):
         return [codec.encode(msgspec.structs.replace(m, seq=0)) for m in run.messages if not isinstance(m, PolicySlow)]
 
-    a = run_sim(config(), SMALL, seed=3)
-    b = run_sim(config(), SMALL, seed=3)
-    c = run_sim(config(), SMALL, seed=4)
+    a = run_sim(sim_config(), SMALL, seed=3)
+    b = run_sim(sim_config(), SMALL, seed=3)
+    c = run_sim(sim_config(), SMALL, seed=4)
     assert a.ended.reason == "completed"
     assert log(a) == log(b)
     assert log(a) != log(c)
@@ -121,15 +90,15 @@ def test_1024_replicas_each_with_its_own_rank_and_work():
 
 def test_async_beats_sync_on_long_tails_and_idle_fractions_are_fractions():
     cost = msgspec.structs.replace(SMALL, length_sigma=1.2)
-    sync = summarize(run_sim(config("colocated", 0, 4, eta=0, inflight=16), cost, seed=2).messages)
-    async_ = summarize(run_sim(config("separate", 2, 0, eta=2), cost, seed=2).messages)
+    sync = summarize(run_sim(sim_config("colocated", 0, 4, eta=0, inflight=16), cost, seed=2).messages)
+    async_ = summarize(run_sim(sim_config("separate", 2, 0, eta=2), cost, seed=2).messages)
     for m in (sync, async_):
         assert 0 <= m["trainer_idle_frac"] <= 1 and 0 <= m["rollout_idle_frac"] <= 1
     assert async_["step_s"] < sync["step_s"]
 
 
 def test_trace_is_valid_chrome_trace_json_with_a_track_per_actor():
-    r = run_sim(config("lend_when_idle", 1, 1), SMALL, seed=1)
+    r = run_sim(sim_config("lend_when_idle", 1, 1), SMALL, seed=1)
     trace = json.loads(json.dumps(to_trace(r.messages)))
     evs = trace["traceEvents"]
     names = {e["args"]["name"] for e in evs if e["ph"] == "M"}
@@ -156,8 +125,8 @@ def test_admit_staleness_holds_the_work_ahead_in_a_run_and_the_run_still_complet
     """16 groups a version (8 a mini-batch, 2 mini-batches a version): at staleness 3 the gate
     lets the rollout start 3 versions of groups ahead; with ``admit_staleness = 0`` none ahead,
     and every group still trains (none dropped)."""
-    full = run_sim(config("separate", 2, 0, eta=3, steps=8), SMALL, seed=2)
-    low = run_sim(config("separate", 2, 0, eta=3, steps=8, admit_staleness=0), SMALL, seed=2)
+    full = run_sim(sim_config("separate", 2, 0, eta=3, steps=8), SMALL, seed=2)
+    low = run_sim(sim_config("separate", 2, 0, eta=3, steps=8, admit_staleness=0), SMALL, seed=2)
     assert _most_ahead(full.messages, 16) > 0  # the full gate goes further ahead: the check can fail
     assert _most_ahead(low.messages, 16) <= 0
     assert low.ended.reason == "completed" and low.ended.steps == 8
@@ -224,9 +193,9 @@ def test_lend_when_idle_is_never_more_than_1_percent_slower_than_separate(train_
         wake_s=0.05,
         load_s=0.01,
     )
-    sep = run_sim(config("separate", 2, 0, eta=eta, steps=12), cost, seed=5)
+    sep = run_sim(sim_config("separate", 2, 0, eta=eta, steps=12), cost, seed=5)
     lend = run_sim(
-        config("lend_when_idle", 2, 2, eta=eta, steps=12, options={"switch_cost_prior_s": 0.1}), cost, seed=5
+        sim_config("lend_when_idle", 2, 2, eta=eta, steps=12, options={"switch_cost_prior_s": 0.1}), cost, seed=5
     )
     assert sep.ended.reason == lend.ended.reason == "completed"
     assert lend.sim_s <= 1.01 * sep.sim_s, (lend.sim_s, sep.sim_s)
@@ -324,7 +293,7 @@ def test_a_slow_coordinator_slows_the_simulated_run_and_its_messages_queue():
     costing 250 ms a turn (a fake timer, not the clock; a turn handles the messages that arrived
     together) stretches the run and queues messages; uncharged, the same run's simulated time
     does not see it."""
-    cfg = config("separate", 2, 0, eta=1, steps=2)
+    cfg = sim_config("separate", 2, 0, eta=1, steps=2)
     ticks = iter(range(10**9))
 
     def slow_timer() -> float:  # each reading 250 ms after the one before

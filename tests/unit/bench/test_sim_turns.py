@@ -26,7 +26,7 @@ from shunter.bench.sim.turns import CALL, CALL_TEXT, FILL, KEY0, OBS, Plans, Sim
 from shunter.engine.config import from_dict
 from shunter.engine.replica.backend import GenParams
 from shunter.events import SampleEnd, SampleResumed, StepEnd
-from tests.unit.bench.test_bench_sim import SMALL
+from tests.support.configs import SMALL
 
 TURNS = msgspec.structs.replace(  # the simulator tests' small cluster, with tool calls
     SMALL,
@@ -38,7 +38,7 @@ TURNS = msgspec.structs.replace(  # the simulator tests' small cluster, with too
 )
 
 
-def config(policy="separate", standalone=2, hybrid=0, eta=1, steps=6, max_turns=8, **rollout):
+def sim_config(policy="separate", standalone=2, hybrid=0, eta=1, steps=6, max_turns=8, **rollout):
     return from_dict(
         {
             "run": {"total_steps": steps, "policy": policy, "stall_timeout_s": 3600.0},
@@ -125,7 +125,7 @@ def _run(cfg, cost=TURNS, seed=1):
 
 @pytest.mark.parametrize("weight_update", ["abort", "keep"])
 def test_trajectories_follow_their_plans_across_cuts_and_moves_and_mask_observations(weight_update):
-    r, _ = _run(config(eta=2, weight_update=weight_update))
+    r, _ = _run(sim_config(eta=2, weight_update=weight_update))
     plans = Plans(TURNS, LengthSampler(TURNS, 0))
     ends = [m.sample for m in r.messages if isinstance(m, SampleEnd)]
     resumed = {m.sample_id for m in r.messages if isinstance(m, SampleResumed) and m.turn > 0}
@@ -149,7 +149,7 @@ def test_trajectories_follow_their_plans_across_cuts_and_moves_and_mask_observat
 
 
 def test_max_turns_makes_the_model_answer_without_more_calls():
-    r, _ = _run(config(max_turns=1))
+    r, _ = _run(sim_config(max_turns=1))
     ends = [m.sample for m in r.messages if isinstance(m, SampleEnd)]
     assert max(len(s.turns) for s in ends) == 1 and all(s.token_ids[-1] == 0 for s in ends)
 
@@ -162,7 +162,7 @@ def test_multi_turn_runs_never_beat_their_bound_and_the_tools_are_on_its_critica
             ("separate", 2, 0, "overlapped"),
             ("lend_when_idle", 1, 1, "lending"),
         ]:
-            cfg = config(policy, standalone, hybrid, eta=0 if policy == "colocated" else 2)
+            cfg = sim_config(policy, standalone, hybrid, eta=0 if policy == "colocated" else 2)
             r, s = _run(cfg, cost)
             work = s.work()
             fleet = bound.Fleet(
@@ -241,8 +241,8 @@ max_staleness = 2
 
 
 def test_one_seed_replays_identically():
-    a, _ = _run(config(eta=2), seed=5)
-    b, _ = _run(config(eta=2), seed=5)
+    a, _ = _run(sim_config(eta=2), seed=5)
+    b, _ = _run(sim_config(eta=2), seed=5)
     assert [m.metrics.get("trainer/tokens") for m in a.messages if isinstance(m, StepEnd)] == [
         m.metrics.get("trainer/tokens") for m in b.messages if isinstance(m, StepEnd)
     ]
@@ -251,5 +251,5 @@ def test_one_seed_replays_identically():
 
 def test_random_is_not_the_global_one():
     state = random.getstate()
-    _run(config(steps=2))
+    _run(sim_config(steps=2))
     assert random.getstate() == state

@@ -8,7 +8,6 @@ import asyncio
 
 import pytest
 
-from shunter.engine.config import from_dict
 from shunter.events import (
     GroupDropped,
     ModeChanged,
@@ -20,35 +19,14 @@ from shunter.events import (
     ValidateEnd,
     WeightsLoaded,
 )
+from tests.support.configs import cfg
 from tests.support.fakes import local_run, run_to_end, virtual_time
-
-
-def cfg(**over):
-    base = {
-        "run": {"total_steps": 6, "policy": "separate"},
-        "rollout": {
-            "standalone_replicas": 2,
-            "n_samples_per_prompt": 4,
-            "max_tokens": 12,
-            "max_staleness": 1,
-            "max_in_flight_per_replica": 16,
-        },
-        "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
-        "validation": {"every": 2, "prompts": 8},
-    }
-    for k, v in over.items():
-        base[k] = {**base.get(k, {}), **v}
-    return from_dict(base)
-
-
-async def run(coord, timeout=3600):
-    return await run_to_end(coord, timeout)
 
 
 @virtual_time
 async def test_separate_run_completes_and_accounts_every_group():
     coord, backends, trainer = local_run(cfg())
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed", ended
     assert trainer.step == 6 and trainer.version == 3
     c = coord.buffer.counters()
@@ -67,7 +45,7 @@ async def test_separate_run_completes_and_accounts_every_group():
 @virtual_time
 async def test_weight_update_cuts_and_resumes_samples_with_two_versions():
     coord, _, trainer = local_run(cfg(run={"total_steps": 8}), token_s=0.003)
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed"
     cut = [e for e in seen if isinstance(e, SampleAborted) and e.reason == "weights_update"]
     resumed = [e for e in seen if isinstance(e, SampleResumed)]
@@ -84,7 +62,7 @@ async def test_weight_update_cuts_and_resumes_samples_with_two_versions():
 @virtual_time
 async def test_staleness_bound_holds(on_stale, max_staleness):
     coord, _, trainer = local_run(cfg(rollout={"max_staleness": max_staleness, "on_stale": on_stale}))
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed"
     stal = [e.metrics["batch/staleness_max"] for e in seen if isinstance(e, StepEnd)]
     assert max(stal) <= max_staleness
@@ -99,7 +77,7 @@ async def test_lend_when_idle_lends_and_reclaims_hybrids():
         rollout={"standalone_replicas": 1, "hybrid_replicas": 1},
     )
     coord, backends, trainer = local_run(c, token_s=0.002)
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed", ended
     modes = [(e.replica_id, e.mode) for e in seen if isinstance(e, ModeChanged)]
     assert ("hybrid-1", "rollout") in modes and ("hybrid-1", "trainer") in modes
@@ -127,7 +105,7 @@ async def test_each_sample_reaches_the_coordinator_as_it_ends_not_with_its_group
             arrived.setdefault(m.sample.group_id, []).append((len(m.sample.token_ids), loop.time()))
 
     coord.sinks.append(watch)
-    ended, _ = await run(coord)
+    ended, _ = await run_to_end(coord)
     assert ended.reason == "completed", ended.error
     spread = [v for v in arrived.values() if len(v) > 1 and len({n for n, _ in v}) > 1]
     assert spread and all(min(v)[1] < max(v)[1] for v in spread)  # the shortest arrived before the longest
@@ -138,7 +116,7 @@ async def test_a_run_starts_no_group_it_will_not_train():
     """With rollout far ahead (staleness 4), the last steps' groups are the last started: no
     replica works on groups the end of the run drops."""
     coord, _, trainer = local_run(cfg(rollout={"max_staleness": 4}))
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed" and trainer.step == 6
     c = coord.buffer.counters()
     assert c["dispatched"] == c["trained"] == 6 * 2 and c["dropped"] == 0
@@ -151,7 +129,7 @@ async def test_colocated_never_overlaps_training_and_rollout():
         rollout={"standalone_replicas": 0, "hybrid_replicas": 2, "max_staleness": 0},
     )
     coord, backends, trainer = local_run(c)
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed", ended
     stal = [e.metrics["batch/staleness_max"] for e in seen if isinstance(e, StepEnd)]
     assert stal == [0.0] * 4
@@ -170,7 +148,7 @@ async def test_colocated_spreads_each_batch_over_every_replica_though_they_wake_
     coord, backends, trainer = local_run(c, token_s=0.02)  # an answer takes ~0.1 s
     for k, b in enumerate(backends.values()):
         b.wake_s = 0.02 * k  # the first awake could take the whole batch before the last wakes
-    ended, _ = await run(coord)
+    ended, _ = await run_to_end(coord)
     assert ended.reason == "completed", ended
     # 4 groups of 4 samples a step, 4 steps: one group per replica per step
     assert [b.requests for b in backends.values()] == [16, 16, 16, 16]
@@ -191,7 +169,7 @@ async def test_policy_that_raises_becomes_an_event_and_the_loop_survives():
             return super().decide(event, view)
 
     coord, _, _ = local_run(cfg(), policy=Flaky())
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     fails = [e for e in seen if isinstance(e, PolicyFailed)]
     assert fails and "boom" in fails[0].error
     assert ended.reason in ("completed", "error")
@@ -209,7 +187,7 @@ async def test_a_reward_that_raises_scores_0_with_the_cause_and_the_run_goes_on(
     from shunter.events import RewardFailed
 
     coord, _, trainer = local_run(cfg(), reward=picky_reward)
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed" and trainer.step == 6
     failed = [e for e in seen if isinstance(e, RewardFailed)]
     assert failed and all(e.failure == "raised" and e.user_code == "picky_reward" for e in failed)
@@ -228,7 +206,7 @@ async def test_a_reward_that_always_raises_ends_the_run_naming_it():
         raise KeyError("answer")
 
     coord, _, _ = local_run(cfg(), reward=broken)
-    ended, _ = await run(coord)
+    ended, _ = await run_to_end(coord)
     assert ended.reason == "error" and "reward function broken raised KeyError" in ended.error
     assert "failed on each of the run's first 8 samples (8 raised) and scored none" in ended.error
     assert ended.failed_component == "broken"
@@ -245,7 +223,7 @@ async def test_a_policy_that_stops_acting_ends_the_run_with_a_stall_error_not_a_
             return []  # never trains
 
     coord, _, _ = local_run(cfg(run={"stall_timeout_s": 0.5}), policy=Idle())
-    ended, _ = await run(coord, timeout=10)
+    ended, _ = await run_to_end(coord, timeout=10)
     assert ended.reason == "error" and "stalled" in ended.error and "mini-batches ready" in ended.error
     assert len(ended.error) < 600 and "EngineView(" not in ended.error
 
@@ -351,7 +329,7 @@ async def test_length_dist_gives_each_sample_its_own_budget_reproducibly():
     budgets = []
     for _ in range(2):
         coord, _, trainer = local_run(c)
-        ended, _ = await run(coord)
+        ended, _ = await run_to_end(coord)
         assert ended.reason == "completed", ended
         budgets.append({s.sample_id: s.max_tokens for b in trainer.seen for s in b})
     # seeded by sample: the same budgets again (which groups train first follows completion order)
@@ -368,7 +346,7 @@ async def test_a_reward_that_returns_a_string_is_the_users_error_not_a_score():
         return "1.0"
 
     coord, _, trainer = local_run(cfg(), reward=stringly)
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "error" and trainer.step == 0
     assert "reward function stringly returned str '1.0'; expected a finite float" in ended.error
 
@@ -379,7 +357,7 @@ async def test_an_intent_naming_a_replica_that_does_not_exist_is_refused_by_name
 
     coord, _, _ = local_run(cfg(run={"total_steps": 2}))
     coord.post(coord.stamp(SwitchToRollout(replica_ids=["ghost-7", "standalone-0"])))
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed"
     (refused,) = [e for e in seen if isinstance(e, IntentRejected)]
     assert refused.reason == "unknown_replica" and "ghost-7" in refused.detail and "standalone-0" in refused.detail
@@ -394,7 +372,7 @@ async def test_a_consolidate_from_outside_is_checked_and_the_run_goes_on():
     coord, _, _ = local_run(cfg(run={"total_steps": 4}))
     coord.post(coord.stamp(Consolidate(replica_ids=["standalone-1"], max_in_flight=0)))
     coord.post(coord.stamp(Consolidate(replica_ids=["ghost-2", "standalone-1"], max_in_flight=4, after_s=0.0)))
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed"
     refused = [e for e in seen if isinstance(e, IntentRejected)]
     assert [r.reason for r in refused] == ["bad_value", "unknown_replica"]
@@ -409,7 +387,7 @@ async def test_reward_failures_are_counted_per_step_and_sum_to_the_summarys():
     from shunter.events import RewardFailed, StepEnd
 
     coord, _, trainer = local_run(cfg(), reward=picky_reward)
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     steps = [e for e in seen if isinstance(e, StepEnd)]
     failed = {e.sample_id for e in seen if isinstance(e, RewardFailed)}
     trained_failed = {s.sample_id for b in trainer.seen for s in b if s.reward_failure == "raised"}

@@ -16,8 +16,8 @@ from pathlib import Path
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.configs import cfg
 from tests.support.fakes import ACTIONS, run_with_faults, virtual
-from tests.unit.engine.coordinator.test_coordinator import cfg
 
 TOTAL = 10
 

@@ -30,8 +30,8 @@ from shunter.events import (
     flatten,
 )
 from shunter.policies.separate import SeparatePolicy
+from tests.support.configs import cfg
 from tests.support.fakes import local_run, run_to_end, run_with_faults, virtual, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg
 
 
 def begin(i: int, rid: str = "standalone-0") -> SampleBegin:

@@ -7,8 +7,8 @@ import asyncio
 from collections import Counter
 
 from shunter.events import ReplicaDown, SampleAborted, SampleEnd
+from tests.support.configs import cfg
 from tests.support.fakes import local_run, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg
 
 
 @virtual_time

@@ -10,8 +10,8 @@ import pytest
 
 from shunter.engine.io.checkpoint import CheckpointStore
 from shunter.events import CheckpointSaved, RunEnded, SampleEnd, Stamper, StepEnd, Stop, ValidateEnd, WeightsReady
+from tests.support.configs import cfg
 from tests.support.fakes import local_run, run_to_end, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg
 
 
 def _stop_at(coord, step: int, *, kill_all: bool = False, times: int = 1):

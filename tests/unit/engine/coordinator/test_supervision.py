@@ -23,8 +23,8 @@ from shunter.events import (
     StepEnd,
     WeightsReady,
 )
+from tests.support.configs import cfg
 from tests.support.fakes import local_run, run_to_end, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg
 
 
 def _config(**rollout):

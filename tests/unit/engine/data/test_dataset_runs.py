@@ -15,9 +15,8 @@ import pyarrow.parquet as pq
 from shunter.engine.data.datasets import Dataset, PromptStream, validation_specs
 from shunter.engine.io.checkpoint import CheckpointStore
 from shunter.events import ComponentFailed, GroupDropped, RunResumed, SampleEnd, StepEnd
-from tests.support.fakes import local_run, run_to_end, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg
-from tests.unit.engine.io.test_checkpoint import _until
+from tests.support.configs import cfg
+from tests.support.fakes import local_run, run_to_end, run_until, virtual_time
 
 
 def dataset(tmp_path, n: int, name: str = "train.parquet") -> Dataset:
@@ -80,7 +79,7 @@ async def test_a_resumed_run_continues_the_epoch_where_its_checkpoint_left_it(tm
     )
     store = tmp_path / "ckpt"
     coord, _, trainer = local_run(c, token_s=0.002, checkpoints=store, prompts=(PromptStream(data, 5), []))
-    seen, task = await _until(coord, lambda m: isinstance(m, StepEnd) and m.step == 7)
+    seen, task = await run_until(coord, lambda m: isinstance(m, StepEnd) and m.step == 7)
     coord.post(coord.stamp(ComponentFailed(component="trainer", error="killed by the test")))
     async with asyncio.timeout(20):
         assert (await task).reason == "error"

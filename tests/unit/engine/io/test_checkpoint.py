@@ -24,8 +24,8 @@ from shunter.events import (
     StepEnd,
     TrainStep,
 )
-from tests.support.fakes import local_run, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg
+from tests.support.configs import cfg
+from tests.support.fakes import CoordinatorCrash, local_run, run_until, virtual_time
 
 
 def _write(store: CheckpointStore, step: int, payload: bytes = b"x") -> Path:
@@ -149,30 +149,6 @@ def _effective(first_seen: list, second_trainer) -> list[list[int]]:
     return second_trainer.restored_batches + [[s.prompt_id for s in b] for b in second_trainer.seen]
 
 
-class CoordinatorCrash(BaseException):  # a death, not an error: the loop cannot contain it
-    pass
-
-
-async def _until(coord, pred, timeout=20, crash=False):
-    """Run the coordinator until ``pred`` holds for a message; with ``crash`` the loop dies
-    right there (an exception out of a sink), with whatever it held in memory."""
-    seen = []
-    hit = asyncio.Event()
-
-    def watch(m):
-        seen.append(m)
-        if pred(m) and not hit.is_set():
-            hit.set()
-            if crash:
-                raise CoordinatorCrash
-
-    coord.sinks.append(watch)
-    task = asyncio.create_task(coord.run())
-    async with asyncio.timeout(timeout):
-        await hit.wait()
-    return seen, task
-
-
 def _check_exactly_once(c, batches: list[list[int]]):
     n, g = c.run.total_steps, c.groups_per_mini_batch
     assert len(batches) == n
@@ -186,7 +162,7 @@ def _check_exactly_once(c, batches: list[list[int]]):
 async def test_trainer_death_resumes_from_the_last_checkpoint_exactly_once(tmp_path):
     c = _config()
     coord, _, trainer = local_run(c, token_s=0.002, checkpoints=tmp_path)
-    seen, task = await _until(coord, lambda m: isinstance(m, StepEnd) and m.step == 7)
+    seen, task = await run_until(coord, lambda m: isinstance(m, StepEnd) and m.step == 7)
     coord.post(coord.stamp(ComponentFailed(component="trainer", error="killed by the test")))
     async with asyncio.timeout(20):
         ended = await task
@@ -229,7 +205,7 @@ async def test_a_lost_coordinator_resumes_with_its_policy_state(tmp_path):
         rollout={"standalone_replicas": 1, "hybrid_replicas": 1, "max_staleness": 1},
     )
     coord, _, trainer = local_run(c, token_s=0.002, checkpoints=tmp_path)
-    seen, task = await _until(coord, lambda m: isinstance(m, StepEnd) and m.step == 9, crash=True)
+    seen, task = await run_until(coord, lambda m: isinstance(m, StepEnd) and m.step == 9, crash=True)
     with pytest.raises(CoordinatorCrash):
         await task
     ckpt, manifest, _ = CheckpointStore(tmp_path).latest()
@@ -282,7 +258,7 @@ async def test_every_builtin_policy_resumes_after_a_trainer_death(tmp_path, poli
         rollout={**replicas, "max_staleness": 1},
     )
     coord, _, _ = local_run(c, token_s=0.002, checkpoints=tmp_path)
-    seen, task = await _until(coord, lambda m: isinstance(m, StepEnd) and m.step == 5)
+    seen, task = await run_until(coord, lambda m: isinstance(m, StepEnd) and m.step == 5)
     coord.post(coord.stamp(ComponentFailed(component="trainer", error="killed by the test")))
     async with asyncio.timeout(20):
         assert (await task).failed_component == "trainer"

@@ -12,8 +12,8 @@ import json
 from shunter.engine.data.rewards import Scored
 from shunter.engine.io.records import LogSink, make_logger
 from shunter.events import RewardFailed, RewardWorkerLost, SampleEnd
-from tests.support.fakes import local_run, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg, run
+from tests.support.configs import cfg
+from tests.support.fakes import local_run, run_to_end, virtual_time
 from tests.unit.engine.replica.test_turns import core, ends, gen
 
 ENV = {"run_id": "r", "source": "t", "wall_time": 1.0}
@@ -58,7 +58,7 @@ async def test_a_loss_is_one_event_before_the_sample_that_saw_it():
 async def test_the_summary_counts_losses_whose_calls_all_scored():
     pools: dict[str, LosesWorkers] = {}
     coord, _, _ = local_run(cfg(), rewards=lambda rid: pools.setdefault(rid, LosesWorkers()))
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "completed", ended
     n = len(pools)  # each replica's pool saw one death and one hang
     assert ended.summary["reward/worker_died"] == n and ended.summary["reward/worker_hung"] == n
@@ -85,11 +85,11 @@ async def test_the_counts_are_kept_across_a_resume(tmp_path):
     c = cfg(run={"total_steps": 6, "policy": "separate", "checkpoint_every": 2})
     pools: dict[str, LosesWorkers] = {}
     coord, _, _ = local_run(c, checkpoints=tmp_path, rewards=lambda rid: pools.setdefault(rid, LosesWorkers()))
-    ended, _ = await run(coord)
+    ended, _ = await run_to_end(coord)
     assert ended.summary["reward/worker_died"] == len(pools)
     ckpt, _, _ = CheckpointStore(tmp_path).latest()  # the end state: resuming runs only the finale
     again, _, _ = local_run(c, checkpoints=tmp_path, resume=ckpt)  # no worker lost this attempt
-    resumed, _ = await run(again)
+    resumed, _ = await run_to_end(again)
     assert resumed.reason == "completed", resumed
     assert resumed.summary["reward/worker_died"] == resumed.summary["reward/worker_hung"] == len(pools)
 
@@ -108,7 +108,7 @@ async def test_a_reward_that_kills_every_worker_ends_the_run_naming_it_soon():
     end after a mini-batch of failed samples (128 here) was about 40 minutes away."""
     c = cfg(trainer={"ppo_mini_batch_size": 128, "parameter_sync_step": 1, "train_batch_size": 128})
     coord, _, _ = local_run(c, reward=lambda *a: 1.0, rewards=lambda rid: KillsEveryWorker())
-    ended, seen = await run(coord)
+    ended, seen = await run_to_end(coord)
     assert ended.reason == "error" and ended.failed_component, ended
     assert "its reward worker was lost 8 times (died 8) before any sample was scored" in ended.error
     assert len([e for e in seen if isinstance(e, RewardFailed)]) < 128

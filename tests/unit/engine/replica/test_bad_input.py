@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 
 from shunter.events import CommandFailed, GroupDropped
+from tests.support.configs import cfg
 from tests.support.fakes import local_run, virtual_time
-from tests.unit.engine.coordinator.test_coordinator import cfg
 
 
 def _limit(coord, max_model_len: int) -> None:

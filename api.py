@@ -25,23 +25,26 @@ with ``RunResumed`` — the failed
 attempt's ``RunEnded`` is in the event log, not in the stream. ``Engine(cfg,
 resume=path)`` continues a run from a checkpoint after the whole program stopped.
 
-The ``Engine``'s parts: this module builds it and runs its lifecycle (start, restarts from a
-checkpoint, close); ``api_replicas`` adds and replaces replicas mid-run; ``api_steering`` holds
-the calls on a running run (``events``, ``submit``, ``wait``, ``stop``, and the user-driven
-``next_batch`` / ``train`` / ``publish_weights``). Those two are mixins of ``Engine``.
+The ``Engine`` builds its parts and runs the run's lifecycle (start, restarts from a checkpoint,
+close); its public calls on a running run hand over to them: ``api_link.RunLink`` (the live
+coordinator and the run's end, shared by the parts), ``api_replicas.MidRunReplicas``
+(``add_replica``, ``replica_ready``, the replacements of dead replicas) and
+``api_steering.Steering`` (``events``, ``submit``, ``wait``, ``stop``, and the user-driven
+``next_batch`` / ``train`` / ``publish_weights``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from shunter.actors.pool import ReplicaPool
-from shunter.api_replicas import EngineReplicas
-from shunter.api_steering import EngineSteering
+from shunter.api_link import RunLink
+from shunter.api_replicas import MidRunReplicas
+from shunter.api_steering import Steering
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.config.load import load_config
 from shunter.engine.io.checkpoint import CheckpointStore, Found, resolve
@@ -54,11 +57,16 @@ from shunter.engine.io.errors import (
     UserCodeError,
 )
 from shunter.events import (
+    Batch,
     Codec,
-    Message,
+    Event,
+    Intent,
     ReplicaUp,
     RunEnded,
+    StepEnd,
+    WeightsReady,
 )
+from shunter.events.vocab import STANDALONE
 
 __all__ = [
     "Engine",
@@ -72,7 +80,7 @@ __all__ = [
 ]
 
 
-class Engine(EngineReplicas, EngineSteering):
+class Engine:
     def __init__(
         self,
         config: EngineConfig | str | Path,
@@ -127,12 +135,30 @@ class Engine(EngineReplicas, EngineSteering):
             self.out_dir = Path(self.cfg.run.output_dir) / self.run_id
         self._restart_reason = ""
         self._codec = Codec()
-        self._launch: Any = None  # actors.launch.Launcher, made in start()
-        self.coordinator: Any = None
-        self.ended: RunEnded | None = None
-        self._starting: dict[str, asyncio.Task[ReplicaUp]] = {}  # replicas added mid-run, until they serve
-        self._supervisor: asyncio.Task[None] | None = None  # carries out ReplicaRestart
+        self._launch: Any = None  # actors.launch.launcher.Launcher, made in start()
+        self._link = RunLink()
+        self._replicas = MidRunReplicas(self._link, self._codec, self.run_id)
+        self._steering = Steering(self._link, self._codec, self.cfg, self.run_id, self._restart)
         self._phase = "new"  # then "started" (or "failed" if start() raised), "closed" once close() ran
+
+    @property
+    def coordinator(self) -> Any:
+        """The handle of the coordinator actor of the attempt in progress (None before ``start()``
+        and after ``close()``)."""
+        return self._link.coordinator
+
+    @coordinator.setter
+    def coordinator(self, handle: Any) -> None:
+        self._link.coordinator = handle
+
+    @property
+    def ended(self) -> RunEnded | None:
+        """The run's ``RunEnded``, set whenever the end of the run is observed."""
+        return self._link.ended
+
+    @ended.setter
+    def ended(self, msg: RunEnded | None) -> None:
+        self._link.ended = msg
 
     @property
     def attempt(self) -> int:
@@ -142,28 +168,11 @@ class Engine(EngineReplicas, EngineSteering):
     @property
     def reaped(self) -> list[str]:
         """Processes a killed earlier driver of this run left running, ended at start."""
-        return list(self._launch.reaped) if self._launch is not None else []
+        return list(self._launch.site.reaped) if self._launch is not None else []
 
     @property
     def registry(self) -> Any:
-        return self._launch.registry if self._launch is not None else None
-
-    def _live(self) -> Any:
-        """The coordinator's handle; ``EngineError`` before ``start()``, ``RunEndedError`` after
-        the run ended and the engine was closed."""
-        if self.coordinator is None:
-            if self.ended is not None:
-                raise RunEndedError(self.ended)
-            raise EngineError(
-                "the engine is not started: use `async with Engine(cfg) as engine:` (or `await engine.start()`)"
-            )
-        return self.coordinator
-
-    def _seen(self, msg: Message) -> Message:
-        """Every answer from the coordinator passes here: a ``RunEnded`` sets ``ended``."""
-        if isinstance(msg, RunEnded):
-            self.ended = msg
-        return msg
+        return self._launch.site.registry if self._launch is not None else None
 
     # -- lifecycle ---------------------------------------------------------------------
     def _check_run_folder(self) -> None:
@@ -272,17 +281,13 @@ class Engine(EngineReplicas, EngineSteering):
                 found = CheckpointStore(self.out_dir / "checkpoints").latest() or found
                 reason = f"a component died while the previous attempt started: {e}"
                 self._resume, self._restart_reason = found, reason
-        self._supervise()
+        self._replicas.supervise(self._launch)
 
     async def close(self) -> None:
         """Stop the run if it is still going, and remove every actor it made."""
         if self._phase != "new":
             self._phase = "closed"
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-        for task in self._starting.values():
-            task.cancel()
-        await asyncio.gather(*self._starting.values(), return_exceptions=True)
+        await self._replicas.cancel()
         if self.coordinator is not None and self.ended is None:
             try:
                 data = await asyncio.wait_for(self.coordinator.stop.remote("closed"), 60)
@@ -292,3 +297,72 @@ class Engine(EngineReplicas, EngineSteering):
         if self._launch is not None:
             await self._launch.close()
         self.coordinator = None
+
+    # -- the running run (Steering) ----------------------------------------------------
+    def events(self) -> AsyncIterator[Event]:
+        """Typed events of the run from its start (commands on the bus are skipped), until
+        ``RunEnded``; the facts a relay folded into a ``RelayReport`` come one by one, as
+        the replicas emitted them. The feed keeps the last 200,000 messages; a reader that falls further
+        behind gets a warning with the number it missed. When the run restarts from a
+        checkpoint the stream goes on with the new attempt's events (``RunResumed`` first)."""
+        return self._steering.events()  # the part's own generator: its warnings name the caller's line
+
+    async def submit(self, intent: Intent) -> None:
+        """Put an intent on the bus (``SwitchToRollout``, ``Rebalance``, ``Stop`` …); its outcome
+        arrives in ``events()``."""
+        await self._steering.submit(intent)
+
+    async def wait(self) -> RunEnded:
+        """The run's end, restarting it from its last checkpoint when a component died."""
+        return await self._steering.wait()
+
+    async def stop(self, reason: str = "stopped") -> RunEnded:
+        """End the run (the finale: final publish, load, validation, checkpoint) and return
+        its ``RunEnded``."""
+        return await self._steering.stop(reason)
+
+    async def next_batch(self, timeout_s: float = 600.0) -> Batch:
+        """The next ready mini-batch (whole groups); rollout keeps running meanwhile.
+
+        Raises ``NoBatchError`` after ``timeout_s`` saying why none is ready (groups still
+        generating, the staleness gate waiting for ``publish_weights()``, no replica serving),
+        or ``RunEndedError`` once the run is over. Only with ``run.trainer_driver = "user"``: with
+        ``"engine"`` it raises ``EngineError`` and takes nothing (the engine trains every batch)."""
+        return await self._steering.next_batch(timeout_s)
+
+    async def train(self, batch: Batch, *, loss_fn: str = "") -> StepEnd:
+        """One optimizer step on ``batch`` (from :meth:`next_batch`; its ``samples`` may be
+        replaced) on the trainer actor — the built-in loss, or ``loss_fn = "module:function"``
+        taking a ``shunter.engine.trainer.loss.LossInput``.
+
+        Raises ``UserCodeError`` when the loss fails (the run goes on and the batch may be
+        trained again), ``IntentRefused`` for a batch already trained or never handed out,
+        ``RunEndedError`` once the run is over; ``EngineError`` unless ``run.trainer_driver = "user"``."""
+        return await self._steering.train(batch, loss_fn=loss_fn)
+
+    async def publish_weights(self) -> WeightsReady | None:
+        """Publish the trainer's weights as the next version and return its ``WeightsReady``.
+        With no optimizer step since the last publish nothing is published: the last
+        ``WeightsReady`` is returned (None before the first publish)."""
+        return await self._steering.publish_weights()
+
+    async def counters(self) -> dict[str, int]:
+        return await self._steering.counters()
+
+    # -- replicas added mid-run (MidRunReplicas) -----------------------------------------
+    async def add_replica(self, kind: str = STANDALONE, *, replacing: str = "") -> str:
+        """Start one more replica while the run goes on (elastic capacity, or a replacement
+        for one that died — it takes the smallest free rank). Returns its id as soon as the
+        registry gave it a rank and its actor exists (milliseconds, once the cluster has room
+        for it: without room it waits — ``ReplicaPending`` says for what — up to
+        ``rollout.replacement_wait_s``, then raises ``EngineSetupError``); the engine starts in the
+        background — ``await engine.replica_ready(rid)`` waits for it, and ``ReplicaUp`` in
+        ``events()`` says it serves (a standalone replica loads the current weights first). A
+        replica that fails to start is reported as ``ComponentFailed`` and by ``replica_ready``.
+        ``replacing``: the replica it replaces (the supervisor's replacements name it)."""
+        return await self._replicas.add(self._launch, kind, replacing=replacing)
+
+    async def replica_ready(self, replica_id: str) -> ReplicaUp:
+        """Wait until a replica added with :meth:`add_replica` is started and announced
+        (``EngineSetupError`` if it did not start)."""
+        return await self._replicas.ready(replica_id)

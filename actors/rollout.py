@@ -162,7 +162,7 @@ class RolloutWorker:
     @ray.method(concurrency_group="control")
     async def adopt(self, version: int, model_dir: str, reward_pool: list, serving: dict | None = None) -> float:
         """A run takes this replica over instead of starting a new engine — a restarted attempt of
-        its own run (``Launcher.adopt_kept``) or a later run (``serving``: that run's settings, of
+        its own run (``ReplicaLauncher.adopt_kept``) or a later run (``serving``: that run's settings, of
         ``SERVING``; a ``ReplicaPool``): every request still running is cut, the weights of
         ``model_dir`` (version ``version``: the checkpoint the attempt resumes from, or the run's
         model) are loaded into the running engine, and a fresh sample loop serves them, scoring

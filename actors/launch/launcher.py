@@ -1,4 +1,6 @@
-"""``Launcher``: creates, places and removes the actors of one run attempt.
+"""``Launcher``: creates, places and removes the actors of one run — it opens what outlives the
+run's attempts, then starts and stops each attempt (trainer, reward workers, replicas,
+coordinator) — and closes them all at the run's end.
 
 Invariants: every actor of a run is named ``shunter.<run_id>.*`` in the ``shunter`` namespace
 (replicas by the name the registry gave their rank; one taken from a ``ReplicaPool`` keeps the
@@ -9,10 +11,11 @@ that still answer, at the checkpoint's weights) or a run's close gives to its po
 that does not start raises ``EngineSetupError`` naming it and its own cause; every actor gets
 ``run.import_paths`` so the user's code resolves alike in every process.
 
-The ``Launcher``'s methods are in three modules: this one starts and stops an attempt (trainer,
-reward workers, replicas, coordinator); ``launch_cluster`` opens and closes what outlives the
-attempts (model, Ray, placement, registry) and checks the room; ``launch_replicas`` makes, places
-and brings up the replicas. The other two are mixins of ``Launcher``.
+Its parts, each made here with what it is given: ``room`` (``Room``: whether the actors fit and
+where each goes), ``site`` (``RunSite``: model folder, dataset, Ray, placement group, registry —
+opened once), ``current`` (``Attempt``: the attempt in progress, shared with the replica part)
+and ``replicas`` (``ReplicaLauncher``: the replicas made, adopted, placed, announced, brought
+up mid-run and parked in the pool).
 """
 
 from __future__ import annotations
@@ -24,34 +27,23 @@ from typing import Any
 
 import msgspec
 
-from shunter.actors.launch.cluster import (  # noqa: F401 - local_only & co. are imported from here too
-    NAMESPACE,
-    RAY_SESSION,
-    check_total,
-    driver_node,
-    init_ray,
-    local_only,
-    on_node,
-    reap_orphans,
-    request,
-    shutdown_keeping_signal_handlers,
-    wait_for_room,
-)
-from shunter.actors.launch.launcher_cluster import LauncherCluster
-from shunter.actors.launch.launcher_replicas import LauncherReplicas
-from shunter.actors.wire import root_cause
+from shunter.actors.launch.attempt import Attempt, await_setup
+from shunter.actors.launch.cluster import NAMESPACE, on_node
+from shunter.actors.launch.replica_launcher import ReplicaLauncher
+from shunter.actors.launch.room import Room
+from shunter.actors.launch.run_site import RunSite
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.io.checkpoint import Found
-from shunter.engine.io.errors import EngineSetupError
 from shunter.events import (
     Codec,
     ComponentReady,
     Message,
+    ReplicaUp,
 )
 from shunter.events.vocab import HYBRID, STANDALONE, ReplicaKind
 
 
-class Launcher(LauncherCluster, LauncherReplicas):
+class Launcher:
     def __init__(
         self,
         cfg: EngineConfig,
@@ -68,34 +60,38 @@ class Launcher(LauncherCluster, LauncherReplicas):
         the run takes standalone replicas from and gives them back to (``Engine``'s arguments)."""
         self.cfg, self.run_id, self.out_dir = cfg, run_id, out_dir
         self.pool = pool
-        self.train_data, self.val_data, self.environment = train_data, val_data, environment
         self.codec = Codec()
         self.attempt = 0
-        self.owns_ray = False
-        self.actors: list[Any] = []
-        self.registry: Any = None
-        self.coordinator: Any = None
-        self.model_dir = ""
-        self.data: Any = None
-        """(training rows, validation prompts) of a run over a dataset, for each attempt's coordinator."""
-        self.serve: tuple[str, int] = ("", 0)
-        """(model folder, weight version) new replicas start from."""
-        self._made = 0
-        self.reward_pool: list[Any] = []
-        """The attempt's reward workers (``task.reward_workers``), shared by its replicas."""
-        self._placer: Any = None  # actors.placement.Placer when the config asks for GPUs
-        self.driver_node = ""  # Ray's id of this process's node (the run folder is on its disk)
-        self.trainer_node = ""  # where hybrid replicas go (CPU configs that pick the trainer's node)
-        self._slots: dict[str, int] = {}  # component -> its placement-group bundle
-        self.reaped: list[str] = []
-        """Processes a killed earlier attempt of this run left running, ended at ``open``."""
-        self.replicas: dict[str, tuple[Any, ReplicaKind, int]] = {}
-        """Every replica this launcher made: id -> (handle, kind, rank)."""
-        self.kept: dict[str, tuple[Any, ReplicaKind, int]] = {}
-        """Standalone replicas an ended attempt left running for the next one (``stop_attempt``)."""
-        self.names: dict[str, str] = {}  # replica id -> its actor's name
-        self._keys: dict[str, tuple[str, ...]] = {}  # replica id -> what its engine was started with
-        self._adopted: dict[str, float] = {}  # taken from the pool, not yet announced -> seconds
+        self.room = Room(cfg)
+        self.site = RunSite(cfg, run_id, out_dir, self.room, pool=pool, train_data=train_data, val_data=val_data)
+        self.current = Attempt()
+        self.replicas = ReplicaLauncher(
+            cfg, run_id, self.codec, self.site, self.room, self.current, pool=pool, environment=environment
+        )
+
+    # -- the run -------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Model, Ray, placement and the run's registry (they outlive attempts)."""
+        await self.site.open()
+
+    async def close(self) -> None:
+        """Stop the attempt (its standalone replicas to the pool, if the run has one), then close
+        what the run opened."""
+        await self.stop_attempt(keep_replicas=self.pool is not None)
+        if self.pool is not None:
+            await self.replicas.park_in_pool()
+            await self.stop_attempt()  # what did not go to the pool
+        self.site.close()
+
+    async def new_replica(
+        self, kind: ReplicaKind, *, mid_run: bool = False, replacing: str = ""
+    ) -> tuple[str, Any, int, list[Message]]:
+        """``ReplicaLauncher.new_replica``: a replica registered and its actor created."""
+        return await self.replicas.new_replica(kind, mid_run=mid_run, replacing=replacing)
+
+    async def bring_up(self, rid: str, h: Any, kind: ReplicaKind, rank: int, opening: list[Message]) -> ReplicaUp:
+        """``ReplicaLauncher.bring_up``: a replica made mid-run started and announced."""
+        return await self.replicas.bring_up(rid, h, kind, rank, opening)
 
     # -- an attempt ----------------------------------------------------------------------
     def _name(self, component: str) -> str:
@@ -110,28 +106,24 @@ class Launcher(LauncherCluster, LauncherReplicas):
         opening: list[Message] = []
         ckpt = resume[0] if resume else None
         if resume is not None:
-            self.serve = (str(resume[0] / "model"), resume[1].version)
+            self.current.serve = (str(resume[0] / "model"), resume[1].version)
         else:
-            self.serve = (self.model_dir, 0)
+            self.current.serve = (self.site.model_dir, 0)
         r = cfg.rollout
         kinds: list[ReplicaKind] = [STANDALONE] * r.standalone_replicas + [HYBRID] * r.hybrid_replicas
-        if self._placer is None:  # a placement group reserved its room already
-            self._check_room(kinds)  # the whole attempt's, the replicas it adopts included
+        if self.room.placer is None:  # a placement group reserved its room already
+            self.room.check(kinds)  # the whole attempt's, the replicas it adopts included
         rewards_s = await self.start_reward_workers()
         opening += [
             ComponentReady(
                 component=f"reward-{i}", setup_s=rewards_s, run_id=self.run_id, source="engine", wall_time=time.time()
             )
-            for i in range(len(self.reward_pool))
+            for i in range(len(self.current.reward_pool))
         ]
         adopted: dict[str, tuple[Any, ReplicaKind, int, float]] = {}
         if resume is not None:  # ranks held by replicas of an earlier attempt are free again, but the kept ones'
-            adopted, released = await self.adopt_kept(r.standalone_replicas)
+            adopted, released = await self.replicas.take_over(r.standalone_replicas, self.attempt)
             opening += released
-            opening += self.codec.decode_batch(
-                await self.registry.release_all.remote("attempt over", keep=list(adopted))
-            )
-            self._made = max(self._made, await self.registry.generation.remote())
             for _ in adopted:
                 kinds.remove(STANDALONE)
         tr = (
@@ -139,9 +131,9 @@ class Launcher(LauncherCluster, LauncherReplicas):
             .options(
                 name=self._name("trainer"),
                 namespace=NAMESPACE,
-                **self._resources(
+                **self.room.options(
                     "trainer",
-                    self._placer.trainer_slot() if self._placer else None,
+                    self.room.placer.trainer_slot() if self.room.placer else None,
                     cfg.trainer.num_gpus,
                     cfg.trainer.num_cpus,
                     cfg.trainer.resources,
@@ -150,25 +142,30 @@ class Launcher(LauncherCluster, LauncherReplicas):
             .remote(
                 self.run_id,
                 msgspec.msgpack.encode(cfg.trainer),
-                self.model_dir,
+                self.site.model_dir,
                 seed=cfg.run.seed,
                 temperature=cfg.rollout.temperature,
                 init_from=str(ckpt) if ckpt else "",
                 import_paths=cfg.run.import_paths,
             )
         )
-        self.actors.append(tr)
-        self.trainer_node = ""
-        if r.hybrid_replicas and self._placer is None and cfg.trainer.resources:  # hybrids live beside it
-            self.trainer_node = str((await self._setup("trainer", tr.where.remote(), value=True)).get("node_id", ""))
+        self.current.actors.append(tr)
+        self.current.trainer_node = ""
+        if r.hybrid_replicas and self.room.placer is None and cfg.trainer.resources:  # hybrids live beside it
+            self.current.trainer_node = str(
+                (await await_setup("trainer", tr.where.remote(), cfg.run.timeout_s, value=True)).get("node_id", "")
+            )
         replicas = {}
         for kind in kinds:
-            rid, h, rank, evs = await self.new_replica(kind)
+            rid, h, rank, evs = await self.replicas.new_replica(kind)
             opening += evs
             replicas[rid] = (h, kind, rank)
-        pooled = {rid for rid in replicas if rid in self._adopted}
-        setups = {"trainer": tr.setup.remote(), **{rid: self.start_call(rid, h) for rid, (h, _, _) in replicas.items()}}
-        times = {comp: await self._setup(comp, ref) for comp, ref in setups.items()}
+        pooled = {rid for rid in replicas if rid in self.replicas.pooled}
+        setups = {
+            "trainer": tr.setup.remote(),
+            **{rid: self.replicas.start_call(rid, h) for rid, (h, _, _) in replicas.items()},
+        }
+        times = {comp: await await_setup(comp, ref, cfg.run.timeout_s) for comp, ref in setups.items()}
         times.update({rid: t for rid, (_, _, _, t) in adopted.items()})
         now = time.time()
         opening += [
@@ -176,29 +173,33 @@ class Launcher(LauncherCluster, LauncherReplicas):
             for comp, t in times.items()
         ]
         replicas.update({rid: (h, kind, rank) for rid, (h, kind, rank, _) in adopted.items()})
-        opening += await self.placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
+        opening += await self.replicas.placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
         for rid, (_, kind, rank) in replicas.items():
-            opening.append(self.replica_up(rid, kind, rank, times[rid], adopted=rid in adopted or rid in pooled))
-        self.coordinator = (  # it writes the run's records: on the driver's host
+            opening.append(
+                self.replicas.replica_up(rid, kind, rank, times[rid], adopted=rid in adopted or rid in pooled)
+            )
+        self.current.coordinator = (  # it writes the run's records: on the driver's host
             coordinator.remote_class()
-            .options(name=self._name("coordinator"), namespace=NAMESPACE, **on_node(self.driver_node))
+            .options(name=self._name("coordinator"), namespace=NAMESPACE, **on_node(self.site.driver_node))
             .remote(
                 msgspec.msgpack.encode(cfg),
                 self.run_id,
                 tr,
                 {rid: h for rid, (h, _, _) in replicas.items()},
                 str(self.out_dir),
-                self.registry,
+                self.site.registry,
                 resume=str(ckpt) if ckpt else "",
                 attempt=self.attempt,
                 reason=reason,
                 skipped=resume.skipped if resume else {},
-                data=self.data,
+                data=self.site.data,
             )
         )
-        self.actors.append(self.coordinator)
-        await self._setup("coordinator", self.coordinator.start.remote(self.codec.encode_batch(opening)))
-        return self.coordinator
+        self.current.actors.append(self.current.coordinator)
+        await await_setup(
+            "coordinator", self.current.coordinator.start.remote(self.codec.encode_batch(opening)), cfg.run.timeout_s
+        )
+        return self.current.coordinator
 
     async def start_reward_workers(self) -> float:
         """The attempt's reward workers, each loaded and answering before any replica starts
@@ -206,7 +207,7 @@ class Launcher(LauncherCluster, LauncherReplicas):
         from shunter.actors import reward_workers as rewards
 
         t = self.cfg.task
-        self.reward_pool = []
+        self.current.reward_pool = []
         if not t.reward_workers:
             return 0.0
         cls = rewards.remote_class(t.reward_worker_cpus)
@@ -218,57 +219,32 @@ class Launcher(LauncherCluster, LauncherReplicas):
                 threads=t.reward_threads,
                 import_paths=self.cfg.run.import_paths,
             )
-            self.actors.append(h)
-            self.reward_pool.append(h)
+            self.current.actors.append(h)
+            self.current.reward_pool.append(h)
         t0 = time.perf_counter()
-        for i, h in enumerate(self.reward_pool):
-            await self._setup(f"reward worker {i}", h.pid.remote())
+        for i, h in enumerate(self.current.reward_pool):
+            await await_setup(f"reward worker {i}", h.pid.remote(), self.cfg.run.timeout_s)
         return time.perf_counter() - t0
-
-    async def _setup(self, component: str, ref: Any, *, value: bool = False) -> Any:
-        """Await an actor's setup (or start) call; its time (``value``: what it returned), or
-        ``EngineSetupError`` with its cause."""
-        timeout = self.cfg.run.timeout_s
-        try:
-            out = await asyncio.wait_for(ref, timeout)
-            return out if value else float(out or 0.0)
-        except TimeoutError:
-            raise EngineSetupError(f"{component} did not finish setup within run.timeout_s = {timeout:g}s") from None
-        except Exception as e:  # noqa: BLE001 - surface the actor's own error
-            raise EngineSetupError(f"{component} failed to start: {root_cause(e)}") from e
 
     async def stop_attempt(self, *, keep_replicas: bool = False) -> None:
         """Kill every actor of the attempt; with ``keep_replicas`` (a restart, when
         ``run.restart_keeps_replicas``; the run's close, with a ``ReplicaPool``) the standalone
-        replicas are left running for the next attempt to adopt (``adopt_kept``) — whichever of
-        them still answers then — or for the pool (``park_in_pool``)."""
+        replicas are left running for the next attempt to adopt (``ReplicaLauncher.adopt_kept``) — whichever of
+        them still answers then — or for the pool (``ReplicaLauncher.park_in_pool``)."""
         import ray
 
-        if self.coordinator is not None:
+        if self.current.coordinator is not None:
             try:
-                await asyncio.wait_for(self.coordinator.close.remote(), 10)
+                await asyncio.wait_for(self.current.coordinator.close.remote(), 10)
             except Exception:  # noqa: BLE001 - it may be the one that died
                 pass
-        self.kept = {rid: x for rid, x in self.replicas.items() if keep_replicas and x[1] == STANDALONE}
-        spared = [x[0] for x in self.kept.values()]
-        for h in reversed(self.actors):
+        spared = self.replicas.keep(keep_replicas)
+        for h in reversed(self.current.actors):
             if any(h is k for k in spared):
                 continue
             try:
                 ray.kill(h)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        self.actors[:] = spared
-        self.replicas = dict(self.kept)
-        self.coordinator = None
-
-    def _discard(self, h: Any) -> None:
-        import ray
-
-        try:
-            ray.kill(h)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        if h in self.actors:
-            self.actors.remove(h)
-        self.replicas = {rid: x for rid, x in self.replicas.items() if x[0] is not h}
+        self.current.actors[:] = spared
+        self.current.coordinator = None

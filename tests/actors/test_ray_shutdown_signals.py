@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
     import ray
-    from shunter.actors.launch.launcher import shutdown_keeping_signal_handlers
+    from shunter.actors.launch.cluster import shutdown_keeping_signal_handlers
 
     got = []
     ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")

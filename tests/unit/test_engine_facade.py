@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shunter import Engine, EngineError, EngineSetupError, UserCodeError
-from shunter.api_steering import _loss_spec
+from shunter.api_steering import loss_spec
 from shunter.engine.config import from_dict
 from shunter.events import Batch, Stop
 from tests.support.fakes import virtual_time
@@ -29,10 +29,10 @@ async def test_calls_before_start_say_the_engine_is_not_started():
 def test_a_loss_given_as_a_function_becomes_its_import_string():
     from shunter.engine.trainer import rl
 
-    assert _loss_spec("a.b:c") == "a.b:c"
-    assert _loss_spec(rl.group_advantages) == "shunter.engine.trainer.rl:group_advantages"
+    assert loss_spec("a.b:c") == "a.b:c"
+    assert loss_spec(rl.group_advantages) == "shunter.engine.trainer.rl:group_advantages"
     with pytest.raises(TypeError, match="module:function"):
-        _loss_spec(lambda inp: inp)
+        loss_spec(lambda inp: inp)
 
 
 def test_user_code_errors_are_engine_errors():

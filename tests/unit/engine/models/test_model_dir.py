@@ -50,12 +50,12 @@ def test_a_model_folder_passes(tmp_path):
 
 
 def test_shunter_run_says_so_before_ray_starts(tmp_path, capsys, monkeypatch):
-    from shunter.actors.launch.launcher import Launcher
+    from shunter.actors.launch.run_site import RunSite
 
     def no_ray(self):
         raise AssertionError("Ray was started for a run that cannot start")
 
-    monkeypatch.setattr(Launcher, "_init_ray", no_ray)
+    monkeypatch.setattr(RunSite, "_init_ray", no_ray)
     cfg = tmp_path / "job.toml"
     cfg.write_text(f'[model]\npath = "{tmp_path / "nowhere"}"\nbuild_tiny = ""\n[run]\noutput_dir = "{tmp_path}"\n')
     assert main(["run", str(cfg), "--no-progress"]) == 1

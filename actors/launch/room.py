@@ -1,0 +1,91 @@
+"""``Room``: whether a run's actors fit in the cluster and where each one goes — its placement
+group (a config that asks for GPUs) or its plain resource request.
+
+``Launcher`` makes it from the run's config and gives it to its ``RunSite`` (which reserves the
+placement group at ``open`` and removes it at ``close``) and its ``ReplicaLauncher``. Invariants:
+the cluster's total is checked before any actor is made (an attempt that can never be scheduled
+is an ``EngineSetupError`` naming the config keys, not actors waiting for ever); with a placement
+group every actor is placed in a bundle of it, and the bundle each component took is recorded
+(``bundles``) for the event log.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from shunter.actors.launch.cluster import check_total, on_node, request
+from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.config.placement import Placement
+from shunter.events.vocab import ReplicaKind
+
+
+class Room:
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.placer: Any = None  # actors.placement.Placer when the config asks for GPUs
+        self.bundles: dict[str, int] = {}  # component -> its placement-group bundle
+
+    async def reserve(self, layout: Placement, name: str) -> None:
+        """Reserve the placement plan ``layout`` as the placement groups ``name``."""
+        from shunter.actors.launch.placement import Placer
+
+        self.placer = Placer(layout, name)
+        await self.placer.reserve(self.cfg.run.timeout_s)
+
+    def release(self) -> None:
+        """Remove the placement groups, if any were reserved."""
+        if self.placer is not None:
+            self.placer.remove()
+            self.placer = None
+
+    def knobs(self) -> dict[str, str]:
+        """Resource -> the config keys that ask for it (for the error that names them)."""
+        cfg = self.cfg
+        out = {
+            "CPU": "trainer.num_cpus + rollout.num_cpus per replica"
+            + (" + task.reward_worker_cpus per reward worker" if cfg.task.reward_workers else "")
+            + f"; a local cluster has run.num_cpus = {cfg.run.num_cpus or os.cpu_count()} CPUs",
+            "GPU": "trainer.num_gpus + rollout.num_gpus per replica",
+        }
+        for key, res in (("rollout.resources", cfg.rollout.resources), ("trainer.resources", cfg.trainer.resources)):
+            for k in res:
+                out[k] = key
+        return out
+
+    def check(self, kinds: list[ReplicaKind]) -> None:
+        """``EngineSetupError`` now, instead of actors Ray can never schedule (they would wait
+        for ever): the cluster's total must cover the whole attempt."""
+        cfg, r = self.cfg, self.cfg.rollout
+        n = len(kinds)
+        need = request(
+            cfg.trainer.num_cpus + n * r.num_cpus + cfg.task.reward_workers * cfg.task.reward_worker_cpus,
+            cfg.trainer.num_gpus + n * r.num_gpus,
+        )
+        for k, v in cfg.trainer.resources.items():
+            need[k] = need.get(k, 0.0) + v
+        for k, v in r.resources.items():
+            need[k] = need.get(k, 0.0) + v * r.standalone_replicas
+        check_total(need, "this run", self.knobs())
+
+    def options(
+        self,
+        component: str,
+        slot: Any,
+        num_gpus: float,
+        num_cpus: float,
+        custom: dict[str, float] | None = None,
+        node: str = "",
+    ) -> dict[str, Any]:
+        """Ray options: a placement bundle (GPU configs), or the plain request — its custom
+        resources (``trainer.resources`` / ``rollout.resources``) pick the nodes; ``node`` pins it
+        (a hybrid replica beside the trainer)."""
+        if self.placer is None:
+            out: dict[str, Any] = {"num_gpus": num_gpus, "num_cpus": num_cpus}
+            if custom:
+                out["resources"] = dict(custom)
+            if node:
+                out.update(on_node(node))
+            return out
+        self.bundles[component] = slot.bundle if slot is not None else -1
+        return dict(self.placer.options(slot, num_gpus=num_gpus, num_cpus=num_cpus))

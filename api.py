@@ -51,10 +51,6 @@ from shunter.engine.io.checkpoint import CheckpointStore, Found, resolve
 from shunter.engine.io.errors import (
     EngineError,
     EngineSetupError,
-    IntentRefused,
-    NoBatchError,
-    RunEndedError,
-    UserCodeError,
 )
 from shunter.events import (
     Batch,
@@ -67,17 +63,6 @@ from shunter.events import (
     WeightsReady,
 )
 from shunter.events.vocab import STANDALONE
-
-__all__ = [
-    "Engine",
-    "ReplicaPool",
-    "EngineError",
-    "EngineSetupError",
-    "IntentRefused",
-    "NoBatchError",
-    "RunEndedError",
-    "UserCodeError",
-]
 
 
 class Engine:

@@ -91,7 +91,7 @@ class RunSite:
         """The dataset (``data.train_files``), read and checked before anything starts."""
         if not self.cfg.data.train_files and self.train_data is None:
             return None
-        from shunter.actors.coordinator import load_run_data
+        from shunter.actors.launch.run_data import load_run_data
         from shunter.engine.data.files import DataError
 
         try:

@@ -4,6 +4,19 @@ Every component is an asyncio Ray actor; components talk only through typed msgs
 events (``shunter.events``); a pluggable policy object (``shunter.policies``) decides
 when replicas switch between rollout and training.
 
+The package, bottom to top (nothing imports upward; ``tests/unit/test_tree.py``):
+
+- ``events``: the messages, the codec, the view, the vocabulary;
+- ``policies``: switching policies, pure objects over events;
+- ``engine``: everything a run does, in plain objects, one sub-package per role (its map);
+- ``actors``: the Ray shells around the engine's objects, and the only code that imports vLLM;
+- ``api``: the ``Engine`` facade users embed (its parts: ``api_link``, ``api_replicas``,
+  ``api_steering``);
+- ``progress``: a run with a terminal progress bar, and what it learned;
+- ``bench``: throughput benchmarks, the simulated cluster, the bound;
+- ``contract``: the policy contract (``shunter check-policy``);
+- ``cli``: the ``shunter`` command.
+
 The package root stays light: ``import shunter.events`` must not pull in torch, vLLM or
 Ray, so the heavy facade (``Engine``) is imported lazily on first attribute access.
 """

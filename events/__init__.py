@@ -1,7 +1,23 @@
 """Typed messages on shunter's bus: events (facts), intents (asks) and orders, one codec.
 
+- ``base``: the bases (``Event``, ``Intent``, ``Order``) and their envelope (``run_id``,
+  ``source``, ``seq``, ``wall_time``; ``Stamper``);
+- ``lifecycle``, ``rollout``, ``training``, ``replicas``, ``validation``: the events, by what they
+  are about (a run's life and its errors; samples and groups; steps, weights and modes; ranks and
+  replicas' lives; held-out scores);
+- ``intents``: what a policy or a user asks the coordinator for;
+- ``orders``: what the coordinator gives one component to carry out;
+- ``relay``: a relay's report — many per-sample facts as one message;
+- ``data``: the value types that ride inside messages (``Sample``, ``PromptSpec``, ``Batch`` ...);
+- ``view``: ``EngineView``, the read-only picture a policy decides on;
+- ``vocab``: the closed vocabularies (modes, kinds, reasons) as ``Literal`` types;
+- ``codec``: one msgpack codec for every message (``Codec``);
+- ``logfile``: event logs on disk, read back with every damage named, repaired;
+- ``examples``: one example of every message (the golden files are made from them).
+
 Invariant: this package imports msgspec and the standard library only — never torch, vLLM
-or Ray (``tests/unit/test_layers.py``) — so policies and tools that read event logs stay light.
+or Ray (``tests/unit/test_tree.py``) — so policies and tools that read event logs stay light.
+The names below are the public API.
 """
 
 from shunter.events.base import Command, Event, Intent, Message, Order, Stamper, tag_of

@@ -1,7 +1,16 @@
-"""Switching / offload policies: pure objects that turn events into commands.
+"""Switching / offload policies: pure objects that turn events into intents.
+
+- ``base``: the ``Policy`` protocol and the helpers every built-in shares (``train_or_publish``,
+  ``load_on_ready``, ``validate_when_due``);
+- ``separate``: the seed's behaviour — standalone replicas generate all the time;
+- ``lend_when_idle``: hybrid replicas lent to rollout while the trainer waits, reclaimed when a
+  batch is ready;
+- ``colocated``: the synchronous baseline every async claim is measured against;
+- ``registry``: policies by name — built-ins by key, others by ``"module:Class"`` — and import
+  strings resolved where users keep their code.
 
 Invariant: imports ``shunter.events`` only — no Ray, no torch, no vLLM — so a policy can
-be written, tested and replayed against an event log anywhere.
+be written, tested and replayed against an event log anywhere. The names below are the public API.
 """
 
 from shunter.policies.base import SAMPLE_EVENTS, Policy

@@ -249,17 +249,25 @@ def test_layer_rules(rel):
             assert rel.startswith("actors/vllm/"), f"{where}: only actors/vllm/ imports vLLM"
 
 
-def test_the_engine_holds_only_its_sub_packages_each_with_a_map():
+def test_the_engine_holds_only_its_sub_packages():
     engine = ROOT / "engine"
     loose = sorted(p.name for p in engine.glob("*.py") if p.name != "__init__.py")
     assert not loose, f"modules directly in engine/ (each belongs in a sub-package): {loose}"
     subs = sorted(p.name for p in engine.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert subs == sorted(ENGINE), f"engine/'s sub-packages {subs} differ from the layer table {sorted(ENGINE)}"
-    for sub in [engine, *(engine / s for s in subs)]:
-        doc = ast.get_docstring(ast.parse((sub / "__init__.py").read_text())) or ""
-        mods = sorted(p.stem for p in sub.glob("*.py") if p.name != "__init__.py")
-        missing = [m for m in mods if f"``{m}``" not in doc]
-        assert not missing, f"{sub.relative_to(ROOT)}/__init__.py is its map: it names no {missing}"
+
+
+@pytest.mark.parametrize("init", sorted(rel for rel in package_files().values() if rel.endswith("__init__.py")))
+def test_every_package_init_is_the_map_of_its_modules(init):
+    """A package's ``__init__`` docstring names each of its modules and sub-packages (````name````)."""
+    folder = (ROOT / init).parent
+    doc = ast.get_docstring(tree(init)) or ""
+    parts = [p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    parts += [
+        p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name not in USER_DIRS
+    ]
+    missing = sorted(m for m in parts if f"``{m}``" not in doc)
+    assert not missing, f"{init} is its package's map: it names no {missing}"
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess[str]:

@@ -54,7 +54,7 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
                     file=sys.stderr,
                 )
             try:
-                ended = await _follow(engine, bar)
+                ended = await follow_run(engine, bar)
             except asyncio.CancelledError:  # Ctrl-C / SIGTERM: stop at a consistent cut, then say so
                 with contextlib.suppress(Exception):  # a dead coordinator: leaving the block closes all the same
                     await engine.stop()
@@ -157,7 +157,7 @@ STOPPED = False
 """The run has stopped after a stop signal (checkpoint saved, what to do next printed)."""
 
 
-async def _follow(engine: Engine, bar: tqdm) -> RunEnded:
+async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
     """Show the run's events until it ends; errors once, then at the 10th, 100th … repeat."""
     val, shown = "", ""
     tokens, t0 = 0, None

@@ -62,7 +62,7 @@ class _Lost(Scored, frozen=True):
     """The failure of a call whose worker died or hung under it (tried again alone)."""
 
 
-class _Gate:
+class WorkerGate:
     """A worker's calls: batches share it; a call tried again alone holds it by itself. Waiting
     holders go first (no batch starts while one waits), so a retry is never starved."""
 
@@ -117,7 +117,7 @@ class RewardWorker:
         use_import_paths(import_paths or [])
         fn = load_reward(reward) if reward else load_task(task).reward
         self.rewards = ThreadRewards(as_scorer(fn), timeout_s=timeout_s, threads=threads)
-        self.gate = _Gate()
+        self.gate = WorkerGate()
         self.leases: dict[int, asyncio.TimerHandle] = {}
 
     async def score(self, items: list[tuple[PromptSpec, str]]) -> list[Scored]:

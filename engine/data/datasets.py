@@ -51,10 +51,10 @@ from typing import Any
 from shunter.engine.data.files import (
     DataError,
     Row,
-    _kind,
-    _once,
-    _row,
+    kind_of,
+    parse_row,
     read_rows,
+    unique_files,
 )
 from shunter.events import PromptSpec
 
@@ -83,7 +83,7 @@ class Dataset:
         out; ``limit`` names the setting that limit comes from (``EngineConfig.prompt_room``)."""
         if not files:
             raise DataError("no data file given: name at least one parquet or JSONL file")
-        unique = _once(files)
+        unique = unique_files(files)
         return cls._kept([(str(f), read_rows(f)) for f in unique], unique, count_tokens, max_prompt_tokens, limit)
 
     @classmethod
@@ -99,14 +99,14 @@ class Dataset:
         """Rows given as objects (``Engine(train_data=...)``): dicts in verl's layout, checked as a
         file's rows are (``DataError`` names ``name[i]`` and the field)."""
         if isinstance(records, str | bytes) or not isinstance(records, Sequence):
-            raise DataError(f"{name}: expected a list of rows (dicts in verl's layout), got {_kind(records)}")
+            raise DataError(f"{name}: expected a list of rows (dicts in verl's layout), got {kind_of(records)}")
         if not records:
             raise DataError(f"{name}: holds no rows")
         rows = []
         for i, r in enumerate(records):
             if not isinstance(r, Mapping):
-                raise DataError(f"{name}[{i}]: is {_kind(r)}; expected a dict with 'prompt' and 'reward_model'")
-            rows.append(_row(Path(name), f"{name}[{i}]", dict(r)))
+                raise DataError(f"{name}[{i}]: is {kind_of(r)}; expected a dict with 'prompt' and 'reward_model'")
+            rows.append(parse_row(Path(name), f"{name}[{i}]", dict(r)))
         return cls._kept([(name, rows)], [], count_tokens, max_prompt_tokens, limit)
 
     @classmethod

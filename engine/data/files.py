@@ -72,10 +72,10 @@ def expand(paths: Sequence[str], base: Path | None = None, what: str = "data.tra
             if f.suffix.lower() not in SUFFIXES:
                 raise DataError(f"{f}: unknown format {f.suffix!r}; give .parquet or .jsonl")
             out.append(f)
-    return _once(out)
+    return unique_files(out)
 
 
-def _once(files: Sequence[Path]) -> list[Path]:
+def unique_files(files: Sequence[Path]) -> list[Path]:
     """``files`` in order, each once: two spellings of one file (``./a.parquet``, ``a.parquet``) are one."""
     seen: set[Path] = set()
     out = []
@@ -154,7 +154,7 @@ def _object(line: str, where: str, *, first: bool) -> dict[str, Any]:
     except ValueError as e:  # an int longer than Python parses
         value, cause = None, f"not valid JSON ({e})"
     else:
-        cause = "" if isinstance(value, dict) else f"a {_kind(value)}, not an object"
+        cause = "" if isinstance(value, dict) else f"a {kind_of(value)}, not an object"
     if cause:
         if first and line.lstrip().startswith("["):
             cause = "the file holds a JSON array"
@@ -170,10 +170,10 @@ def _text(value: Any, where: str, name: str) -> str:
         return value.literal  # a JSON number as its file wrote it
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)  # a numeric answer: the reward compares text
-    raise DataError(f"{where}: field {name!r} is {_kind(value)}; expected a string")
+    raise DataError(f"{where}: field {name!r} is {kind_of(value)}; expected a string")
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     if value is None:
         return "missing (null)"
     return "float" if isinstance(value, float) else type(value).__name__
@@ -181,7 +181,7 @@ def _kind(value: Any) -> str:
 
 def _messages(value: Any, where: str) -> tuple[ChatMessage, ...]:
     if not isinstance(value, list) or not value:
-        raise DataError(f"{where}: field 'prompt' is {_kind(value)}; expected a list of chat messages or a string")
+        raise DataError(f"{where}: field 'prompt' is {kind_of(value)}; expected a list of chat messages or a string")
     out = []
     for k, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
@@ -198,10 +198,10 @@ def read_rows(path: Path) -> list[Row]:
     missing = [c for c in ("prompt", "reward_model") if c not in columns]
     if missing:
         raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (it has {', '.join(columns)})")
-    return [_row(path, where, value) for where, value in records]
+    return [parse_row(path, where, value) for where, value in records]
 
 
-def _row(path: Path, where: str, value: dict[str, Any]) -> Row:
+def parse_row(path: Path, where: str, value: dict[str, Any]) -> Row:
     prompt = value.get("prompt")
     messages, text = ((), prompt) if isinstance(prompt, str) else (_messages(prompt, where), "")
     rm = value.get("reward_model")
@@ -209,7 +209,7 @@ def _row(path: Path, where: str, value: dict[str, Any]) -> Row:
         raise DataError(f"{where}: field 'reward_model' is {rm!r:.80}; expected a struct with 'ground_truth'")
     source, extra = value.get("data_source"), value.get("extra_info")
     if extra is not None and not isinstance(extra, dict):
-        raise DataError(f"{where}: field 'extra_info' is {_kind(extra)}; expected a struct (a dict)")
+        raise DataError(f"{where}: field 'extra_info' is {kind_of(extra)}; expected a struct (a dict)")
     return Row(
         messages=messages,
         text=text,

@@ -10,7 +10,7 @@ import types
 
 from ray.exceptions import RayActorError
 
-from shunter.actors.reward_workers import ALONE_TRIES, PoolRewards, RewardWorker, _Gate
+from shunter.actors.reward_workers import ALONE_TRIES, PoolRewards, RewardWorker, WorkerGate
 from shunter.engine.data.rewards import Scored
 from shunter.events import PromptSpec
 from tests.support.fakes import virtual_time
@@ -18,7 +18,7 @@ from tests.support.fakes import virtual_time
 
 @virtual_time
 async def test_a_holder_waits_for_running_batches_and_no_batch_starts_until_it_is_done():
-    gate, log = _Gate(), []
+    gate, log = WorkerGate(), []
 
     async def batch(name: str, s: float) -> None:
         async with gate.share():
@@ -45,7 +45,7 @@ async def test_a_holder_waits_for_running_batches_and_no_batch_starts_until_it_i
 @virtual_time
 async def test_two_holders_never_overlap_and_a_forgotten_hold_is_released_by_its_lease():
     w = RewardWorker.__new__(RewardWorker)  # the worker's gate and leases, without loading a reward
-    w.gate, w.leases, w.rewards = _Gate(), {}, types.SimpleNamespace(stuck=0)
+    w.gate, w.leases, w.rewards = WorkerGate(), {}, types.SimpleNamespace(stuck=0)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     token, _ = await w.hold(lease_s=5.0)  # its replica died before score_held
@@ -59,7 +59,7 @@ async def test_a_worker_started_again_never_hands_out_a_token_its_previous_proce
     """A caller that held the old process's worker (token in hand, score_held on its way) must not
     find the new process's holder under the same token: its score_held would run as that holder
     and release its hold, so two calls would run at once on a worker meant to be held."""
-    old, new = _Gate(), _Gate()  # one worker's gate before and after Ray starts it again
+    old, new = WorkerGate(), WorkerGate()  # one worker's gate before and after Ray starts it again
     assert await old.hold() != await new.hold()
 
 

@@ -102,7 +102,7 @@ def test_a_validation_whose_reward_failed_is_a_warning_line_and_a_printed_line_n
     from tqdm import tqdm
 
     from shunter.events import RunEnded, ValidateEnd
-    from shunter.progress import _follow
+    from shunter.progress import follow_run
 
     err = "reward function m:f failed on 4 held-out prompts (scored 0), first: raised KeyError: " + "x" * 5000
     vals = [
@@ -113,14 +113,14 @@ def test_a_validation_whose_reward_failed_is_a_warning_line_and_a_printed_line_n
     [line] = lines(tmp_path / "run.log")
     assert line["event"] == "validate.end" and line["level"] == "warning" and len(line["errors"][0]) < 2100
 
-    class Run:  # what _follow reads of an Engine: its events, then how it ended
+    class Run:  # what follow_run reads of an Engine: its events, then how it ended
         ended = RunEnded(reason="completed", steps=1, **ENV)
 
         async def events(self):
             for v in vals:
                 yield v
 
-    asyncio.run(_follow(Run(), tqdm(disable=True)))
+    asyncio.run(follow_run(Run(), tqdm(disable=True)))
     printed = [x for x in capsys.readouterr().err.splitlines() if x.startswith("validate.end")]
     assert printed[0].startswith("validate.end: version 0: reward function m:f failed on 4 held-out prompts")
     assert len(printed) == 2 and printed[1].endswith("(x10)")  # the 1st and the 10th of 12
@@ -135,7 +135,7 @@ def test_the_bar_ends_on_the_final_validation_and_names_its_version():
     from tqdm import tqdm
 
     from shunter.events import RunEnded, StepEnd, ValidateEnd
-    from shunter.progress import _follow
+    from shunter.progress import follow_run
 
     evs = [
         StepEnd(step=1, batch_id=0, duration_s=1.0, metrics={"batch/reward_mean": 0.1}, **ENV),
@@ -152,7 +152,7 @@ def test_the_bar_ends_on_the_final_validation_and_names_its_version():
                 yield ev
 
     bar = tqdm(disable=True)
-    asyncio.run(_follow(Run(), bar))
+    asyncio.run(follow_run(Run(), bar))
     assert bar.postfix.startswith("reward 0.200") and bar.postfix.endswith("val exact 0.16 (version 2)")
 
 

@@ -6,9 +6,9 @@ which it aborts requests on.
 
 Invariants:
 
-- a request is in the table from just before its ``generate`` until that call returns;
-  ``_drained`` is set exactly when the table is empty, so a cut that waits on it returns once
-  every request it aborted has handed back its tokens;
+- a request is in the table from just before its ``generate`` until that call returns, and
+  the table is drained exactly when it is empty: a cut waits for that, so it returns once every
+  request it aborted has handed back its tokens;
 - a request's state is "" while it runs, else why it is being cut: a request is cut once (a
   second cut passes it over), and its sample reads the reason when its ``generate`` returns;
 - request numbers (``ids``) never repeat within one engine: the counter outlives a sample loop

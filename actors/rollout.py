@@ -137,7 +137,7 @@ class RolloutWorker:
             progress_every_s=self.progress_every_s,
         )
         if self._req is not None:
-            core._req = self._req
+            core.requests.ids = self._req
         return core
 
     SERVING = (
@@ -185,7 +185,7 @@ class RolloutWorker:
                 raise RuntimeError(f"replica {self.replica_id} never started")
             return self._backend
         old, self.core = self.core, None  # nothing reaches the old loop from here on
-        self._req = old._req  # request ids never repeat within one engine
+        self._req = old.requests.ids  # request ids never repeat within one engine
         await old.shutdown()
         return old.backend
 

@@ -28,19 +28,20 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 
 from shunter.engine.data.rewards import InlineRewards, Rewards, ThreadRewards
 from shunter.engine.io.errors import describe
+from shunter.engine.replica import lengths
 from shunter.engine.replica.backend import Backend, Tokenizer
 from shunter.engine.replica.envs import Environments
-from shunter.engine.replica.heartbeat import Heartbeat
-from shunter.engine.replica.modes import E, Running, WeightsAndModes
-from shunter.engine.replica.samples import Samples
+from shunter.engine.replica.heartbeat import Heartbeat, OpenStreams
+from shunter.engine.replica.modes import WeightsAndModes
+from shunter.engine.replica.running import RunningRequests
+from shunter.engine.replica.samples import SampleRunner
+from shunter.engine.replica.serving import Serving
 from shunter.engine.replica.validation import Validation
 from shunter.engine.tasks.base import as_scorer
 from shunter.events import (
@@ -53,9 +54,9 @@ from shunter.events import (
     InstallWeights,
     JoinWeightGroup,
     Order,
-    PromptSpec,
     RunValidation,
     Sample,
+    SamplingSpec,
     ShedGroups,
     Stamper,
     WeightGroupJoined,
@@ -69,10 +70,13 @@ Reward = Callable[..., object]
 extra_info)``, returning a float (or verl's dict with ``"score"``): see ``shunter.engine.tasks.as_scorer``."""
 
 
-class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
-    """One replica's sample loop; one sample's turns, events and score are
-    ``engine.replica_samples``', weight loads and mode switches ``engine.replica_modes``',
-    validation ``engine.replica_validation``'s, environment calls ``engine.replica_envs``'."""
+class RolloutCore:
+    """One replica's sample loop: it takes the replica's orders and streams a group's generation;
+    one sample's turns, events and score are its ``samples`` (``engine.replica.samples``), weight
+    loads and mode switches its ``weights`` (``engine.replica.modes``), validation its
+    ``validation`` (``engine.replica.validation``), environment calls its ``envs``
+    (``engine.replica.envs``); the requests running here are its ``requests``
+    (``engine.replica.running``), what it serves its ``serving`` (``engine.replica.serving``)."""
 
     def __init__(
         self,
@@ -108,42 +112,58 @@ class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
         ``actors.rewards.PoolRewards``). ``progress_every_s > 0``: a generation stream reports
         progress at least that often while it makes any (``engine.heartbeat``)."""
         self.progress_every_s = progress_every_s
-        self._beats: set[Heartbeat] = set()  # the open generation streams' heartbeats
-        self._init_envs(environment, env_name, env_timeout_s, max_turns, env_thread)
+        self.streams = OpenStreams()  # the open generation streams' heartbeats
+        self.serving = Serving(mode, version)
+        self.envs = Environments(
+            replica_id, tokenizer, stamp, self.serving, environment, env_name, env_timeout_s, env_thread
+        )
         self.replica_id = replica_id
         self.backend = backend
-        self.tok = tokenizer
-        self.reward_name = reward_name
         self.rewards: Rewards = rewards or (
             ThreadRewards(as_scorer(reward), timeout_s=reward_timeout_s, threads=reward_threads)
             if reward_timeout_s > 0
             else InlineRewards(as_scorer(reward))
         )
         self.stamp = stamp
-        self.mode = mode
-        self.version = version  # of the weights the backend starts with (a checkpoint's, on resume)
         self.max_model_len = max_model_len  # 0: not checked here
         self.seed = seed
-        pause = getattr(backend, "pause", None)
-        if weight_update == "keep" and not (callable(pause) and getattr(backend, "keeps_kv", True)):
-            raise TypeError(
-                f"rollout.weight_update = 'keep' needs a backend that can pause its requests with their KV "
-                f"cache; {type(backend).__name__} cannot (use 'abort')"
-            )
-        self.weight_update = weight_update
-        self._marks: dict[str, list[tuple[int, int]]] = {}  # request id -> (tokens made before, new version)
-        self._open = asyncio.Event()
-        self._open.set()
-        self._running: dict[str, Running] = {}  # request id -> abort reason ("" while running)
-        self._group_of: dict[str, int] = {}  # request id -> prompt group
-        self._request_of: dict[str, str] = {}  # sample id -> its running request
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._req = itertools.count()
-        self._evicting = False
-        self._pending_weights: tuple[int, bytes] | None = None
-        self._stable = asyncio.Lock()  # held by a validation: no weight swap under it
-        self._weights = asyncio.Lock()  # one weight load at a time, in arrival order (a group's bytes too)
+        self.requests = RunningRequests(backend)
+        self.weights = WeightsAndModes(
+            replica_id, backend, stamp, weight_update, self.serving, self.requests, self.streams
+        )
+        self.samples = SampleRunner(
+            replica_id,
+            backend,
+            tokenizer,
+            self.rewards,
+            reward_name,
+            stamp,
+            self.serving,
+            self.requests,
+            self.envs,
+            max_turns,
+        )
+        self.validation = Validation(
+            replica_id,
+            backend,
+            tokenizer,
+            self.rewards,
+            reward_name,
+            stamp,
+            self.serving,
+            self.requests,
+            self.samples,
+            self.envs,
+        )
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the backend holds."""
+        return self.serving.version
+
+    @property
+    def mode(self) -> ServingMode:
+        return self.serving.mode
 
     async def handle(self, cmd: Order, payload: bytes | None = None, *, max_tokens: int = 16) -> list[Event]:
         """Carry out one order addressed to this replica; returns the events it produced."""
@@ -151,13 +171,13 @@ class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
             case Generate():
                 return await self.generate(cmd)
             case InstallWeights():
-                return await self.load_weights(cmd.version, payload)
+                return await self.weights.load_weights(cmd.version, payload)
             case EnterRollout():
-                return await self.switch_to_rollout(cmd.version, payload)
+                return await self.weights.switch_to_rollout(cmd.version, payload)
             case EnterTrainer():
-                return await self.switch_to_trainer(cmd.sleep_level)
+                return await self.weights.switch_to_trainer(cmd.sleep_level)
             case RunValidation():
-                return await self.validate(cmd, max_tokens)
+                return await self.validation.validate(cmd, max_tokens)
             case ShedGroups():
                 return await self.shed(cmd.count)
             case CutSamples():
@@ -167,7 +187,7 @@ class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
                 if join is None:
                     raise TypeError(f"{type(self.backend).__name__} cannot join weight groups")
                 dt = float(await join(cmd.backend, cmd.host, cmd.port, cmd.timeout_s))
-                return [self._stamp(WeightGroupJoined(replica_id=self.replica_id, backend=cmd.backend, duration_s=dt))]
+                return [self.stamp(WeightGroupJoined(replica_id=self.replica_id, backend=cmd.backend, duration_s=dt))]
         raise TypeError(f"a rollout replica does not take {type(cmd).__name__}")
 
     # -- generation --------------------------------------------------------------------
@@ -176,19 +196,8 @@ class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
         hands them over sample by sample)."""
         return [e for evs in [x async for x in self.generate_stream(cmd)] for e in evs]
 
-    def prompt_ids(self, p: PromptSpec) -> list[int]:
-        """A prompt's token ids: a chat prompt through the tokenizer's chat template (with the
-        generation prompt), a plain one as its text."""
-        if not p.messages:
-            return self.tok.encode(p.text)
-        render = getattr(self.tok, "render", None)
-        if render is None:
-            raise TypeError(f"the tokenizer {type(self.tok).__name__} renders no chat prompts")
-        ids: list[int] = render(p.messages)
-        return ids
-
     def _refuse(self, cmd: Generate, why: str) -> CommandFailed:
-        return self._stamp(
+        return self.stamp(
             CommandFailed(command_kind=tag_of(cmd), target=self.replica_id, group_id=cmd.group_id, error=why)
         )
 
@@ -196,7 +205,7 @@ class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
         """Generate a group's samples (or resume its partials); yield each sample's events as
         that sample ends (a failure: one ``CommandFailed`` per order, the first)."""
         try:
-            prompt_ids = self.prompt_ids(cmd.prompt)
+            prompt_ids = self.samples.prompt_ids(cmd.prompt)
         except Exception as e:  # noqa: BLE001 - a chat prompt the tokenizer cannot render: the group is dropped
             yield [self._refuse(cmd, f"prompt {cmd.prompt.prompt_id} cannot be tokenized: {describe(e, limit=300)}")]
             return
@@ -227,8 +236,8 @@ class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
             ]
         ends: asyncio.Queue[asyncio.Future[list[Event]] | None] = asyncio.Queue()  # None: a beat
         beat = Heartbeat(self.progress_every_s, lambda: ends.put_nowait(None))
-        self._beats.add(beat)
-        tasks = [asyncio.ensure_future(self._run(s, cmd.prompt, cmd.sampling, beat)) for s in samples]
+        self.streams.add(beat)
+        tasks = [asyncio.ensure_future(self.samples.run(s, cmd.prompt, cmd.sampling, beat)) for s in samples]
         for t in tasks:
             t.add_done_callback(ends.put_nowait)
         failed, left = False, len(tasks)
@@ -248,73 +257,42 @@ class RolloutCore(Samples, WeightsAndModes, Validation, Environments):
                 beat.sent()
                 yield out
         finally:  # the caller went away (its replica is cut off, say): nothing keeps generating
-            self._beats.discard(beat)
+            self.streams.discard(beat)
             beat.close()
             for t in tasks:
                 t.cancel()
 
-    def _stamp(self, e: E) -> E:
-        return self.stamp(e)
+    def _budget(self, sp: SamplingSpec, sample_id: str) -> int:
+        """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist``
+        (``engine.lengths``: seeded by this replica's seed and the sample id)."""
+        return lengths.budget(sp.length_dist, self.seed, sample_id, sp.max_tokens)
 
-    def _wall(self) -> float:
-        return self.stamp.clock()
+    # -- orders the parts carry out ----------------------------------------------------
+    async def load_weights(self, version: int, blob: bytes | None) -> list[Event]:
+        return await self.weights.load_weights(version, blob)
 
-    @contextlib.contextmanager
-    def _streams_wait(self) -> Iterator[None]:
-        """Every open stream's samples wait on this (a weight load): they beat meanwhile."""
-        beats = list(self._beats)
-        for b in beats:
-            b.wait_begins()
-        try:
-            yield
-        finally:
-            for b in beats:
-                b.wait_ends()
+    async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
+        return await self.weights.switch_to_trainer(sleep_level)
 
-    async def _cut(self, reason: Running) -> int:
-        """Abort every running request with ``reason`` and wait until all have returned."""
-        ids = [rid for rid, r in self._running.items() if not r]
-        for rid in ids:
-            self._running[rid] = reason
-        if ids:
-            await self.backend.abort(ids)
-        await self._drained.wait()
-        return len(ids)
+    async def switch_to_rollout(self, version: int, blob: bytes | None) -> list[Event]:
+        return await self.weights.switch_to_rollout(version, blob)
 
     async def shed(self, count: int) -> list[Event]:
         """Cut whole prompt groups, most recently started first, until ``count`` running
         samples are cut; their partials come back through their own ``generate`` calls."""
-        groups: dict[int, list[str]] = {}
-        for rid, reason in self._running.items():
-            if not reason:
-                groups.setdefault(self._group_of.get(rid, -1), []).append(rid)
-        cut: list[str] = []
-        for gid in sorted(groups, reverse=True):
-            if len(cut) >= count:
-                break
-            cut += groups[gid]
-        for rid in cut:
-            self._running[rid] = "rebalanced"
-        if cut:
-            await self.backend.abort(cut)
+        await self.requests.shed(count)
         return []
 
     async def cut_samples(self, sample_ids: list[str]) -> list[Event]:
         """Cut the named samples (those still running here); their partials come back through
         their own ``generate`` calls as ``SampleAborted(reason="rebalanced")``."""
-        cut = [
-            rid for sid in sample_ids if (rid := self._request_of.get(sid)) is not None and not self._running.get(rid)
-        ]
-        for rid in cut:
-            self._running[rid] = "rebalanced"
-        if cut:
-            await self.backend.abort(cut)
+        await self.requests.cut_samples(sample_ids)
         return []
 
     async def shutdown(self) -> list[Event]:
-        self._evicting = True
-        await self._cut("shutdown")
-        await self._envs_done()
+        self.serving.evicting = True
+        await self.requests.cut("shutdown")
+        await self.envs.wait_closed()
         self.rewards.close()
-        self._close_env_loop()
+        self.envs.close_loop()
         return []

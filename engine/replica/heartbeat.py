@@ -18,13 +18,18 @@ the stream's start (the executor's clock starts with the call: a group that ends
 no beat); ``every_s = 0`` never beats (in-process fakes and the simulator keep their streams as
 they were). Timers are the loop's (``call_later``), so a virtual clock drives them like the
 real one.
+
+``OpenStreams`` (held by ``RolloutCore``, which adds each generation stream's heartbeat while
+the stream is open; given to its weights-and-modes part) makes every open stream beat while
+their samples wait on a weight load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class Heartbeat:
@@ -82,6 +87,31 @@ class Heartbeat:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class OpenStreams:
+    """The heartbeats of the generation streams open on one replica."""
+
+    def __init__(self) -> None:
+        self._beats: set[Heartbeat] = set()
+
+    def add(self, beat: Heartbeat) -> None:
+        self._beats.add(beat)
+
+    def discard(self, beat: Heartbeat) -> None:
+        self._beats.discard(beat)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Every open stream's samples wait on this (a weight load): they beat meanwhile."""
+        beats = list(self._beats)
+        for b in beats:
+            b.wait_begins()
+        try:
+            yield
+        finally:
+            for b in beats:
+                b.wait_ends()
 
 
 BEATS_PER_TIMEOUT = 10

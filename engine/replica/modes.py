@@ -1,10 +1,15 @@
-"""One replica's weight loads and serving-mode switches (``RolloutCore``'s part; the core
-provides the state declared below).
+"""``WeightsAndModes``: one replica's weight loads and serving-mode switches. ``RolloutCore``
+holds it and hands ``load_weights`` / ``switch_to_trainer`` / ``switch_to_rollout`` orders to
+it; it is given the replica's id, backend and stamper, its ``weight_update`` setting, the
+serving state it writes (``serving.Serving``: version, mode, the open gate, evicting, and the
+lock a validation holds), the running requests it cuts or marks (``running.RunningRequests``)
+and the open generation streams, which beat while their samples wait on a load
+(``heartbeat.OpenStreams``).
 
 Invariants:
 
 - one weight load at a time, in arrival order (``_weights``), and none under a validation
-  (``_stable``), so a held-out score is one version's;
+  (``serving.stable``), so a held-out score is one version's;
 - ``weight_update = "abort"``: every running request is cut and hands back its prefix before
   the weights change, so no request mixes two versions; ``"keep"``: the requests are paused
   with their KV cache, the weights swapped and each request's tokens from the pause on are
@@ -17,52 +22,42 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-from typing import Literal, TypeVar
 
 from shunter.engine.replica.backend import Backend
-from shunter.events import Event, ModeChanged, WeightsLoaded
-from shunter.events.vocab import ROLLOUT, TRAINER, ServingMode, WeightUpdate
-
-E = TypeVar("E", bound=Event)
-Running = Literal["", "weights_update", "reclaimed", "rebalanced", "shutdown"]
-"""A running request's state: "" while it runs, else why it is being cut."""
-
-
-def _now() -> float:
-    """Durations are measured on the running loop's clock: monotonic in real runs,
-    virtual in a simulation (``shunter.bench``)."""
-    return asyncio.get_running_loop().time()
+from shunter.engine.replica.clock import now
+from shunter.engine.replica.heartbeat import OpenStreams
+from shunter.engine.replica.running import RunningRequests
+from shunter.engine.replica.serving import Serving
+from shunter.events import Event, ModeChanged, Stamper, WeightsLoaded
+from shunter.events.vocab import ROLLOUT, TRAINER, WeightUpdate
 
 
 class WeightsAndModes:
-    backend: Backend
-    replica_id: str
-    version: int
-    mode: ServingMode
-    weight_update: WeightUpdate
-    _weights: asyncio.Lock
-    _stable: asyncio.Lock
-    _open: asyncio.Event
-    _pending_weights: tuple[int, bytes] | None
-    _running: dict[str, Running]
-    _marks: dict[str, list[tuple[int, int]]]
-    _evicting: bool
-    _req: itertools.count[int]
-
-    def _stamp(self, e: E) -> E:
-        raise NotImplementedError
-
-    def _wall(self) -> float:
-        """The wall clock events are stamped with (virtual in a simulation)."""
-        raise NotImplementedError
-
-    async def _cut(self, reason: Running) -> int:
-        raise NotImplementedError
-
-    def _streams_wait(self) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
+    def __init__(
+        self,
+        replica_id: str,
+        backend: Backend,
+        stamp: Stamper,
+        weight_update: WeightUpdate,
+        serving: Serving,
+        requests: RunningRequests,
+        streams: OpenStreams,
+    ) -> None:
+        pause = getattr(backend, "pause", None)
+        if weight_update == "keep" and not (callable(pause) and getattr(backend, "keeps_kv", True)):
+            raise TypeError(
+                f"rollout.weight_update = 'keep' needs a backend that can pause its requests with their KV "
+                f"cache; {type(backend).__name__} cannot (use 'abort')"
+            )
+        self.replica_id = replica_id
+        self.backend = backend
+        self.stamp = stamp
+        self.weight_update = weight_update
+        self.serving = serving
+        self.requests = requests
+        self.streams = streams
+        self._pending_weights: tuple[int, bytes] | None = None
+        self._weights = asyncio.Lock()  # one weight load at a time, in arrival order (a group's bytes too)
 
     async def _consume(self, blob: bytes | None) -> None:
         """Weights sent over this replica's weight group arrive whatever the replica does with
@@ -76,28 +71,28 @@ class WeightsAndModes:
             return await self._load_weights(version, blob)
 
     async def _load_weights(self, version: int, blob: bytes | None) -> list[Event]:
-        if version <= self.version:
+        if version <= self.serving.version:
             await self._consume(blob)
-            return [self._stamp(WeightsLoaded(replica_id=self.replica_id, version=self.version, duration_s=0.0))]
+            return [self.stamp(WeightsLoaded(replica_id=self.replica_id, version=self.serving.version, duration_s=0.0))]
         if blob is None:
             raise LookupError(f"no weights payload for version {version} (its handle is gone)")
-        if self.mode != ROLLOUT:  # asleep: load on wake
+        if self.serving.mode != ROLLOUT:  # asleep: load on wake
             await self._consume(blob)
             self._pending_weights = (version, blob)
             return []
-        t0, arrived = _now(), self._wall()
-        await self._stable.acquire()  # a validation in progress finishes on the weights it began with
-        self._open.clear()
+        t0, arrived = now(), self.stamp.clock()
+        await self.serving.stable.acquire()  # a validation in progress finishes on the weights it began with
+        self.serving.open.clear()
         try:
-            t1 = _now()
+            t1 = now()
             # every stream's samples wait for the load (cut, or paused): it is their progress, bounded
             # by its own command's timeout (run.timeout_s), so their streams beat meanwhile
-            with self._streams_wait():
+            with self.streams.waiting():
                 cut, kept, t2 = await self._swap(version, blob)
         finally:
-            self._open.set()
-            self._stable.release()
-        t3 = _now()
+            self.serving.open.set()
+            self.serving.stable.release()
+        t3 = now()
         detail = {"wait_s": t1 - t0, "abort_s": t2 - t1, "load_s": t3 - t2, "arrived_at": arrived}
         if self.weight_update == "keep":
             detail["kept"] = float(kept)
@@ -109,7 +104,7 @@ class WeightsAndModes:
             }
         )
         return [
-            self._stamp(
+            self.stamp(
                 WeightsLoaded(
                     replica_id=self.replica_id, version=version, duration_s=t3 - t0, interrupted=cut, detail=detail
                 )
@@ -120,11 +115,11 @@ class WeightsAndModes:
         """The weights swapped, running requests cut first or kept paused; returns how many were
         cut, how many kept, and when the cut was done."""
         if self.weight_update == "keep":
-            return 0, await self._swap_in_place(version, blob), _now()
-        cut = await self._cut("weights_update")
-        t2 = _now()
+            return 0, await self._swap_in_place(version, blob), now()
+        cut = await self.requests.cut("weights_update")
+        t2 = now()
         await self.backend.load_weights(blob)
-        self.version = version
+        self.serving.version = version
         return cut, 0, t2
 
     async def _swap_in_place(self, version: int, blob: bytes) -> int:
@@ -133,28 +128,27 @@ class WeightsAndModes:
         made = await getattr(self.backend, "pause")()  # noqa: B009 - optional in the protocol
         try:
             await self.backend.load_weights(blob)
-            self.version = version
-            for rid in self._running:
-                self._marks.setdefault(rid, []).append((int(made.get(rid, 0)), version))
+            self.serving.version = version
+            self.requests.mark(made, version)
         finally:
-            await getattr(self.backend, "resume")(self.version)  # noqa: B009
-        return len(self._running)
+            await getattr(self.backend, "resume")(self.serving.version)  # noqa: B009
+        return self.requests.count()
 
     async def switch_to_trainer(self, sleep_level: int) -> list[Event]:
-        t0 = _now()
-        self._evicting = True
+        t0 = now()
+        self.serving.evicting = True
         try:
-            await self._cut("reclaimed")
-            t1 = _now()
+            await self.requests.cut("reclaimed")
+            t1 = now()
             used = self._memory()
             await self.backend.sleep(sleep_level)
             freed = used - self._memory()
-            self.mode = TRAINER
+            self.serving.mode = TRAINER
         finally:
-            self._evicting = False
-        t2 = _now()
+            self.serving.evicting = False
+        t2 = now()
         return [
-            self._stamp(
+            self.stamp(
                 ModeChanged(
                     replica_id=self.replica_id,
                     mode=TRAINER,
@@ -176,25 +170,25 @@ class WeightsAndModes:
         return fn() if callable(fn) else 0
 
     async def switch_to_rollout(self, version: int, blob: bytes | None) -> list[Event]:
-        t0 = _now()
+        t0 = now()
         used = self._memory()
         await self.backend.wake_up()
         taken = self._memory() - used
-        t1 = _now()
+        t1 = now()
         async with self._weights:
             pending, self._pending_weights = self._pending_weights, None
             sent = blob  # the order's own payload (its bytes may be on their way over a weight group)
             if blob is None and pending is not None:
                 version, blob = pending
-            if blob is not None and version > self.version:
+            if blob is not None and version > self.serving.version:
                 await self.backend.load_weights(blob)
-                self.version = version
+                self.serving.version = version
             elif sent is not None:
                 await self._consume(sent)
-        t2 = _now()
-        previous, self.mode = self.mode, ROLLOUT
+        t2 = now()
+        previous, self.serving.mode = self.serving.mode, ROLLOUT
         return [
-            self._stamp(
+            self.stamp(
                 ModeChanged(
                     replica_id=self.replica_id,
                     mode=ROLLOUT,
@@ -203,7 +197,7 @@ class WeightsAndModes:
                     detail={
                         "wake_s": t1 - t0,
                         "load_s": t2 - t1,
-                        "version": float(self.version),
+                        "version": float(self.serving.version),
                         "memory_taken_bytes": float(taken),
                     },
                 )

@@ -1,6 +1,11 @@
-"""One sample on a replica (``RolloutCore``'s part): its turns of generation (and environment
-steps) to its end or its cut, its events (``SampleBegin`` / ``SampleResumed`` / ``SampleAborted``
-/ ``SampleEnd``), its token budget and its score. The core provides the state declared below.
+"""``SampleRunner``: one sample on a replica — its turns of generation (and environment
+steps) to its end or its cut, its events (``SampleBegin`` / ``SampleResumed`` /
+``SampleAborted`` / ``SampleEnd``), and its score; and a prompt's token ids. ``RolloutCore``
+holds it and runs each sample of a group's generation on it; its validation runs held-out
+multi-turn prompts on it. It is given the replica's id, backend, tokenizer, rewards (and the
+reward's name) and stamper, the serving state it reads (``serving.Serving``), the table it adds
+each request to (``running.RunningRequests``), the environments (``envs.Environments``) and
+``max_turns``.
 
 Invariants:
 
@@ -16,19 +21,19 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 import msgspec
 
 from shunter.engine.data import turns
 from shunter.engine.data.environments import EnvCalls
 from shunter.engine.data.rewards import Rewards
-from shunter.engine.replica import lengths
 from shunter.engine.replica.backend import Backend, GenParams, Tokenizer
+from shunter.engine.replica.envs import Environments
 from shunter.engine.replica.heartbeat import Heartbeat
-from shunter.engine.replica.modes import E, Running
+from shunter.engine.replica.running import RunningRequests
+from shunter.engine.replica.serving import Serving
 from shunter.events import (
     Event,
     PromptSpec,
@@ -40,60 +45,65 @@ from shunter.events import (
     SampleEnd,
     SampleResumed,
     SamplingSpec,
+    Stamper,
 )
-from shunter.events.vocab import ROLLOUT, AbortReason, ServingMode
+from shunter.events.vocab import ROLLOUT, AbortReason
 
 
-class Samples:
-    backend: Backend
-    tok: Tokenizer
-    rewards: Rewards
-    replica_id: str
-    reward_name: str
-    version: int
-    mode: ServingMode
-    seed: int
-    environment: Any
-    max_turns: int
-    _open: asyncio.Event
-    _evicting: bool
-    _req: itertools.count[int]
-    _running: dict[str, Running]
-    _group_of: dict[str, int]
-    _request_of: dict[str, str]
-    _drained: asyncio.Event
-    _marks: dict[str, list[tuple[int, int]]]
+class SampleRunner:
+    def __init__(
+        self,
+        replica_id: str,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        rewards: Rewards,
+        reward_name: str,
+        stamp: Stamper,
+        serving: Serving,
+        requests: RunningRequests,
+        envs: Environments,
+        max_turns: int,
+    ) -> None:
+        self.replica_id = replica_id
+        self.backend = backend
+        self.tok = tokenizer
+        self.rewards = rewards
+        self.reward_name = reward_name
+        self.stamp = stamp
+        self.serving = serving
+        self.requests = requests
+        self.envs = envs
+        self.max_turns = max_turns
 
-    if TYPE_CHECKING:
+    def prompt_ids(self, p: PromptSpec) -> list[int]:
+        """A prompt's token ids: a chat prompt through the tokenizer's chat template (with the
+        generation prompt), a plain one as its text."""
+        if not p.messages:
+            return self.tok.encode(p.text)
+        render = getattr(self.tok, "render", None)
+        if render is None:
+            raise TypeError(f"the tokenizer {type(self.tok).__name__} renders no chat prompts")
+        ids: list[int] = render(p.messages)
+        return ids
 
-        def _stamp(self, e: E) -> E: ...
-
-        async def _env_for(
-            self, s: Sample, prompt: PromptSpec, ev: list[Event], progressed: Callable[[], None]
-        ) -> tuple[Sample, EnvCalls | None]: ...
-
-        async def _close_env(self, env: EnvCalls, s: Sample, ev: list[Event]) -> Sample: ...
-
-        async def _step(self, env: EnvCalls, s: Sample, ev: list[Event]) -> tuple[Sample, bool]: ...
-
-    async def _run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec, beat: Heartbeat | None = None) -> list[Event]:
+    async def run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec, beat: Heartbeat | None = None) -> list[Event]:
         """One sample on this replica, to its end or its cut; ``beat`` (its stream's) hears of
         each environment call, each turn generated and the wait for the reward (``engine.heartbeat``)."""
         beat = beat or Heartbeat(0.0, _still)
         progressed = beat.progressed
         ev: list[Event] = []
         env: EnvCalls | None = None
-        if self.environment is not None:
-            s, env = await self._env_for(s, prompt, ev, progressed)
+        if self.envs.environment is not None:
+            s, env = await self.envs.env_for(s, prompt, ev, progressed)
             progressed()
         try:
             s, cut = await self._turns(s, sp, env, ev, progressed)
         except (Exception, asyncio.CancelledError):  # cancelled (the caller went away) or failed
             if env is not None:
-                await self._close_env(env, s, [])  # closed all the same; nobody reads these events
+                await self.envs.close_env(env, s, [])  # closed all the same; nobody reads these events
             raise
         if env is not None:
-            s = await self._close_env(env, s, ev)
+            s = await self.envs.close_env(env, s, ev)
             progressed()
         if cut is not None:
             ev.append(self._aborted(s, cut, partial=True))
@@ -114,28 +124,20 @@ class Samples:
         must leave this replica unfinished, why."""
         announce: Literal["begin", "resumed", ""] = "resumed" if s.token_ids else "begin"
         while True:
-            await self._open.wait()
-            if self._evicting or self.mode != ROLLOUT:
+            await self.serving.open.wait()
+            if self.serving.evicting or self.serving.mode != ROLLOUT:
                 return s, "reclaimed"
-            rid = f"{self.replica_id}-{next(self._req)}"
-            self._running[rid] = ""
-            self._group_of[rid] = s.group_id
-            self._request_of[s.sample_id] = rid
-            self._drained.clear()
+            rid = f"{self.replica_id}-{next(self.requests.ids)}"
+            self.requests.add(rid, s.group_id, s.sample_id)
             if announce:
                 ev.append(self._announce(s, announce))
             announce = ""
-            version = self.version
+            version = self.serving.version
             stop = env.stop if env is not None and len(s.turns) < self.max_turns else ()
             try:
                 res = await self.backend.generate(rid, s.prompt_token_ids + s.token_ids, self._params(sp, s, stop))
             finally:
-                reason = self._running.pop(rid, "")
-                self._group_of.pop(rid, None)
-                self._request_of.pop(s.sample_id, None)
-                marks = self._marks.pop(rid, [])
-                if not self._running:
-                    self._drained.set()
+                reason, marks = self.requests.remove(rid, s.sample_id)
             progressed()
             if res.marks is not None:
                 marks = res.marks
@@ -162,7 +164,7 @@ class Samples:
                 or not turns.ends_with_call(s, self.tok.decode, stop)
             ):
                 break
-            s, more = await self._step(env, s, ev)
+            s, more = await self.envs.step(env, s, ev)
             progressed()
             if not more:
                 break
@@ -170,27 +172,22 @@ class Samples:
 
     def _announce(self, s: Sample, how: Literal["begin", "resumed"]) -> Event:
         if how == "begin":
-            return self._stamp(
+            return self.stamp(
                 SampleBegin(
-                    sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id, version=self.version
+                    sample_id=s.sample_id, group_id=s.group_id, replica_id=self.replica_id, version=self.serving.version
                 )
             )
-        return self._stamp(
+        return self.stamp(
             SampleResumed(
                 sample_id=s.sample_id,
                 group_id=s.group_id,
                 replica_id=self.replica_id,
                 prefix_len=len(s.token_ids),
                 remaining_tokens=s.remaining_tokens,
-                version=self.version,
+                version=self.serving.version,
                 turn=len(s.turns),
             )
         )
-
-    def _budget(self, sp: SamplingSpec, sample_id: str) -> int:
-        """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist``
-        (``engine.lengths``: seeded by this replica's seed and the sample id)."""
-        return lengths.budget(sp.length_dist, self.seed, sample_id, sp.max_tokens)
 
     def _params(self, sp: SamplingSpec, s: Sample, stop: tuple[str, ...] = ()) -> GenParams:
         return GenParams(
@@ -216,7 +213,7 @@ class Samples:
             s, reward=scored.reward + turns.env_reward(s), response_text=text, reward_failure=scored.failure
         )
         out: list[Event] = [
-            self._stamp(
+            self.stamp(
                 RewardWorkerLost(
                     replica_id=self.replica_id, worker=w, loss=loss, error=error, user_code=self.reward_name
                 )
@@ -225,7 +222,7 @@ class Samples:
         ]
         if scored.failure:
             out.append(
-                self._stamp(
+                self.stamp(
                     RewardFailed(
                         replica_id=self.replica_id,
                         sample_id=s.sample_id,
@@ -236,11 +233,11 @@ class Samples:
                     )
                 )
             )
-        out.append(self._stamp(SampleEnd(replica_id=self.replica_id, sample=s)))
+        out.append(self.stamp(SampleEnd(replica_id=self.replica_id, sample=s)))
         return out
 
     def _aborted(self, s: Sample, reason: AbortReason, *, partial: bool) -> SampleAborted:
-        return self._stamp(
+        return self.stamp(
             SampleAborted(
                 sample_id=s.sample_id,
                 group_id=s.group_id,

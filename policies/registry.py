@@ -22,6 +22,10 @@ from shunter.policies.separate import SeparatePolicy
 
 BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (SeparatePolicy, LendWhenIdlePolicy, ColocatedPolicy)}
 
+MOVED = {"shunter.engine.math_reward": "shunter.engine.tasks.math_reward"}
+"""Modules the docs once showed in import strings -> where they live now (the engine's modules
+moved into sub-packages by role): a config written against the old docs keeps working."""
+
 
 def use_import_paths(paths: Sequence[str]) -> None:
     """Put ``paths`` first on ``sys.path`` for good (in an actor process of the run)."""
@@ -56,6 +60,7 @@ def import_object(spec: str, what: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{what} spec {spec!r} must look like 'package.module:name'")
+    module_name = MOVED.get(module_name, module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -106,3 +106,27 @@ def test_the_configuration_reference_names_every_field():
         rows = set(re.findall(r"^\| `(\w+)` \|", sections.get(table, ""), flags=re.M))
         missing += [f"{table}.{f}" for f in fields if f not in rows]
     assert not missing, f"docs/configuration.md lacks {missing}"
+
+
+def test_contributing_names_every_module():
+    """CONTRIBUTING's "Every module" lists each module of the package and of ``tests/support``
+    under its package's bullet: a module added must be added there too."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    section = text[text.index("### Every module") : text.index("## Adding an event")]
+    bullets = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^- \*\*`?([\w/ ]+?)/?`?\*\*.*?(?=^- \*\*|\Z)", section, re.S | re.M)
+    }
+    dirs = ("events", "policies", "engine", "actors", "bench", "tests/support")
+    missing = []
+    for p in sorted(ROOT.rglob("*.py")):
+        rel = p.relative_to(ROOT).as_posix()
+        if p.name == "__init__.py" or not (rel.startswith(dirs) or "/" not in rel) or rel == "conftest.py":
+            continue
+        folder = rel.rsplit("/", 1)[0] if "/" in rel else "the root"
+        owner = next(
+            (b for b in sorted(bullets, key=len, reverse=True) if folder == b or folder.startswith(b + "/")), None
+        )
+        if owner is None or f"`{p.name}`" not in bullets[owner]:
+            missing.append(rel)
+    assert not missing, f"CONTRIBUTING.md's 'Every module' does not name {missing}"

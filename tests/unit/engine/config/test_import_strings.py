@@ -51,6 +51,14 @@ def _job(folder: Path, policy: str = "") -> Path:
     return cfg
 
 
+def test_an_import_string_the_docs_showed_before_the_engine_moved_still_resolves():
+    """``task.reward = "shunter.engine.math_reward:compute_score"`` (the docs' spelling until the
+    engine's modules moved into sub-packages) still loads the math reward."""
+    from shunter.engine.tasks.math_reward import compute_score
+
+    assert import_object("shunter.engine.math_reward:compute_score", "task.reward") is compute_score
+
+
 def test_a_policy_next_to_the_config_loads_whatever_the_working_directory(tmp_path, monkeypatch):
     cfg_path = _job(tmp_path / "job")
     monkeypatch.chdir(tmp_path)

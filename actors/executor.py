@@ -26,35 +26,44 @@ whose version the group already carried (a sleeping replica received it, now it 
 it) goes without a send — the replica's half receives only a version it has not received
 since it joined (``VllmBackend.receive_weights``), so every broadcast has its receiver.
 
-The weight groups' half of this executor is ``actors.executor_groups`` (a mixin of
-``RayExecutor``, as ``actors.relays`` is).
+Its parts: ``WeightGroups`` (``actors.weight_groups``: the joins and the load pairs) and
+``HostRelays`` (``actors.host_relays``: one relay actor per host that runs replicas), given
+what each needs; what a failed call becomes is the shared ``Failures``
+(``engine.coordinator.executor``), to which this executor names Ray's exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import msgspec
 import ray
 from ray.exceptions import OwnerDiedError, RayActorError
 
-from shunter.actors.host_relays import Relays
-from shunter.actors.weight_groups import WeightGroups, _version
+from shunter.actors.host_relays import HostRelays
+from shunter.actors.weight_groups import WeightGroups, handle_version
 from shunter.actors.wire import codec, root_cause
-from shunter.engine.coordinator.executor import TRAINER, TaskExecutor
+from shunter.engine.coordinator.executor import (
+    TRAINER,
+    Dead,
+    Failures,
+    Fault,
+    TaskExecutor,
+    Unanswered,
+    fault_of,
+)
 from shunter.engine.io.errors import bounded
-from shunter.engine.replica.backend import EngineDead
 from shunter.events import (
     DIRECT,
-    CommandFailed,
-    ComponentFailed,
     EnterRollout,
+    Event,
     EventRejected,
     Generate,
     InstallWeights,
+    Message,
     Order,
     Publish,
-    ReplicaDown,
     RunValidation,
     Stamper,
     WeightsReady,
@@ -62,7 +71,7 @@ from shunter.events import (
 )
 
 
-class RayExecutor(WeightGroups, Relays, TaskExecutor):
+class RayExecutor(TaskExecutor):
     def __init__(
         self,
         run_id: str,
@@ -78,13 +87,12 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
         direct_weights: bool = True,
     ) -> None:
         """``trainer``: None for a relay's executor (replicas only); ``relays``: the settings of
-        the relay actors to make, one per host that runs replicas (``actors.relays``; None: none —
-        this process holds every generation stream itself); ``relay_here``: on this process's
-        host too (else its replicas' streams are held here); ``direct_weights``: the trainer
-        orders the loads of the replicas served here itself (else they are sent from here once
-        ``WeightsReady`` is back)."""
+        the relay actors to make, one per host that runs replicas (``actors.host_relays``; None:
+        none — this process holds every generation stream itself); ``relay_here``: on this
+        process's host too (else its replicas' streams are held here); ``direct_weights``: the
+        trainer orders the loads of the replicas served here itself (else they are sent from
+        here once ``WeightsReady`` is back)."""
         super().__init__()
-        self._init_relays(run_id, relays, relay_here)
         self.trainer = trainer
         self._turn = 0  # the last number given to an order for the trainer (``engine.in_order``)
         self.replicas = dict(replicas)
@@ -92,21 +100,50 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
         self.generate_timeout_s = generate_timeout_s
         self.stamp = Stamper(run_id, "executor")
         self._refs: dict[str, ray.ObjectRef] = {}
-        self._down: set[str] = set()  # replicas already reported down: one ReplicaDown per replica life
-        self.weight_group, self.group_timeout_s = weight_group, group_timeout_s
         self.kinds: dict[str, str] = {}  # replica id -> kind (from ReplicaUp)
         self.places: dict[str, tuple[str, tuple[str, ...]]] = {}  # component -> (node, GPU ids), from ComponentPlaced
-        self._joins: dict[str, asyncio.Future] = {}  # replica id -> its weight-group join
-        self._carried: dict[str, int] = {}  # replica id -> the last version its current group carried
-        self._loading: dict[str, asyncio.Lock] = {}  # replica id -> held while a load's pair is out
         self._watches: dict[str, asyncio.Task] = {}  # component -> the call that reports its death
         self.direct_weights = direct_weights
+        self.known: Callable[[Message, bytes], None] | None = None
+        """Given each relay actor's report with its bytes as they came (the event log writes them as they are)."""
+        self.failures = Failures(emit=self._emit, answer=self._answer, retire=self.retire, kill=self._kill)
+        self.groups = WeightGroups(
+            weight_group,
+            trainer,
+            self.replicas,
+            places=self.places,
+            kinds=self.kinds,
+            timeout_s=timeout_s,
+            group_timeout_s=group_timeout_s,
+            deliver=self._deliver,
+            emit=self._emit,
+        )
+        self.hosts = HostRelays(
+            run_id,
+            relays,
+            relay_here,
+            replicas=self.replicas,
+            hand_over=self.hand_over,
+            first_down=self.failures.mark_down,
+            post=self._post_reports,
+            remember=self._remember,
+            report_down=self.failures.dead,
+            executor_class=RayExecutor,
+        )
+
+    def serve(self, replica_id: str, handle) -> None:
+        """Carry orders to ``replica_id`` at ``handle`` from now on, a new life of it."""
+        self.replicas[replica_id] = handle
+        self.failures.revive(replica_id)
 
     def add_replica(self, replica_id: str, handle) -> None:
-        self.replicas[replica_id] = handle
-        self._down.discard(replica_id)
-        self._drop_group(replica_id)
+        self.serve(replica_id, handle)
+        self.groups.drop(replica_id)
         self.watch(replica_id)
+
+    def place(self, replica_id: str, node_id: str) -> None:
+        """A replica landed on ``node_id`` (``ComponentPlaced``): see ``HostRelays.place``."""
+        self.hosts.place(replica_id, node_id)
 
     def watch(self, target: str) -> None:
         """Keep one call open on ``target`` (``watch()`` never returns) so that its death is
@@ -117,10 +154,7 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
             try:
                 await handle.watch.remote()
             except RayActorError as e:
-                if target == TRAINER:
-                    self._trainer_down(bounded(f"actor died: {e}"))
-                else:
-                    self._replica_down(target, bounded(f"actor died: {e}"))
+                self.failures.dead(target, bounded(f"actor died: {e}"))
             except Exception:  # noqa: BLE001 - no watch (an older actor), or the call was cancelled
                 pass
 
@@ -136,50 +170,58 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
     def keep_weights(self, handle: str, ref: ray.ObjectRef) -> None:
         """The published blob behind ``handle`` (the last two versions are kept)."""
         self._refs[handle] = ref
-        for old in sorted(self._refs, key=_version)[:-2]:
+        for old in sorted(self._refs, key=handle_version)[:-2]:
             del self._refs[old]
 
     def relay_of(self, target: str) -> str:
         """A replica's relay actor, which the trainer hands new weights to, or ``DIRECT`` for
         one this process serves (none for a weight group: each load there is paired with the
         trainer's send)."""
-        if self.weight_group or target in self._down or target not in self.replicas:
+        if self.groups.backend or self.failures.is_down(target) or target not in self.replicas:
             return ""
         name = self.hand_over.get(target, "")
-        if name in self._actors:
-            return name if target in self._confirmed else ""
+        if self.hosts.made(name):
+            return name if self.hosts.acknowledged(target) else ""
         return DIRECT if self.direct_weights and self.trainer is not None else ""
 
+    def _relayed(self, name: str, orders: list[tuple[str, Order]]) -> None:
+        if not self.hosts.run(name, orders):  # an in-process relay (or one already gone: its replicas are down)
+            super()._relayed(name, orders)
+
     def pending(self) -> int:
-        return super().pending() + self.relayed_pending()
+        return super().pending() + self.hosts.pending()
 
     async def close(self) -> None:
-        self.close_relays()
+        self.hosts.close()
         await super().close()
-
-    def _trainer_down(self, reason: str) -> None:
-        if TRAINER not in self._down:
-            self._down.add(TRAINER)
-            self._emit([ComponentFailed(component=TRAINER, error=reason)])
 
     def retire(self, replica_id: str) -> None:
         """A replica is down (``ReplicaDown``, whoever said so): kill its actor if it still lives
         — its engine died, or its weights or mode are unknown — so it frees its CPUs / GPUs for
         a replacement and can never answer late; its calls in flight fail and are ignored."""
         h = self.replicas.get(replica_id)
-        self._down.add(replica_id)
-        self._leave(replica_id)
+        self.failures.mark_down(replica_id)
+        self.groups.leave(replica_id)
         if h is not None:
             try:
                 ray.kill(h)
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
-    def _replica_down(self, replica_id: str, reason: str) -> None:
-        """Report a replica down once, however many of its calls were in flight when it died."""
-        if replica_id not in self._down:
-            self.retire(replica_id)
-            self._emit([ReplicaDown(replica_id=replica_id, reason=reason)])
+    def _kill(self, target: str) -> None:
+        """A component that did not answer in time: killed, so it can neither hold resources nor answer late."""
+        ray.kill(self.trainer if target == TRAINER else self.replicas[target])
+
+    def _fault(self, target: str, cmd: Order, e: Exception) -> Fault:
+        """A call's exception in the shared categories, Ray's own first (``EngineDead`` and
+        anything else: ``fault_of``)."""
+        if isinstance(e, RayActorError):  # the actor died
+            return Dead(bounded(f"actor died during {tag_of(cmd)}: {e}"))
+        if isinstance(e, OwnerDiedError):  # the weights' owner is the trainer: it is the one that died
+            return Dead(bounded(f"the weights sent with {tag_of(cmd)} to {target} died with their owner: {e}"), TRAINER)
+        if isinstance(e, TimeoutError):
+            return Unanswered("run.timeout_s", self.timeout_s)
+        return fault_of(cmd, e, root_cause)
 
     async def _call(self, target: str, cmd: Order, reply=None) -> None:
         """``reply``: the ObjectRef of ``target``'s answer to ``cmd`` when the trainer sent it
@@ -212,14 +254,9 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
                             async for ref in h.generate.remote(data):
                                 self._decoded(target, await ref)
                                 silence.reschedule(asyncio.get_running_loop().time() + self.generate_timeout_s)
-                    except TimeoutError:  # hung: kill it so it can neither hold resources nor answer late
-                        ray.kill(h)
-                        self._replica_down(
-                            target,
-                            (
-                                f"no progress on {tag_of(cmd)} for rollout.generate_timeout_s"
-                                f" = {self.generate_timeout_s:g}s; killed"
-                            ),
+                    except TimeoutError:  # hung: killed, so it can neither hold resources nor answer late
+                        self.failures.failed(
+                            target, cmd, Unanswered("rollout.generate_timeout_s", self.generate_timeout_s)
                         )
                     return
                 else:
@@ -233,48 +270,12 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
                     def call():
                         return asyncio.wait_for(h.control.remote(data, payload), timeout)
 
-                    if payload is not None and self._grouped(target):
-                        out = await self._grouped_load(target, cmd, call)
+                    if payload is not None and self.groups.grouped(target):
+                        out = await self.groups.load(target, cmd, call)
                     else:
                         out = await call()
-        except EngineDead as e:  # a replica whose engine died is a dead replica: free it, resume its samples
-            self._replica_down(target, bounded(f"its inference engine died during {tag_of(cmd)}: {root_cause(e)}"))
-            return
-        except RayActorError as e:
-            if target == TRAINER:  # the run ends; the Engine restarts it from the last checkpoint
-                self._trainer_down(bounded(f"actor died during {tag_of(cmd)}: {e}"))
-            else:  # the coordinator resumes the replica's samples elsewhere; nothing is dropped
-                self._replica_down(target, bounded(f"actor died during {tag_of(cmd)}: {e}"))
-            return
-        except OwnerDiedError as e:  # the weights' owner is the trainer: it is the one that died
-            self._trainer_down(bounded(f"the weights sent with {tag_of(cmd)} to {target} died with their owner: {e}"))
-            return
-        except TimeoutError:
-            if target == TRAINER:  # hung: kill it so it cannot answer late, and report it down
-                ray.kill(self.trainer)
-                self._trainer_down(f"no answer to {tag_of(cmd)} within run.timeout_s = {self.timeout_s:g}s; killed")
-            else:
-                self._emit(
-                    [
-                        CommandFailed(
-                            command_kind=tag_of(cmd),
-                            target=target,
-                            error=f"no answer within {self.timeout_s:g}s (run.timeout_s)",
-                        )
-                    ]
-                )
-            return
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
-            self._emit(
-                [
-                    CommandFailed(
-                        command_kind=tag_of(cmd),
-                        target=target,
-                        error=root_cause(e),
-                        group_id=cmd.group_id if isinstance(cmd, Generate) else -1,
-                    )
-                ]
-            )
+            self.failures.failed(target, cmd, self._fault(target, cmd, e))
             return
         self._decoded(target, out, refs)
 
@@ -299,5 +300,21 @@ class RayExecutor(WeightGroups, Relays, TaskExecutor):
         self._deliver(events, target)
         return events
 
-    def _emit(self, events: list) -> None:
+    def _emit(self, events: list[Event]) -> None:
         self._deliver([self.stamp(e) for e in events])
+
+    def _answer(self, target: str, events: list[Event]) -> None:
+        """A failed command's ``CommandFailed``: this executor's own fact, posted at once (not
+        folded by ``target``'s relay)."""
+        self._emit(events)
+
+    def _post_reports(self, msgs: list[Message]) -> None:
+        """A relay actor's messages, to the coordinator once bound (each fact about a replica
+        after those the relays here hold)."""
+        if self._post is not None:
+            self.flush_relays()
+            self._post(msgs)
+
+    def _remember(self, msg: Message, body: bytes) -> None:
+        if self.known is not None:
+            self.known(msg, body)

@@ -2,16 +2,22 @@
 (``run.relays``: 'auto' leaves out the coordinator's own host, whose replicas this process
 serves itself through its in-process relay).
 
-``Relays`` (a part of ``RayExecutor``) makes a host's relay when the first replica lands there
+``HostRelays`` (a part of ``RayExecutor``) makes a host's relay when the first replica lands there
 (``ComponentPlaced`` names the node), hands each loop turn's ``Generate`` orders for that host
 over in one call, and reads the relay's report stream: its messages are posted to the
 coordinator as they came (each report's bytes kept for the event log: one encode), and its count
-of finished generation calls keeps :meth:`pending` true while a stream it holds is open.
+of finished generation calls keeps the executor's ``pending`` true while a stream it holds is open.
+It is given the executor's replica table and hand-over table (replica id -> relay name, which
+``TaskExecutor.send`` reads), the "down" bookkeeping (``first_down``: ``Failures.mark_down``),
+``post`` (the reports, to the coordinator), ``remember`` (each report with its bytes),
+``report_down`` (a replica is down: ``Failures.dead``), and the executor class each relay
+actor runs its calls on (the coordinator's own: the same code).
 
 Invariants: a replica's ``Generate`` orders all go through one relay for the replica's life;
 when a relay's stream fails (its process or its host died) every replica behind it is reported
 down once and retired, and the relay is forgotten — the next replica placed on that host gets a
-new one; every relay this executor made is killed on :meth:`close_relays`.
+new one; a ``ReplicaDown`` a relay reports is posted once per replica life; every relay this
+executor made is killed on :meth:`close`.
 """
 
 from __future__ import annotations
@@ -34,27 +40,31 @@ def relay_actor_name(run_id: str, node_id: str, n: int) -> str:
     return f"shunter.{run_id}.relay.{node_id[:12]}.{n}"
 
 
-class Relays:
-    """Mixed into ``RayExecutor``; relies on its ``replicas``, ``_down``, ``_post``,
-    ``_replica_down`` and ``flush_relays``."""
-
-    replicas: dict[str, Any]
-    _down: set[str]
-    _post: Callable[[list[Message]], None] | None
-    hand_over: dict[str, str]
-    _replica_down: Callable[[str, str], None]
-    flush_relays: Callable[[], None]
-
-    def _init_relays(self, run_id: str, settings: dict[str, float] | None, here: bool = False) -> None:
+class HostRelays:
+    def __init__(
+        self,
+        run_id: str,
+        settings: dict[str, float] | None,
+        here: bool,
+        *,
+        replicas: dict[str, Any],
+        hand_over: dict[str, str],
+        first_down: Callable[[str], bool],
+        post: Callable[[list[Message]], None],
+        remember: Callable[[Message, bytes], None],
+        report_down: Callable[[str, str], None],
+        executor_class: Callable[..., Any],
+    ) -> None:
         """``settings``: the relays' ``window_s`` / ``max_events`` / ``timeout_s`` /
         ``generate_timeout_s`` (None: no relay actors — this process holds every stream);
         ``here``: a relay actor on this process's own host too."""
         self.run_id = run_id
-        self.relay_settings = settings
-        self.relay_here = here
+        self.settings = settings
+        self.here = here
+        self.replicas, self.hand_over = replicas, hand_over
+        self.first_down, self.post, self.remember, self.report_down = first_down, post, remember, report_down
+        self.executor_class = executor_class
         self._here = ""  # this process's node id (its replicas need no relay actor unless ``here``)
-        self.known: Callable[[Message, bytes], None] | None = None
-        """Given each report with its bytes as they came (the event log writes them as they are)."""
         self._actors: dict[str, Any] = {}  # relay name -> its actor
         self._node_relay: dict[str, str] = {}  # node id -> its relay's name
         self._made: dict[str, int] = {}  # node id -> relays made there
@@ -64,9 +74,9 @@ class Relays:
 
     def place(self, replica_id: str, node_id: str) -> None:
         """A replica landed on ``node_id``: from now on its generation goes through that host's relay."""
-        if self.relay_settings is None or not node_id or replica_id not in self.replicas:
+        if self.settings is None or not node_id or replica_id not in self.replicas:
             return
-        if not self.relay_here:
+        if not self.here:
             if not self._here:
                 import ray
 
@@ -78,6 +88,14 @@ class Relays:
         self._confirmed.discard(replica_id)
         ref = self._actors[name].add.remote(replica_id, self.replicas[replica_id])
         asyncio.get_running_loop().create_task(self._confirm(replica_id, name, ref))
+
+    def made(self, name: str) -> bool:
+        """Whether ``name`` is a relay actor of this executor (not an in-process relay)."""
+        return name in self._actors
+
+    def acknowledged(self, replica_id: str) -> bool:
+        """Whether the replica's relay knows it (until then the trainer hands it no weights through it)."""
+        return replica_id in self._confirmed
 
     async def _confirm(self, replica_id: str, name: str, ref: Any) -> None:
         """The relay knows the replica (Ray does not keep an async actor's calls in order: until
@@ -94,10 +112,10 @@ class Relays:
 
         from shunter.actors import relay
 
-        assert self.relay_settings is not None
+        assert self.settings is not None
         n = self._made[node_id] = self._made.get(node_id, -1) + 1
         name = relay_actor_name(self.run_id, node_id, n)
-        s = self.relay_settings
+        s = self.settings
         handle = (
             relay.remote_class()
             .options(
@@ -112,6 +130,7 @@ class Relays:
                 max_events=int(s["max_events"]),
                 timeout_s=s["timeout_s"],
                 generate_timeout_s=s["generate_timeout_s"],
+                executor_class=self.executor_class,
             )
         )
         self._actors[name] = handle
@@ -120,17 +139,19 @@ class Relays:
         self._streams[name] = asyncio.get_running_loop().create_task(self._read(name, handle))
         return name
 
-    def _relayed(self, name: str, orders: list[tuple[str, Order]]) -> None:
+    def run(self, name: str, orders: list[tuple[str, Order]]) -> bool:
+        """Hand a turn's orders over to relay actor ``name``; False: no such actor (an in-process
+        relay, or one already gone: its replicas are down)."""
         handle = self._actors.get(name)
-        if handle is None:  # an in-process relay (or one already gone: its replicas are down)
-            super()._relayed(name, orders)  # type: ignore[misc]
-            return
+        if handle is None:
+            return False
         self._open[name] += len(orders)
         targets = [t for t, _ in orders]
         new = {t: self.replicas[t] for t in set(targets) if t not in self._confirmed and t in self.replicas}
         handle.run.remote(targets, codec().encode_batch([o for _, o in orders]), new)
+        return True
 
-    def relayed_pending(self) -> int:
+    def pending(self) -> int:
         return sum(self._open.values())
 
     async def _read(self, name: str, handle: Any) -> None:
@@ -155,16 +176,13 @@ class Relays:
                 out.append(EventRejected(origin=name, error=str(e), nbytes=len(body)))
                 continue
             if msg.__class__ is ReplicaDown:
-                rid = msg.replica_id  # type: ignore[attr-defined]
-                if rid in self._down:
+                if not self.first_down(msg.replica_id):  # type: ignore[attr-defined]
                     continue  # said already (its watch, say): one ReplicaDown per replica life
-                self._down.add(rid)
-            elif msg.__class__ is RelayReport and self.known is not None:
-                self.known(msg, body)
+            elif msg.__class__ is RelayReport:
+                self.remember(msg, body)
             out.append(msg)
-        if out and self._post is not None:
-            self.flush_relays()
-            self._post(out)
+        if out:
+            self.post(out)
 
     def _lost(self, name: str, why: str) -> None:
         behind = [rid for rid, r in self.hand_over.items() if r == name]
@@ -177,9 +195,9 @@ class Relays:
         for rid in behind:
             self.hand_over.pop(rid, None)
             self._confirmed.discard(rid)
-            self._replica_down(rid, why)
+            self.report_down(rid, why)
 
-    def close_relays(self) -> None:
+    def close(self) -> None:
         import ray
 
         for task in self._streams.values():

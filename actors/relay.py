@@ -5,8 +5,8 @@ What it does for the replicas of its host:
 - holds their generation streams: the coordinator hands it a turn's ``Generate`` orders in one
   call (:meth:`run`) instead of one call per prompt group; the streams, their silence bound
   (``rollout.generate_timeout_s``) and the death of a replica under them are this actor's
-  (its own ``RayExecutor``, the same code the coordinator's process runs), and come back as
-  facts (``ReplicaDown``, ``CommandFailed``);
+  (its own executor, of the class it is given: the coordinator's ``RayExecutor``, the same code
+  the coordinator's process runs), and come back as facts (``ReplicaDown``, ``CommandFailed``);
 - folds their per-sample facts into ``RelayReport``s (``engine.relay.Relay``) and streams them
   to the coordinator (:meth:`reports`), each message encoded once here — the coordinator's
   event log writes these bytes as they came;
@@ -23,7 +23,7 @@ replica placed on its host later gets a new relay.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import ray
@@ -43,8 +43,12 @@ class RelayActor:
         max_events: int,
         timeout_s: float,
         generate_timeout_s: float,
+        executor_class: Callable[..., Any],
     ) -> None:
+        """``executor_class``: what carries this relay's calls to its replicas (``RayExecutor``,
+        made here for replicas only: no trainer, no relay actors of its own)."""
         self.run_id, self.name = run_id, name
+        self.executor_class = executor_class
         self.window_s, self.max_events = window_s, max_events
         self.timeout_s, self.generate_timeout_s = timeout_s, generate_timeout_s
         self.executor: Any = None
@@ -55,10 +59,8 @@ class RelayActor:
     def _ready(self) -> Any:
         """Built on first use, on the actor's event loop (asyncio objects belong to it)."""
         if self.executor is None:
-            from shunter.actors.executor import RayExecutor
-
             self._out, self._wake = asyncio.Queue(), asyncio.Event()
-            ex = RayExecutor(
+            ex = self.executor_class(
                 self.run_id,
                 None,
                 {},
@@ -106,9 +108,7 @@ class RelayActor:
 
     def add(self, replica_id: str, handle: Any) -> None:
         """A replica of this host: its orders and answers go through here from now on."""
-        ex = self._ready()
-        ex.replicas[replica_id] = handle
-        ex._down.discard(replica_id)
+        self._ready().serve(replica_id, handle)
 
     def run(self, targets: list[str], data: bytes, handles: dict[str, Any] | None = None) -> None:
         """A turn's ``Generate`` orders for this host's replicas (``targets[i]`` takes order ``i``);

@@ -1,8 +1,9 @@
 """``LocalExecutor``: runs the coordinator's commands on in-process components.
 
 Invariant: the same command -> events contract as the Ray executor (``RayExecutor``),
-with the same component code (``RolloutCore.handle``, ``TrainerHost.handle``); only the
-process boundary is missing. Used by the unit tier and by simulations, where the
+with the same component code (``RolloutCore.handle``, ``TrainerHost.handle``) and the same
+failure path (``Failures``: a component's exception is a dead replica or a failed command);
+only the process boundary is missing. Used by the unit tier and by simulations, where the
 backend and trainer core are stand-ins and everything else is the real engine.
 """
 
@@ -10,22 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shunter.engine.coordinator.executor import TRAINER, TaskExecutor
+from shunter.engine.coordinator.executor import TRAINER, Failures, TaskExecutor, fault_of
 from shunter.engine.io.errors import describe
-from shunter.engine.replica.backend import EngineDead
 from shunter.engine.replica.core import RolloutCore
 from shunter.engine.trainer.host import TrainerHost
 from shunter.events import (
-    CommandFailed,
     Delivery,
     EnterRollout,
+    Event,
     Generate,
     InstallWeights,
     Order,
-    ReplicaDown,
     Stamper,
     WeightsReady,
-    tag_of,
 )
 
 
@@ -45,7 +43,7 @@ class LocalExecutor(TaskExecutor):
         self.max_tokens = max_tokens
         self.stamp = Stamper(run_id, "executor", clock) if clock else Stamper(run_id, "executor")
         self.blobs: dict[str, bytes] = {}
-        self._dead: set[str] = set()
+        self.failures = Failures(emit=self._emit, answer=self._answer, retire=self._retire, kill=self._silence)
 
     def deliver(self, version: int, handle: str, blob: bytes | None, deliveries: list[Delivery]) -> None:
         """The trainer hands a version it just published to relays (``Publish.deliver``): each
@@ -64,14 +62,26 @@ class LocalExecutor(TaskExecutor):
     def kill(self, replica_id: str, reason: str = "killed") -> None:
         """Fault injection: the replica vanishes mid-call (its calls never answer, like a dead
         actor's) and the executor reports it down, as the Ray executor does on ``RayActorError``."""
-        for t in self.tasks_for(replica_id):
-            t.cancel()
+        self.failures.dead(replica_id, reason)
+
+    def _retire(self, replica_id: str) -> None:
+        """A replica reported down vanishes: its calls in flight are cancelled and never answer."""
+        self._silence(replica_id)
         self.replicas.pop(replica_id, None)
-        self._dead.add(replica_id)
-        self._deliver([self.stamp(ReplicaDown(replica_id=replica_id, reason=reason))])
+
+    def _silence(self, target: str) -> None:
+        for t in self.tasks_for(target):
+            t.cancel()
+
+    def _emit(self, events: list[Event]) -> None:
+        self._deliver([self.stamp(e) for e in events])
+
+    def _answer(self, target: str, events: list[Event]) -> None:
+        """A failed command's ``CommandFailed``, posted as ``target``'s answer (through its relay)."""
+        self._deliver([self.stamp(e) for e in events], target)
 
     async def _call(self, target: str, cmd: Order) -> None:
-        if target in self._dead:  # like a call to a dead actor: no answer; its ReplicaDown is already out
+        if self.failures.is_down(target):  # like a call to a dead actor: no answer; its ReplicaDown is already out
             return
         try:
             if target == TRAINER:
@@ -83,23 +93,12 @@ class LocalExecutor(TaskExecutor):
                 payload = self.blobs.get(cmd.handle) if isinstance(cmd, InstallWeights | EnterRollout) else None
                 if isinstance(cmd, Generate):  # each sample's events as it ends, like the Ray executor
                     async for evs in self.replicas[target].generate_stream(cmd):
-                        if target in self._dead:
+                        if self.failures.is_down(target):
                             return
                         self._deliver(list(evs), target)
                     return
                 events = await self.replicas[target].handle(cmd, payload, max_tokens=self.max_tokens)
-        except EngineDead as e:  # the replica is dead as a whole, as the Ray executor reports it
-            self.kill(target, reason=f"its inference engine died during {tag_of(cmd)}: {describe(e)}")
+        except Exception as e:  # noqa: BLE001 - every failure becomes an event (EngineDead: the replica is dead)
+            self.failures.failed(target, cmd, fault_of(cmd, e, describe))
             return
-        except Exception as e:  # noqa: BLE001 - every failure becomes an event
-            events = [
-                self.stamp(
-                    CommandFailed(
-                        command_kind=tag_of(cmd),
-                        target=target,
-                        error=describe(e),
-                        group_id=cmd.group_id if isinstance(cmd, Generate) else -1,
-                    )
-                )
-            ]
         self._deliver(list(events), target)

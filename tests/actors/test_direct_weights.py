@@ -163,7 +163,7 @@ async def test_without_direct_weights_nothing_is_delivered_straight(ray_cluster)
     try:
         ex.direct_weights = False
         assert all(ex.relay_of(rid) == "" for rid in IDS)
-        ex.weight_group, ex.direct_weights = "gloo", True
+        ex.groups.backend, ex.direct_weights = "gloo", True
         assert all(ex.relay_of(rid) == "" for rid in IDS)  # a group pairs each load with a send
     finally:
         await ex.close()

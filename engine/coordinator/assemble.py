@@ -99,7 +99,9 @@ def run_prompts(cfg: EngineConfig, data: tuple[Dataset, list[PromptSpec]] | None
 def replica_kinds(cfg: EngineConfig) -> list[ReplicaKind]:
     """The kind of each of a run's replicas at its start, in rank order: the standalone ones, then
     the hybrid ones."""
-    return [STANDALONE] * cfg.rollout.standalone_replicas + [HYBRID] * cfg.rollout.hybrid_replicas
+    standalone: ReplicaKind = STANDALONE
+    hybrid: ReplicaKind = HYBRID
+    return [standalone] * cfg.rollout.standalone_replicas + [hybrid] * cfg.rollout.hybrid_replicas
 
 
 def resume_version(folder: str | Path | None) -> int:

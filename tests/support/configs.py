@@ -6,6 +6,7 @@ with ``**over`` merged section by section over its defaults.
   every 2 steps on 8 prompts;
 - :func:`sim_config` (with the cost model :data:`SMALL`): a run of the simulated cluster
   (``shunter.bench.sim.cluster.run_sim``) at small scale;
+- :data:`KEEP_COST`: the simulated workload of the straggler-lane and keep-mode tests;
 - :func:`e2e_config`: the sort example (``examples/sort_separate.toml``) on the tiny model, for
   end-to-end runs with real vLLM and torch.
 """
@@ -75,3 +76,20 @@ def e2e_config(tiny_model, tmp_path, **over):
     for k, v in over.items():
         base[k] = {**base.get(k, {}), **v}
     return load_config(EXAMPLE, base)
+
+
+KEEP_COST = CostModel(
+    prompt_tokens=32,
+    decode_step_s=0.01,
+    decode_step_s_per_seq=1e-4,
+    decode_s_per_kv_token=1e-7,
+    prefill_s_per_token=1e-4,
+    length_median=150,
+    length_sigma=1.2,
+    train_step_s=0.2,
+    train_s_per_token=1e-5,
+    weight_bytes=1e9,
+    kv_tokens=20_000,
+)
+"""A long-tailed simulated workload whose replicas hold a KV cache of 20,000 tokens: the straggler
+lane and ``weight_update = "keep"`` tests run on it."""

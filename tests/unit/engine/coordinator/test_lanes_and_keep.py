@@ -13,10 +13,8 @@ import pytest
 
 from shunter.bench.sim.backends import SimBackend
 from shunter.bench.sim.cluster import run_sim
-from shunter.bench.sim.cost_model import CostModel
 from shunter.engine.config import ConfigError, from_dict
 from shunter.engine.coordinator.dispatcher import Dispatcher
-from shunter.engine.replica.core import RolloutCore
 from shunter.events import (
     Generate,
     InstallWeights,
@@ -26,25 +24,12 @@ from shunter.events import (
     SampleEnd,
     SampleResumed,
     SamplingSpec,
-    Stamper,
     StepBegin,
     WeightsLoaded,
 )
 from shunter.policies.separate import SeparatePolicy
-
-COST = CostModel(
-    prompt_tokens=32,
-    decode_step_s=0.01,
-    decode_step_s_per_seq=1e-4,
-    decode_s_per_kv_token=1e-7,
-    prefill_s_per_token=1e-4,
-    length_median=150,
-    length_sigma=1.2,
-    train_step_s=0.2,
-    train_s_per_token=1e-5,
-    weight_bytes=1e9,
-    kv_tokens=20_000,
-)
+from tests.support.configs import KEEP_COST
+from tests.support.cores import plain_core
 
 
 def config(**rollout):
@@ -112,7 +97,7 @@ def test_a_replica_that_rejoins_keeps_its_lane():
 
 def test_a_straggler_lane_moves_old_samples_and_loses_nothing():
     policy = SeparatePolicy(tail_replicas=1, tail_max_in_flight=4, tail_after_s=1.0)
-    r = run_sim(config(), COST, seed=2, policy=policy)
+    r = run_sim(config(), KEEP_COST, seed=2, policy=policy)
     assert r.ended.reason == "completed"
     assert len(trained_once(r.messages)) == 8 * 8
     tail = "standalone-2"
@@ -146,7 +131,7 @@ def test_a_straggler_lane_moves_old_samples_and_loses_nothing():
 
 def test_a_lane_with_every_replica_in_it_is_no_lane():
     policy = SeparatePolicy(tail_replicas=3)
-    r = run_sim(config(), COST, seed=2, policy=policy)
+    r = run_sim(config(), KEEP_COST, seed=2, policy=policy)
     assert r.ended.reason == "completed"
     assert not [m for m in r.messages if isinstance(m, SampleAborted) and m.reason == "rebalanced"]
 
@@ -159,7 +144,7 @@ def test_lane_options_are_checked():
 
 
 def test_keep_updates_weights_in_place_and_tokens_carry_both_versions():
-    r = run_sim(config(weight_update="keep"), COST, seed=3)
+    r = run_sim(config(weight_update="keep"), KEEP_COST, seed=3)
     assert r.ended.reason == "completed"
     assert not [m for m in r.messages if isinstance(m, SampleAborted) and m.reason == "weights_update"]
     loads = [m for m in r.messages if isinstance(m, WeightsLoaded) and m.duration_s > 0]
@@ -173,7 +158,7 @@ def test_keep_updates_weights_in_place_and_tokens_carry_both_versions():
 
 
 def test_keep_is_faster_than_abort_when_prefill_costs():
-    slow_prefill = msgspec.structs.replace(COST, prefill_s_per_token=2e-3)
+    slow_prefill = msgspec.structs.replace(KEEP_COST, prefill_s_per_token=2e-3)
     abort = run_sim(config(), slow_prefill, seed=4)
     keep = run_sim(config(weight_update="keep"), slow_prefill, seed=4)
     assert keep.sim_s < abort.sim_s
@@ -187,25 +172,11 @@ def test_weight_update_is_a_closed_vocabulary():
 # -- one replica's core ----------------------------------------------------------------------
 
 
-def _core(backend, **kw) -> RolloutCore:
-    return RolloutCore("r0", backend, _Tok(), lambda p, r, a: 0.5, Stamper("run", "r0"), **kw)
-
-
-class _Tok:
-    eos_token_id = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [1] * 8
-
-    def decode(self, ids: list[int]) -> str:
-        return ""
-
-
 def test_keep_marks_the_tokens_after_the_swap_with_the_new_version():
-    cost = msgspec.structs.replace(COST, prompt_tokens=8, length_sigma=0.0, length_median=100, load_s=0.05)
+    cost = msgspec.structs.replace(KEEP_COST, prompt_tokens=8, length_sigma=0.0, length_median=100, load_s=0.05)
 
     async def go():
-        core = _core(SimBackend(cost), weight_update="keep")
+        core = plain_core(SimBackend(cost), weight_update="keep")
         order = Generate(
             group_id=0, prompt=PromptSpec(prompt_id=0, text="x"), n=1, sampling=SamplingSpec(max_tokens=500)
         )
@@ -237,12 +208,12 @@ def test_keep_needs_a_backend_that_can_pause():
         async def generate(self, *a): ...
 
     with pytest.raises(TypeError, match="cannot .use 'abort'"):
-        _core(NoPause(), weight_update="keep")
+        plain_core(NoPause(), weight_update="keep")
 
 
 def test_an_install_order_on_keep_answers_weights_loaded():
     async def go():
-        core = _core(SimBackend(COST), weight_update="keep")
+        core = plain_core(SimBackend(KEEP_COST), weight_update="keep")
         return await core.handle(InstallWeights(version=1, handle="h"), b"w")
 
     loop = asyncio.new_event_loop()
@@ -260,8 +231,8 @@ def test_spreading_at_the_end_moves_samples_only_once_the_last_group_started_and
     without it and 5.6 % with it (on seed 2 one sample moves and nothing changes)."""
     from shunter.bench.analysis.summary import summarize
 
-    off = run_sim(config(), COST, seed=3)  # a seed whose end leaves one replica with the stragglers
-    on = run_sim(config(spread_at_end=True), COST, seed=3)
+    off = run_sim(config(), KEEP_COST, seed=3)  # a seed whose end leaves one replica with the stragglers
+    on = run_sim(config(spread_at_end=True), KEEP_COST, seed=3)
     assert off.ended.reason == on.ended.reason == "completed"
     assert len(trained_once(on.messages)) == 8 * 8
     assert not [m for m in off.messages if isinstance(m, SampleAborted) and m.reason == "rebalanced"]

@@ -13,8 +13,8 @@ from shunter.engine.data.rewards import Scored
 from shunter.engine.io.records import LogSink, make_logger
 from shunter.events import RewardFailed, RewardWorkerLost, SampleEnd
 from tests.support.configs import cfg
+from tests.support.cores import core, ends, gen
 from tests.support.fakes import local_run, run_to_end, virtual_time
-from tests.unit.engine.replica.test_turns import core, ends, gen
 
 ENV = {"run_id": "r", "source": "t", "wall_time": 1.0}
 

@@ -14,8 +14,8 @@ from shunter.engine.config import ConfigError, from_dict
 from shunter.engine.data.environments import Calculator, StepResult
 from shunter.engine.data.turns import batch_metrics
 from shunter.events import EnvFailed, Generate, SampleAborted, SampleEnd, SamplingSpec
+from tests.support.cores import PROMPT, Hangs, Raises, WrongType, core, ends, gen, run_cfg, tool_user
 from tests.support.fakes import CharTokenizer, FakeBackend, local_run, run_to_end, virtual_time
-from tests.unit.engine.replica.test_turns import PROMPT, Hangs, Raises, WrongType, core, ends, gen, run_cfg, tool_user
 
 
 def closing(base: type = Calculator, *, close_s: float = 0.0, close_raises: bool = False):

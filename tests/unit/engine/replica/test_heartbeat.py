@@ -14,8 +14,8 @@ import pytest
 from shunter.engine.config import ConfigError, from_dict
 from shunter.engine.data.environments import Calculator
 from shunter.engine.replica.heartbeat import Heartbeat, every_for, slack
+from tests.support.cores import core, ends, gen
 from tests.support.fakes import FakeBackend, virtual_time
-from tests.unit.engine.replica.test_turns import core, ends, gen
 
 TIMEOUT = 10.0  # the executor's rollout.generate_timeout_s in these tests
 CALLS = 4
@@ -167,10 +167,11 @@ def slow_abort_core():
 def slow_keep_core():
     """The simulator's backend (it can pause requests with their KV cache) with a 25 s load."""
     from shunter.bench.sim.backends import SimBackend
-    from tests.unit.engine.coordinator.test_lanes_and_keep import COST, _core
+    from tests.support.configs import KEEP_COST
+    from tests.support.cores import plain_core
 
-    cost = msgspec.structs.replace(COST, length_sigma=0.0, length_median=100, decode_step_s=0.05, load_s=25.0)
-    return _core(SimBackend(cost), weight_update="keep", progress_every_s=every_for(TIMEOUT))
+    cost = msgspec.structs.replace(KEEP_COST, length_sigma=0.0, length_median=100, decode_step_s=0.05, load_s=25.0)
+    return plain_core(SimBackend(cost), weight_update="keep", progress_every_s=every_for(TIMEOUT))
 
 
 @pytest.mark.parametrize("make", [slow_abort_core, slow_keep_core], ids=["abort", "keep"])

@@ -12,56 +12,16 @@ import pytest
 from shunter.engine.config import ConfigError, from_dict
 from shunter.engine.data.environments import Calculator, EnvCalls, StepResult, evaluate, load_environment
 from shunter.engine.data.turns import batch_metrics
-from shunter.engine.replica.core import RolloutCore
 from shunter.events import (
     EnvFailed,
     Generate,
-    PromptSpec,
     SampleAborted,
     SampleEnd,
     SampleResumed,
     SamplingSpec,
-    Stamper,
 )
+from tests.support.cores import PROMPT, Hangs, Raises, WrongType, core, ends, gen, run_cfg, tool_user
 from tests.support.fakes import CharTokenizer, FakeBackend, local_run, run_to_end, virtual_time
-
-PROMPT = PromptSpec(prompt_id=1, text="12+34>", answer="46")
-
-
-def tool_user(after_call: str = ""):
-    """The fake model: calls the calculator on the prompt's expression, then writes
-    ``after_call`` (then eos) once the tool has answered."""
-
-    def respond(context: str) -> str:
-        prompt, _, response = context.partition(">")
-        return prompt + "=" if "=" not in response else after_call
-
-    return respond
-
-
-def final_answer(prompt: str, response: str, answer: str) -> float:
-    return 1.0 if response.rsplit("=", 1)[-1].endswith(answer) else 0.0
-
-
-def core(backend=None, environment=Calculator, **kw) -> RolloutCore:
-    return RolloutCore(
-        "standalone-0",
-        backend or FakeBackend(token_s=0.01, respond=tool_user()),
-        CharTokenizer(),
-        final_answer,
-        Stamper("t", "standalone-0"),
-        environment=environment,
-        env_name=getattr(environment, "__name__", "env"),
-        **kw,
-    )
-
-
-def gen(n: int = 1, max_tokens: int = 20, group_id: int = 0) -> Generate:
-    return Generate(group_id=group_id, prompt=PROMPT, n=n, sampling=SamplingSpec(max_tokens=max_tokens))
-
-
-def ends(events) -> list:
-    return [e.sample for e in events if isinstance(e, SampleEnd)]
 
 
 @virtual_time
@@ -169,21 +129,6 @@ async def test_a_trajectory_moved_to_another_replica_keeps_its_turns_and_resets_
     assert CharTokenizer().decode(s.token_ids).startswith("12+34=46") and len(s.turns) == 2
     assert s.metrics["tool_calls"] == 2.0  # the calculator counted the call made before the move
     s.check()
-
-
-class Raises(Calculator):
-    async def step(self, action):
-        raise ZeroDivisionError("the user's bug")
-
-
-class WrongType(Calculator):
-    async def step(self, action):
-        return "46"
-
-
-class Hangs(Calculator):
-    async def step(self, action):
-        await asyncio.Event().wait()
 
 
 class BadInit(Calculator):
@@ -301,18 +246,6 @@ def test_batch_metrics_average_the_environment_figures_over_the_batch():
         **failures,
     }
     assert batch_metrics([b]) == {}
-
-
-def run_cfg(**task):
-    return from_dict(
-        {
-            "run": {"total_steps": 4, "policy": "separate"},
-            "task": {"environment": "calculator", **task},
-            "rollout": {"standalone_replicas": 2, "n_samples_per_prompt": 4, "max_tokens": 24, "max_staleness": 1},
-            "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 1, "train_batch_size": 8},
-            "validation": {"every": 2, "prompts": 4},
-        }
-    )
 
 
 def sort_caller(context: str) -> str:

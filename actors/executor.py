@@ -94,7 +94,7 @@ class RayExecutor(TaskExecutor):
         here once ``WeightsReady`` is back)."""
         super().__init__()
         self.trainer = trainer
-        self._turn = 0  # the last number given to an order for the trainer (``engine.in_order``)
+        self._turn = 0  # the last number given to an order for the trainer (``engine.trainer.in_order``)
         self.replicas = dict(replicas)
         self.timeout_s = timeout_s
         self.generate_timeout_s = generate_timeout_s

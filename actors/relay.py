@@ -7,7 +7,7 @@ What it does for the replicas of its host:
   (``rollout.generate_timeout_s``) and the death of a replica under them are this actor's
   (its own executor, of the class it is given: the coordinator's ``RayExecutor``, the same code
   the coordinator's process runs), and come back as facts (``ReplicaDown``, ``CommandFailed``);
-- folds their per-sample facts into ``RelayReport``s (``engine.relay.Relay``) and streams them
+- folds their per-sample facts into ``RelayReport``s (``engine.coordinator.relay.Relay``) and streams them
   to the coordinator (:meth:`reports`), each message encoded once here — the coordinator's
   event log writes these bytes as they came;
 - takes new weights from the trainer (:meth:`install`, ``Publish.deliver``) and gives each of

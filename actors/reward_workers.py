@@ -3,7 +3,7 @@ replica of a run (``task.reward_workers``).
 
 Invariants:
 
-- a worker scores with ``engine.rewards.ThreadRewards``: every call ends with a ``Scored``
+- a worker scores with ``engine.data.rewards.ThreadRewards``: every call ends with a ``Scored``
   (raises, junk and calls that run longer than ``task.reward_timeout_s`` score 0.0 and say
   why), ``task.reward_threads`` calls at a time;
 - the replica's side (:class:`PoolRewards`) sends the calls made in one turn of its loop as one
@@ -163,7 +163,7 @@ def remote_class(num_cpus: float) -> Any:
 
 
 class PoolRewards:
-    """A replica's client of the run's reward workers (the ``engine.rewards.Rewards`` protocol)."""
+    """A replica's client of the run's reward workers (the ``engine.data.rewards.Rewards`` protocol)."""
 
     def __init__(
         self, workers: list[Any], *, timeout_s: float, grace_s: float = GRACE_S, restart_s: float = RESTART_S

@@ -69,7 +69,7 @@ class RolloutWorker:
         self.reward_timeout_s, self.reward_threads = reward_timeout_s, reward_threads
         self.environment, self.max_turns, self.env_timeout_s = environment, max_turns, env_timeout_s
         self.reward_pool = list(reward_pool or [])  # the run's reward workers (empty: threads here)
-        self.progress_every_s = progress_every_s  # beats on long generation streams (engine.heartbeat)
+        self.progress_every_s = progress_every_s  # beats on long generation streams (engine.replica.heartbeat)
         self.core = None
         self._backend: Any = None
         self._req: Any = None  # the request counter a stopped sample loop left (ids never repeat)

@@ -1,4 +1,4 @@
-"""Reserves a run's placement plan (``engine.placement``) as Ray placement groups — the
+"""Reserves a run's placement plan (``engine.config.placement``) as Ray placement groups — the
 trainer's side on one node (``STRICT_PACK``), the standalone replicas' laid over the nodes by
 ``rollout.placement_strategy`` — and hands out the Ray options of each actor.
 

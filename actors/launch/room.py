@@ -23,7 +23,7 @@ from shunter.events.vocab import ReplicaKind
 class Room:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
-        self.placer: Any = None  # actors.placement.Placer when the config asks for GPUs
+        self.placer: Any = None  # actors.launch.placement.Placer when the config asks for GPUs
         self.bundles: dict[str, int] = {}  # component -> its placement-group bundle
 
     async def reserve(self, layout: Placement, name: str) -> None:

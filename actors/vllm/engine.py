@@ -67,7 +67,7 @@ class EngineSpec:
     # a large share of throughput. Ignored by vLLM releases without the option.
     stream_interval: int = 16
     # vLLM's own weight-transfer engine ("ipc"; "" = only shunter's worker extension, which is
-    # always there). Needed for the ``vllm_ipc`` payloads of ``engine.weight_transport``.
+    # always there). Needed for the ``vllm_ipc`` payloads of ``engine.weights.transport``.
     weight_transfer: str = ""
     extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
 

@@ -159,7 +159,7 @@ class WeightSyncExtension:
         return {"n_tensors": n, "nbytes": nbytes, "open_s": t_open, "load_s": t_load, **_path_fields(path)}
 
     def shunter_join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> dict:
-        """Join the trainer's weight group as rank 1 (``engine.weight_group``)."""
+        """Join the trainer's weight group as rank 1 (``engine.weights.group``)."""
         import torch
 
         from shunter.engine.weights.group import make_group
@@ -291,7 +291,7 @@ class WeightSyncExtension:
         return self._shunter_legacy_load(items)
 
     def _shunter_gpu_load(self, items: list) -> str:
-        """On GPU: copy straight into the parameters with a plan (``engine.copy_plan``) once a
+        """On GPU: copy straight into the parameters with a plan (``engine.weights.copy_plan``) once a
         plan for this layout reproduced what the model's own loader wrote; until then, and for
         layouts or models it does not fit (quantized ones), the loader."""
         from shunter.engine.weights import copy_plan

@@ -1,8 +1,8 @@
 """The NCCL weight group: vLLM's stateless process group and ``PyNcclCommunicator``.
 
-Invariant: this is one of the modules that import vLLM (with ``vllm_backend`` and
-``vllm_ext``); :func:`register` makes the group available to ``engine.weight_group.make_group``
-in the process that calls it (the trainer and replica actors, on the nccl transport). Every
+Invariant: this is one of the modules that import vLLM (with the rest of ``actors/vllm``);
+:func:`register` makes the group available to ``engine.weights.group.make_group`` in the process
+that calls it (the trainer and replica actors, on the nccl transport). Every
 wait has a deadline; past it the communicator is aborted and ``WeightGroupError`` raised.
 """
 

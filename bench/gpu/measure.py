@@ -23,7 +23,7 @@ Across two GPUs of one host (issue 7; a config with ``weight_transport = "nccl"`
 ``examples/gpu2_qwen05b.toml``):
 
 - ``nccl_floor``: the published bytes broadcast GPU 0 -> GPU 1 by two processes over the
-  weight group (``engine.weight_group``), nothing loaded: one raw broadcast of the whole
+  weight group (``engine.weights.group``), nothing loaded: one raw broadcast of the whole
   buffer (the floor) and shunter's header + buckets;
 - ``separate2``: trainer on GPU 0, a standalone replica on GPU 1: weight sync over NCCL vs
   that floor (``nccl_floor`` first), step time, idle fractions;

@@ -39,7 +39,7 @@ class Cluster(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     gpus: int = 8
     gpus_per_replica: int = 1
     gpus_per_node: int = 8
-    """GPUs of one host: its replicas answer through one relay (``engine.relay``)."""
+    """GPUs of one host: its replicas answer through one relay (``engine.coordinator.relay``)."""
 
 
 class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -86,7 +86,7 @@ def run_sim(
     ``out_dir``: attach a production run's sinks (event log, structured log, metrics, feed)
     writing there; ``timer``: what measures the coordinator's time per message (a test
     passes a fake one); ``replicas_per_relay``: replicas per simulated node, each node's
-    answers folded by a relay of its own (``engine.relay``, with ``rollout.report_window_s``;
+    answers folded by a relay of its own (``engine.coordinator.relay``, with ``rollout.report_window_s``;
     0: one relay for all; ``run.relays = "none"``: one in the coordinator's process, which then
     sends every order and weight load itself). The caller's ``sinks`` are observers: they see
     each turn's messages (a report's facts one by one) after the turn, outside its charged time."""

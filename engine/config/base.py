@@ -4,7 +4,7 @@ field's documentation) and ``Section`` (the base of every section).
 
 Invariant: every section derives from ``Section`` — keyword-only and ``forbid_unknown_fields``,
 so an unknown key is an error, never a silent default — and documents every field with ``doc``.
-It imports no other shunter module (the sections and ``engine.config`` import it).
+It imports no other shunter module (the rest of ``engine/config`` imports it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
 MIN_GENERATE_TIMEOUT_S = 1.0
 """``rollout.generate_timeout_s``'s floor: a generation stream beats every tenth of it
-(``engine.heartbeat``), each beat one Ray call (about 1.3 ms on 2 cores), so at most 10 beats a
+(``engine.replica.heartbeat``), each beat one Ray call (about 1.3 ms on 2 cores), so at most 10 beats a
 second a stream — never a flood of beats that starves the loop it reports from."""
 MAX_GENERATE_TIMEOUT_S = 7 * 86400.0
 """...and its ceiling (a week): a finite bound on a hung replica's silence (``inf`` was taken)."""

@@ -31,7 +31,7 @@ plan, which walks the ready groups once per change of the buffer or the trainer'
 (views between changes reuse it).
 
 The records it keeps (:class:`Group`, the checkpoint state, :class:`AccountingError`) live in
-``engine/coordinator/groups.py`` and are re-exported here.
+``engine/coordinator/groups.py``.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     metrics: dict[str, float] = {}
     """Reported per trajectory as ``env/<name>`` in the step metrics (the largest value any of
     its steps reported: report running counts, not increments). The engine's own names, those
-    of a failed call (``raised``, ``returned``, ``timeout``: ``engine.turns.FAILURES``), are refused."""
+    of a failed call (``raised``, ``returned``, ``timeout``: ``engine.data.turns.FAILURES``), are refused."""
 
 
 class Environment(Protocol):

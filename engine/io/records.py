@@ -124,7 +124,7 @@ class LogSink:
 
     Per-sample messages are not logged (but a failed sample); per-replica weight loads and
     group drops are logged on the 1st, 10th, 100th … of a version / reason, with ``count``.
-    Every string field is bounded (``engine.errors.bounded``); an error repeated word for word
+    Every string field is bounded (``engine.io.errors.bounded``); an error repeated word for word
     is logged the 1st, 10th, 100th … time with ``repeats`` instead of every time."""
 
     def __init__(self, logger: Any) -> None:

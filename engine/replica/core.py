@@ -13,11 +13,11 @@ Invariants:
   as ``SampleAborted.partial``; nothing generated is dropped;
 - a multi-turn sample (an ``environment`` is set) generates until a tool call (one of the
   environment's ``stop`` strings) or its end, the environment answers, its observation is
-  appended masked out of the loss (``engine.turns``) and generation goes on, within the
+  appended masked out of the loss (``engine.data.turns``) and generation goes on, within the
   sample's one token budget and ``max_turns`` steps; a cut inside any turn resumes like a
   single-turn one (its turns travel in the sample; on another replica a fresh environment is
   reset with the transcript so far); the environment's calls never block the replica's loop
-  and never raise (``engine.environments``); each environment made is closed once, when its
+  and never raise (``engine.data.environments``); each environment made is closed once, when its
   trajectory ends here (finished, failed or cut), before the sample's ``SampleEnd`` or
   ``SampleAborted``;
 - each call returns the events it produced, in order, stamped by this replica; a group's
@@ -109,8 +109,8 @@ class RolloutCore:
         its ``async`` calls run on a loop of their own (``environments.EnvLoop``), so one that
         blocks never holds this replica's loop (real replicas; not under a virtual clock).
         ``rewards``: where the samples are scored instead (the run's reward workers,
-        ``actors.rewards.PoolRewards``). ``progress_every_s > 0``: a generation stream reports
-        progress at least that often while it makes any (``engine.heartbeat``)."""
+        ``actors.reward_workers.PoolRewards``). ``progress_every_s > 0``: a generation stream reports
+        progress at least that often while it makes any (``engine.replica.heartbeat``)."""
         self.progress_every_s = progress_every_s
         self.streams = OpenStreams()  # the open generation streams' heartbeats
         self.serving = Serving(mode, version)
@@ -264,7 +264,7 @@ class RolloutCore:
 
     def _budget(self, sp: SamplingSpec, sample_id: str) -> int:
         """A new sample's token budget: ``max_tokens``, or a draw from ``length_dist``
-        (``engine.lengths``: seeded by this replica's seed and the sample id)."""
+        (``engine.replica.lengths``: seeded by this replica's seed and the sample id)."""
         return lengths.budget(sp.length_dist, self.seed, sample_id, sp.max_tokens)
 
     # -- orders the parts carry out ----------------------------------------------------

@@ -8,7 +8,7 @@ own.
 
 Invariants:
 
-- every environment call goes through ``engine.environments.EnvCalls``: bounded by
+- every environment call goes through ``engine.data.environments.EnvCalls``: bounded by
   ``env_timeout_s``, never raising, never blocking the replica's loop;
 - each environment made is closed exactly once, when its trajectory ends on this replica
   (finished, failed, or cut to move), even when the sample's task is cancelled; until every

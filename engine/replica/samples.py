@@ -88,7 +88,7 @@ class SampleRunner:
 
     async def run(self, s: Sample, prompt: PromptSpec, sp: SamplingSpec, beat: Heartbeat | None = None) -> list[Event]:
         """One sample on this replica, to its end or its cut; ``beat`` (its stream's) hears of
-        each environment call, each turn generated and the wait for the reward (``engine.heartbeat``)."""
+        each environment call, each turn generated and the wait for the reward (``engine.replica.heartbeat``)."""
         beat = beat or Heartbeat(0.0, _still)
         progressed = beat.progressed
         ev: list[Event] = []
@@ -203,8 +203,8 @@ class SampleRunner:
     async def _finish(self, s: Sample, prompt: PromptSpec, beat: Heartbeat) -> list[Event]:
         ids = s.token_ids[:-1] if s.token_ids and s.token_ids[-1] == self.tok.eos_token_id else s.token_ids
         text = self.tok.decode(ids)  # eos can only end a sample (it is the stop token)
-        # off this loop, bounded (engine.rewards), but it may outlast rollout.generate_timeout_s: beat meanwhile
-        beat.wait_begins()  # off this loop, bounded (engine.rewards): the stream beats meanwhile
+        # off this loop, bounded (engine.data.rewards), but it may outlast rollout.generate_timeout_s: beat meanwhile
+        beat.wait_begins()  # off this loop, bounded (engine.data.rewards): the stream beats meanwhile
         try:
             scored = await self.rewards.score(prompt, text)
         finally:

@@ -1,5 +1,5 @@
 """The step metrics a trained batch gives, whatever trains it: ``batch/*`` (reward, length,
-staleness and its histogram), the multi-turn ``env/*`` figures (``engine.turns``) and the
+staleness and its histogram), the multi-turn ``env/*`` figures (``engine.data.turns``) and the
 per-step reward failure counts ``reward/<failure>`` (the run summary's names).
 
 Invariant: a pure function of the samples and the trainer's version — no torch — so the real

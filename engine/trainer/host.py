@@ -1,7 +1,7 @@
 """``TrainerHost``: turns trainer commands into calls on a trainer core and events back.
 
 Invariant: one command at a time (a lock), in the order the executor sent them (each carries its
-turn: Ray does not keep the order of calls to an asyncio actor, ``engine.in_order``), each
+turn: Ray does not keep the order of calls to an asyncio actor, ``engine.trainer.in_order``), each
 answered by its events — except the weight-
 group commands (``JoinWeightGroup`` -> ``WeightGroupOpened``, ``SendWeights`` ->
 ``WeightsSent``, ``LeaveWeightGroup``), which touch only the published copies and run beside a
@@ -92,7 +92,7 @@ class TrainerHost:
     async def handle(self, cmd: Order, turn: int = 0) -> tuple[list[Event], bytes | None]:
         """``turn``: the order's number among those its sender numbered (1, 2, ...): it starts
         only after the one before it has ended, whatever order they arrived in (0: as it comes;
-        see ``engine.in_order``)."""
+        see ``engine.trainer.in_order``)."""
         if isinstance(cmd, JoinWeightGroup | SendWeights | LeaveWeightGroup):
             self._turns.skip(turn)  # beside a step: never waits for one, nor holds one up
             return await self._weight_group(cmd), None

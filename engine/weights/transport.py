@@ -6,7 +6,7 @@ the Ray object store), or a small package of CUDA IPC handles to a flat copy of 
 weights that the trainer keeps on its GPU, for replicas on the same GPU (device to device,
 no host round trip). That package comes in two wire formats:
 
-- ``cuda_ipc``: ours, loaded by shunter's worker extension (``vllm_ext``) straight into
+- ``cuda_ipc``: ours, loaded by shunter's worker extension (``actors/vllm/extension.py``) straight into
   the model;
 - ``vllm_ipc``: vLLM's own weight-transfer engine (``weight_transfer_config={'backend':
   'ipc'}``), packed format: the payload is the ``update_info`` of vLLM's
@@ -20,7 +20,7 @@ The trainer keeps the last two flat copies (double buffering), so the payload of
 For replicas on *another* device (``nccl`` across GPUs, ``gloo`` on CPU — the tests'
 stand-in) the payload is the layout alone (``flat``: names, shapes, offsets, dtype,
 version); the bytes of the flat copy travel over a collective group of the trainer and
-that replica (``engine.weight_group``). On a CUDA trainer the ``nccl`` publish is the
+that replica (``engine.weights.group``). On a CUDA trainer the ``nccl`` publish is the
 ``cuda_ipc`` package, which carries the same layout: a replica with a weight group
 receives it over the group, a hybrid replica on the trainer's GPU maps the handle.
 

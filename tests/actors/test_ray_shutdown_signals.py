@@ -1,5 +1,5 @@
 """After the run's own Ray cluster is shut down, the driver's SIGTERM / SIGINT handlers are
-still in force (``actors.launch.shutdown_keeping_signal_handlers``): Ray 2.60's shutdown resets
+still in force (``actors.launch.launcher.shutdown_keeping_signal_handlers``): Ray 2.60's shutdown resets
 SIGTERM to terminate underneath Python, so a signal in the moments after a stopped run killed
 ``shunter run`` before it said where to resume from. In a process of its own (the tier's shared
 cluster must stay up)."""

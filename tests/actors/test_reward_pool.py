@@ -1,4 +1,4 @@
-"""Reward workers (``actors.rewards``) on a real local Ray cluster, with rewards written as a
+"""Reward workers (``actors.reward_workers``) on a real local Ray cluster, with rewards written as a
 user writes them (a module loaded by import string from a folder of the user's): calls are
 batched per loop turn, and the user's mistakes — a raise, junk, a hang, a reward that kills
 its process, one that holds the interpreter in C code — cost only the calls they touch, each

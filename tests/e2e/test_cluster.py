@@ -77,7 +77,7 @@ class RayNodes:
         }
         self.env.pop("RAY_AUTH_TOKEN", None)
         self.env.pop("RAY_ADDRESS", None)
-        # set to 0 by a local run in this process (actors.cluster.local_only): it forbids a second node
+        # set to 0 by a local run in this process (actors.launch.cluster.local_only): it forbids a second node
         self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         self.address = ""
         self.raylets: set[str] = set()  # pids of its raylets, living or killed

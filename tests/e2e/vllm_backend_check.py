@@ -79,7 +79,7 @@ class HFRef:
 
 def _copy_plan_fit(worker, blob: bytes) -> tuple[int, int, int, bool]:
     """In vLLM's worker: the HF embedding's rows, vLLM's (padded) ones, the rows of one fused
-    linear weight, and whether ``engine.copy_plan`` builds a plan for these weights."""
+    linear weight, and whether ``engine.weights.copy_plan`` builds a plan for these weights."""
     from safetensors.torch import load
 
     from shunter.engine.weights import copy_plan

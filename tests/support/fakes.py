@@ -5,7 +5,7 @@
   the prefix), and ``load_weights`` changes what it generates next;
 - ``CharTokenizer`` replaces the HF tokenizer (one id per character, 0 = eos);
 - ``FakeTrainerCore`` replaces the torch ``Trainer``: it counts steps and versions, checks
-  the samples it is given, reports the real trainer's batch metrics (``engine.batch_stats``),
+  the samples it is given, reports the real trainer's batch metrics (``engine.trainer.batch_stats``),
   and runs a user loss by its spec through the real loss protocol (``shunter.engine.trainer.loss``) on
   small stand-in tensors.
 
@@ -294,7 +294,7 @@ def local_run(
     (training stream, validation prompts) instead of the task's (a dataset's, say); ``respond``:
     what the fake engines answer (``FakeBackend``); ``rewards``: a function of the replica id giving
     the ``Rewards`` its samples are scored with (as a run's reward workers would); ``cfg.task.environment``
-    makes the runs multi-turn; ``relays``: replicas per relay (``engine.relay``, with the config's
+    makes the runs multi-turn; ``relays``: replicas per relay (``engine.coordinator.relay``, with the config's
     ``rollout.report_window_s``: facts folded into reports, the trainer handing weights to the
     relays); 0: none, every fact posted as it comes."""
     from shunter.engine.coordinator.assemble import build_coordinator, replica_kinds, resume_version

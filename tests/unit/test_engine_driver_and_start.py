@@ -116,7 +116,7 @@ async def test_user_loop_calls_with_the_user_driving_still_reach_the_coordinator
 
 
 class FakeLauncher:
-    """``actors.launch.Launcher`` without Ray: its run writes the run folder's event log."""
+    """``actors.launch.launcher.Launcher`` without Ray: its run writes the run folder's event log."""
 
     made: list[FakeLauncher] = []
     fail = False

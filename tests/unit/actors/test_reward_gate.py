@@ -1,4 +1,4 @@
-"""A reward worker's gate (``actors.rewards``): batches share the worker, a call tried again
+"""A reward worker's gate (``actors.reward_workers``): batches share the worker, a call tried again
 alone holds it by itself — it waits for the batches running, none starts while it waits or
 runs, and a hold whose caller never comes back is released by its lease; a worker that dies
 beside a call that had timed out does not convict the holder. Virtual time."""

@@ -1,4 +1,4 @@
-"""Multi-turn trajectories in the simulator (``bench.sim_turns``) and the environment term of
+"""Multi-turn trajectories in the simulator (``bench.sim.turns``) and the environment term of
 the true bound: a trajectory follows its plan wherever it resumes, its tool calls spend their
 drawn latency on the virtual clock, observations are masked, and no multi-turn run beats its
 bound — which counts each trajectory's tool calls on its own critical path."""

@@ -1,4 +1,4 @@
-"""The placement plan (``engine.placement``): trainer bundle first, hybrids inside it,
+"""The placement plan (``engine.config.placement``): trainer bundle first, hybrids inside it,
 one GPU bundle per standalone replica; configs that cannot fit are refused by name."""
 
 from __future__ import annotations

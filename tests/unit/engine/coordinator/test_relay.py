@@ -1,4 +1,4 @@
-"""Relays (``engine.relay``, issue 28): per-sample facts folded into ``RelayReport``s, in order,
+"""Relays (``engine.coordinator.relay``, issue 28): per-sample facts folded into ``RelayReport``s, in order,
 within a window; whole runs through relays — the coordinator applying each report's facts as if
 they came alone, the trainer handing new weights to the relays itself, faults at random moments —
 keep every promise a run without them keeps."""

@@ -21,7 +21,7 @@ ENV = {"run_id": "r", "source": "t", "wall_time": 1.0}
 
 class LosesWorkers:
     """Scores every call 1.0 (each retried call scored), but says a worker died at the 3rd call
-    and hung at the 7th, as ``actors.rewards.PoolRewards`` says what its calls saw."""
+    and hung at the 7th, as ``actors.reward_workers.PoolRewards`` says what its calls saw."""
 
     def __init__(self) -> None:
         self.calls = 0

@@ -1,4 +1,4 @@
-"""A generation stream reports progress (``engine.heartbeat``), so ``rollout.generate_timeout_s``
+"""A generation stream reports progress (``engine.replica.heartbeat``), so ``rollout.generate_timeout_s``
 bounds a replica's silence, not a trajectory's total time: a trajectory of slow tool calls runs
 far past the timeout with no gap in its stream as long as that, a wedged engine makes no beat,
 beats are rate-limited, and a core without a beat period streams exactly as before.

@@ -1,5 +1,5 @@
 """Per-sample token budgets from a file of lengths (``rollout.length_dist = "file:..."``,
-``engine.lengths``): drawn from the file's lengths, reproducibly, capped; a bad file is a
+``engine.replica.lengths``): drawn from the file's lengths, reproducibly, capped; a bad file is a
 config error naming the file and the line; a relative path is the config's (or the
 scenario's) folder's."""
 

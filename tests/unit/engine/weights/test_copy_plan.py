@@ -1,4 +1,4 @@
-"""The direct copy plan (``engine.copy_plan``) against a stand-in of vLLM's fused layout:
+"""The direct copy plan (``engine.weights.copy_plan``) against a stand-in of vLLM's fused layout:
 it writes what the loader writes, refuses what it does not know, and its check catches a
 plan that would write something else."""
 

@@ -1,4 +1,4 @@
-"""Weight groups (``engine.weight_group``) over gloo — the CPU stand-in of the nccl transport,
+"""Weight groups (``engine.weights.group``) over gloo — the CPU stand-in of the nccl transport,
 the same code path: the trainer's ``WeightSender`` broadcasts a published flat copy, a replica
 receives it bucket by bucket; a missing or wrong peer yields an error within the deadline."""
 

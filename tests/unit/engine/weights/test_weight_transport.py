@@ -1,4 +1,4 @@
-"""Weight payloads (``engine.weight_transport``) on CPU: tied tensors sent once, the flat
+"""Weight payloads (``engine.weights.transport``) on CPU: tied tensors sent once, the flat
 layout, and vLLM's own IPC weight-transfer engine accepting our packed update info and
 unpacking our buffer into the original tensors (vLLM's code, not a copy of it)."""
 

@@ -5,7 +5,7 @@ delegates to an ``engine/`` object, and returns encoded events; no RL logic live
 - ``coordinator``: ``CoordinatorActor`` — the shell around the run's ``Coordinator`` (built by
   ``engine/coordinator/assemble.py``): messages in, the feed out, the user's training calls;
 - ``executor``: ``RayExecutor`` — orders to the trainer and replica actors over Ray, every call
-  bounded, every failure an event (the shared path: ``engine/coordinator/executor.py``); its parts
+  bounded, every failure an event (the shared path: ``engine/coordinator/failures.py``); its parts
   ``host_relays`` (``HostRelays``: one relay actor per host that runs replicas) and
   ``weight_groups`` (``WeightGroups``: a weight load as a pair beside the trainer's send);
 - ``relay``: ``RelayActor`` — one per host: the shell around a ``Relay``, its replicas' streams

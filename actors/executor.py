@@ -44,15 +44,8 @@ from ray.exceptions import OwnerDiedError, RayActorError
 from shunter.actors.host_relays import HostRelays
 from shunter.actors.weight_groups import WeightGroups, handle_version
 from shunter.actors.wire import codec, root_cause
-from shunter.engine.coordinator.executor import (
-    TRAINER,
-    Dead,
-    Failures,
-    Fault,
-    TaskExecutor,
-    Unanswered,
-    fault_of,
-)
+from shunter.engine.coordinator.executor import TRAINER, TaskExecutor
+from shunter.engine.coordinator.failures import Dead, Failures, Fault, Unanswered, fault_of
 from shunter.engine.io.errors import bounded
 from shunter.events import (
     DIRECT,

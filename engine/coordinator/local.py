@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shunter.engine.coordinator.executor import TRAINER, Failures, TaskExecutor, fault_of
+from shunter.engine.coordinator.executor import TRAINER, TaskExecutor
+from shunter.engine.coordinator.failures import Failures, fault_of
 from shunter.engine.io.errors import describe
 from shunter.engine.replica.core import RolloutCore
 from shunter.engine.trainer.host import TrainerHost

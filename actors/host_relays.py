@@ -110,14 +110,14 @@ class HostRelays:
     def _new_relay(self, node_id: str) -> str:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from shunter.actors import relay
+        from shunter.actors import relay_actor
 
         assert self.settings is not None
         n = self._made[node_id] = self._made.get(node_id, -1) + 1
         name = relay_actor_name(self.run_id, node_id, n)
         s = self.settings
         handle = (
-            relay.remote_class()
+            relay_actor.remote_class()
             .options(
                 name=name,
                 namespace=NAMESPACE,

@@ -2,7 +2,7 @@
 replicas take their weights over a group, the join (once per replica life), and each load as a
 command pair — the replica's half beside the trainer's ``SendWeights``.
 
-``WeightGroups`` is a part of ``shunter.actors.executor.RayExecutor``, given the trainer's and
+``WeightGroups`` is a part of ``shunter.actors.ray_executor.RayExecutor``, given the trainer's and
 the replicas' handles (the executor's replica table), the placement facts (``ComponentPlaced``'s
 places, ``ReplicaUp``'s kinds), the bounds, and two callbacks: ``deliver`` (the events the
 trainer or a replica answered) and ``emit`` (the executor's own facts). Invariants: the loads of

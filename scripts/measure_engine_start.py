@@ -2,7 +2,7 @@
 (issue 30's CI-time study): ``VLLMBackend.start()`` then the best of 4 rounds of 256 requests x 12
 tokens. ``--worker-in-core`` runs vLLM's CPU worker inside the engine-core process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the "uni" executor) — the shape a shunter replica runs
-(``actors/rollout.py`` sets it); without it, vLLM's own default (a worker process of its own).
+(``actors/rollout_worker.py`` sets it); without it, vLLM's own default (a worker process of its own).
 Measured 2026-12-06 (2 cores): 28.5 s / 10.5-12.6k tok/s with vLLM's default, 17.0-20.3 s /
 7.6-8.6k tok/s with the worker in the core.
 

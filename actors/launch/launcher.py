@@ -100,7 +100,7 @@ class Launcher:
     async def start_attempt(self, resume: Found | None, reason: str = "") -> Any:
         """Start trainer, replicas and coordinator — from the checkpoint ``resume`` if any;
         returns the coordinator's handle, its loop running."""
-        from shunter.actors import coordinator, trainer
+        from shunter.actors import coordinator_actor, trainer_worker
 
         cfg = self.cfg
         opening: list[Message] = []
@@ -127,7 +127,7 @@ class Launcher:
             for _ in adopted:
                 kinds.remove(STANDALONE)
         tr = (
-            trainer.remote_class()
+            trainer_worker.remote_class()
             .options(
                 name=self._name("trainer"),
                 namespace=NAMESPACE,
@@ -179,7 +179,7 @@ class Launcher:
                 self.replicas.replica_up(rid, kind, rank, times[rid], adopted=rid in adopted or rid in pooled)
             )
         self.current.coordinator = (  # it writes the run's records: on the driver's host
-            coordinator.remote_class()
+            coordinator_actor.remote_class()
             .options(name=self._name("coordinator"), namespace=NAMESPACE, **on_node(self.site.driver_node))
             .remote(
                 msgspec.msgpack.encode(cfg),

@@ -10,7 +10,7 @@ workers and trainer's node its replicas start with, its coordinator, the actors 
 ``ReplicaPool`` if any and the environment given as an object. Invariants: a replica is named by
 the registry after its rank (``shunter.<run_id>.*`` in the ``shunter`` namespace); one added
 mid-run fits in what the cluster has free or waits for room (``ReplicaPending``, once) up to
-``rollout.replacement_wait_s``; a replica that does not start is killed (it holds resources a
+``rollout_worker.replacement_wait_s``; a replica that does not start is killed (it holds resources a
 next try needs) and reported to the coordinator as ``ComponentFailed``.
 """
 
@@ -159,8 +159,8 @@ class ReplicaLauncher:
         """Register a replica (rank + actor name from the registry) and create its actor; one
         added ``mid_run`` must fit in what the cluster has free (outside the placement plan): it
         waits for room (``ReplicaPending`` to the coordinator, once) up to
-        ``rollout.replacement_wait_s`` — a lost node's capacity back, or a node added."""
-        from shunter.actors import rollout
+        ``rollout_worker.replacement_wait_s`` — a lost node's capacity back, or a node added."""
+        from shunter.actors import rollout_worker
 
         cfg = self.cfg
         custom = cfg.rollout.resources if kind == STANDALONE else {}
@@ -199,7 +199,7 @@ class ReplicaLauncher:
         evs += self.codec.decode_batch(new_evs)
         slot = self.room.placer.replica_slot(rid, kind, name, NAMESPACE) if self.room.placer else None
         h = (
-            rollout.remote_class()
+            rollout_worker.remote_class()
             .options(
                 name=name,
                 namespace=NAMESPACE,

@@ -57,7 +57,7 @@ class RunSite:
 
     async def open(self) -> None:
         """Model, Ray, placement and the run's registry (they outlive attempts)."""
-        from shunter.actors import registry
+        from shunter.actors import registry_actor
         from shunter.engine.config.placement import plan
 
         self.model_dir = self._ensure_model()
@@ -82,9 +82,9 @@ class RunSite:
         if layout is not None:
             await self.room.reserve(layout, f"shunter.{self.run_id}.placement")
         self.registry = (  # it writes into the run folder: on the driver's host
-            registry.remote_class()
-            .options(name=registry.registry_name(self.run_id), namespace=NAMESPACE, **on_node(self.driver_node))
-            .remote(self.run_id, None, str(self.out_dir / "registry.msgpack"))
+            registry_actor.remote_class()
+            .options(name=registry_actor.registry_name(self.run_id), namespace=NAMESPACE, **on_node(self.driver_node))
+            .remote(self.run_id, None, str(self.out_dir / "registry_actor.msgpack"))
         )
 
     def _load_data(self) -> Any:

@@ -51,13 +51,13 @@ def _ingest(n_batches: int, batch: int) -> dict[str, float]:
     """Encoded event batches into a real CoordinatorActor over Ray (no replicas attached)."""
     import ray
 
-    from shunter.actors import coordinator
+    from shunter.actors import coordinator_actor
     from shunter.engine.config.load import from_dict
     from shunter.events import Codec, SampleBegin
 
     cfg = from_dict({"run": {"output_dir": "/tmp/shunter-bench-overhead"}, "validation": {"every": 0}})
     codec = Codec()
-    actor = coordinator.remote_class().remote(
+    actor = coordinator_actor.remote_class().remote(
         msgspec.msgpack.encode(cfg), "overhead", None, {}, "/tmp/shunter-bench-overhead"
     )
     payload = codec.encode_batch(

@@ -39,7 +39,7 @@ from shunter.bench.sim.cost_model import CostModel
 from shunter.bench.sim.turns import SimTool
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator.assemble import build_coordinator, replica_kinds, resume_version
-from shunter.engine.coordinator.local import LocalExecutor
+from shunter.engine.coordinator.local_executor import LocalExecutor
 from shunter.engine.coordinator.ranks import RankTable
 from shunter.engine.coordinator.relay import Relay, route_through_relays
 from shunter.engine.io.records import RunSinks

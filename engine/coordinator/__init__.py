@@ -34,7 +34,7 @@ Around the loop:
 
 - ``executor``: the boundary to the components (``Executor``) and what both executors share
   (``TaskExecutor``); ``failures``: ``Failures`` — what a failed call becomes, one path for both;
-  ``local``: ``LocalExecutor`` — the components in this process;
+  ``local_executor``: ``LocalExecutor`` — the components in this process;
 - ``relay``: ``Relay`` — a host's per-sample facts folded into reports before the coordinator;
 - ``ranks``: ``RankTable`` — non-colliding ranks and actor names for every replica (the registry
   actor's core).

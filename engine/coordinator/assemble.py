@@ -1,7 +1,7 @@
 """The one place a run's coordinator is assembled: its prompts, its policy, its checkpoint store,
 the ``Coordinator`` over them, and — for an attempt from a checkpoint — its state put back.
 
-Three callers build a run and all build it here: the coordinator actor (``actors/coordinator.py``,
+Three callers build a run and all build it here: the coordinator actor (``actors/coordinator_actor.py``,
 over a ``RayExecutor``), the tests' in-process runs (``tests/support/fakes.py:local_run``, over a
 ``LocalExecutor`` and fakes of vLLM and torch) and the simulator (``bench/sim/cluster.py``, over a
 ``LocalExecutor`` and simulated backends). What differs between them is given: the executor, the

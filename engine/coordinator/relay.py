@@ -20,7 +20,7 @@ Invariants:
   overtake them) posts what is held.
 
 One ``Relay`` runs in the coordinator's process for the replicas whose streams it holds
-itself (``TaskExecutor``), one in each node's relay actor (``actors/relay.py``) for that node's
+itself (``TaskExecutor``), one in each node's relay actor (``actors/relay_actor.py``) for that node's
 replicas, and one per simulated node in the simulator (``bench/sim/cluster.py``).
 """
 

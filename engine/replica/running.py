@@ -12,7 +12,7 @@ Invariants:
 - a request's state is "" while it runs, else why it is being cut: a request is cut once (a
   second cut passes it over), and its sample reads the reason when its ``generate`` returns;
 - request numbers (``ids``) never repeat within one engine: the counter outlives a sample loop
-  that is stopped and renewed (``actors.rollout``).
+  that is stopped and renewed (``actors.rollout_worker``).
 """
 
 from __future__ import annotations

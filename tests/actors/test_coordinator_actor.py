@@ -8,7 +8,7 @@ import asyncio
 import msgspec
 import pytest
 
-from shunter.actors import coordinator
+from shunter.actors import coordinator_actor
 from shunter.engine.config import from_dict
 from shunter.events import Codec, EventRejected, PublishWeights, RunStarted, Stop
 
@@ -19,7 +19,7 @@ async def test_bad_bytes_are_rejected_with_their_cause_and_the_loop_survives(ray
     cfg = from_dict({"run": {"output_dir": str(tmp_path)}, "validation": {"every": 0}})
     codec = Codec()
     # no replicas and a trainer handle that is never called: only the boundary is under test
-    actor = coordinator.remote_class().remote(msgspec.msgpack.encode(cfg), "bad-bytes", None, {}, str(tmp_path))
+    actor = coordinator_actor.remote_class().remote(msgspec.msgpack.encode(cfg), "bad-bytes", None, {}, str(tmp_path))
     async with asyncio.timeout(60):
         await actor.start.remote(codec.encode_batch([]))
         assert await actor.ingest.remote(b"\x93\x01\x02", "fuzzer") == 0
@@ -47,7 +47,7 @@ async def test_a_full_disk_ends_the_run_and_every_reader_hears_of_it(ray_cluster
     cfg = from_dict({"run": {"output_dir": str(tmp_path)}, "validation": {"every": 0}})
     (tmp_path / "events.bin").symlink_to("/dev/full")
     codec = Codec()
-    actor = coordinator.remote_class().remote(msgspec.msgpack.encode(cfg), "disk-full", None, {}, str(tmp_path))
+    actor = coordinator_actor.remote_class().remote(msgspec.msgpack.encode(cfg), "disk-full", None, {}, str(tmp_path))
     noise = codec.encode_batch(
         [SampleBegin(sample_id=f"{i}.0", group_id=i, replica_id="r", version=0) for i in range(300)]
     )  # past the log's 256-frame flush

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from shunter.actors.executor import RayExecutor
-from shunter.actors.trainer import INLINE_BYTES, TrainerWorker
+from shunter.actors.ray_executor import RayExecutor
+from shunter.actors.trainer_worker import INLINE_BYTES, TrainerWorker
 from shunter.events import (
     DIRECT,
     CommandFailed,

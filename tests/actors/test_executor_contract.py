@@ -22,11 +22,11 @@ import pytest
 from ray import cloudpickle
 
 import tests.support.fakes as fakes
-from shunter.actors.executor import RayExecutor
-from shunter.actors.rollout import RolloutWorker
-from shunter.actors.trainer import TrainerWorker
+from shunter.actors.ray_executor import RayExecutor
+from shunter.actors.rollout_worker import RolloutWorker
+from shunter.actors.trainer_worker import TrainerWorker
 from shunter.engine.coordinator.executor import TRAINER
-from shunter.engine.coordinator.local import LocalExecutor
+from shunter.engine.coordinator.local_executor import LocalExecutor
 from shunter.engine.replica.core import RolloutCore
 from shunter.engine.tasks import load_task
 from shunter.engine.trainer.host import TrainerHost
@@ -135,7 +135,7 @@ class OverRay:
         self.trainer = ray.remote(num_cpus=0, max_restarts=0)(Trainer).remote(
             RUN, msgspec.msgpack.encode(TrainerConfig()), ""
         )
-        groups = {"control": 8, "generate": 100_000, "watch": 1}  # as ``actors.rollout.remote_class``
+        groups = {"control": 8, "generate": 100_000, "watch": 1}  # as ``actors.rollout_worker.remote_class``
         self.replicas = {
             rid: ray.remote(num_cpus=0, max_restarts=0, concurrency_groups=groups)(Replica).remote(rid, s)
             for rid, s in TOKEN_S.items()

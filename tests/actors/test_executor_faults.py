@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from shunter.actors.executor import RayExecutor
+from shunter.actors.ray_executor import RayExecutor
 from shunter.events import (
     ComponentFailed,
     Generate,

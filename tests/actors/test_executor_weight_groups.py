@@ -16,7 +16,7 @@ import sys
 import pytest
 from ray import cloudpickle
 
-from shunter.actors.executor import RayExecutor
+from shunter.actors.ray_executor import RayExecutor
 from shunter.events import (
     CommandFailed,
     EnterRollout,

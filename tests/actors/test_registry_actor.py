@@ -7,14 +7,18 @@ import asyncio
 
 import pytest
 
-from shunter.actors import registry
+from shunter.actors import registry_actor
 from shunter.events import Codec, RankAssigned, RankReleased
 
 pytestmark = pytest.mark.actors
 
 
 async def test_64_concurrent_registrations_get_unique_ranks(ray_cluster):
-    reg = registry.remote_class().options(name=registry.registry_name("reg-a"), namespace="shunter").remote("reg-a")
+    reg = (
+        registry_actor.remote_class()
+        .options(name=registry_actor.registry_name("reg-a"), namespace="shunter")
+        .remote("reg-a")
+    )
     ids = [
         (f"{'hybrid' if i % 3 == 0 else 'standalone'}-{i}", "hybrid" if i % 3 == 0 else "standalone") for i in range(64)
     ]
@@ -34,7 +38,7 @@ async def test_64_concurrent_registrations_get_unique_ranks(ray_cluster):
 
 
 async def test_release_reuses_smallest_rank_and_snapshot_recovers(ray_cluster):
-    reg = registry.remote_class().remote("reg-b")
+    reg = registry_actor.remote_class().remote("reg-b")
     async with asyncio.timeout(60):
         for i in range(4):
             await reg.register.remote(f"s{i}", "standalone")
@@ -44,15 +48,23 @@ async def test_release_reuses_smallest_rank_and_snapshot_recovers(ray_cluster):
         assert rank == 1 and "r1.g5" in name
         snap = await reg.snapshot.remote()
         ray_cluster.kill(reg)
-        restored = registry.remote_class().remote("reg-b", snap)
+        restored = registry_actor.remote_class().remote("reg-b", snap)
         leases = await restored.leases.remote()
     assert [(rid, r) for rid, _, r, _ in leases] == [("s0", 0), ("h9", 1), ("s2", 2), ("s3", 3)]
     ray_cluster.kill(restored)
 
 
 async def test_two_runs_in_one_cluster_have_distinct_registry_names(ray_cluster):
-    a = registry.remote_class().options(name=registry.registry_name("run-x"), namespace="shunter").remote("run-x")
-    b = registry.remote_class().options(name=registry.registry_name("run-y"), namespace="shunter").remote("run-y")
+    a = (
+        registry_actor.remote_class()
+        .options(name=registry_actor.registry_name("run-x"), namespace="shunter")
+        .remote("run-x")
+    )
+    b = (
+        registry_actor.remote_class()
+        .options(name=registry_actor.registry_name("run-y"), namespace="shunter")
+        .remote("run-y")
+    )
     async with asyncio.timeout(60):
         (_, na, _), (_, nb, _) = await asyncio.gather(
             a.register.remote("s0", "standalone"), b.register.remote("s0", "standalone")
@@ -65,7 +77,7 @@ async def test_two_runs_in_one_cluster_have_distinct_registry_names(ray_cluster)
 async def test_a_registry_that_crashes_mid_registration_comes_back_with_its_table(ray_cluster, tmp_path):
     """Issue 4, item 4/6: Ray restarts the registry (its table is on disk), the calls in
     flight are retried (they are idempotent), and ranks stay unique across the crash."""
-    reg = registry.remote_class().remote("reg-crash", None, str(tmp_path / "registry.msgpack"))
+    reg = registry_actor.remote_class().remote("reg-crash", None, str(tmp_path / "registry_actor.msgpack"))
     async with asyncio.timeout(120):
         first = await asyncio.gather(*(reg.register.remote(f"s{i}", "standalone") for i in range(8)))
         ray_cluster.kill(reg, no_restart=False)  # a crash; Ray brings it back

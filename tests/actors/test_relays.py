@@ -1,4 +1,4 @@
-"""Relay actors (``actors/relay.py``, ``actors/host_relays.py``) with real Ray and stand-in replicas:
+"""Relay actors (``actors/relay_actor.py``, ``actors/host_relays.py``) with real Ray and stand-in replicas:
 a host's relay is made when a replica lands there, takes the turn's ``Generate`` orders in one
 call, streams the replica's facts back folded (the executor counts its open calls, so the loop
 never takes a relayed run for idle), and when its process is ``kill -9``-ed every replica behind
@@ -13,7 +13,7 @@ import signal
 import psutil
 import pytest
 
-from shunter.actors.executor import RayExecutor
+from shunter.actors.ray_executor import RayExecutor
 from shunter.events import Generate, PromptSpec, RelayReport, ReplicaDown, SampleEnd, SamplingSpec, flatten
 
 pytestmark = pytest.mark.actors

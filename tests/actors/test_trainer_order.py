@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from shunter.actors.executor import RayExecutor
-from shunter.actors.trainer import TrainerWorker
+from shunter.actors.ray_executor import RayExecutor
+from shunter.actors.trainer_worker import TrainerWorker
 from shunter.events import Sample, SaveCheckpoint, StepEnd, Train, TrainerStateSaved, flatten
 
 pytestmark = pytest.mark.actors

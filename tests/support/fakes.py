@@ -298,7 +298,7 @@ def local_run(
     ``rollout.report_window_s``: facts folded into reports, the trainer handing weights to the
     relays); 0: none, every fact posted as it comes."""
     from shunter.engine.coordinator.assemble import build_coordinator, replica_kinds, resume_version
-    from shunter.engine.coordinator.local import LocalExecutor
+    from shunter.engine.coordinator.local_executor import LocalExecutor
     from shunter.engine.data.environments import load_environment
     from shunter.engine.replica.core import RolloutCore
     from shunter.engine.tasks import load_task

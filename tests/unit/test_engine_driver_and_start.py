@@ -37,7 +37,7 @@ class _Remote:
 
 class CoordinatorHandle:
     """The calls ``Engine`` makes on the coordinator actor, in process, over a ``local_run``
-    coordinator (as ``actors/coordinator.py`` answers them); ``calls`` records each one."""
+    coordinator (as ``actors/coordinator_actor.py`` answers them); ``calls`` records each one."""
 
     def __init__(self, coord) -> None:
         self.coord, self.calls, self.codec = coord, [], Codec()

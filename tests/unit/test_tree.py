@@ -280,7 +280,7 @@ def _fresh(code: str) -> subprocess.CompletedProcess[str]:
         ("shunter.events", ("torch", "vllm", "ray", "transformers")),
         ("shunter.policies", ("torch", "vllm", "ray", "transformers")),
         ("shunter.engine.coordinator.assemble", ("torch", "vllm", "ray", "transformers")),
-        ("shunter.engine.coordinator.local", ("torch", "vllm", "ray", "transformers")),
+        ("shunter.engine.coordinator.local_executor", ("torch", "vllm", "ray", "transformers")),
         ("shunter.engine.config", ("torch", "vllm", "ray", "transformers")),
         ("shunter.contract", ("torch", "vllm", "ray", "transformers")),
         ("shunter.engine.trainer.trainer", ("vllm", "ray")),

@@ -147,7 +147,7 @@ def test_an_inconsistent_table_is_refused_by_explicit_checks_not_asserts(tmp_pat
 
 
 def test_the_registry_actor_class_refuses_a_damaged_state_file(tmp_path):
-    from shunter.actors.registry import ReplicaRegistryActor
+    from shunter.actors.registry_actor import ReplicaRegistryActor
 
     path, _ = _saved(tmp_path)
     path.write_bytes(b"")

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from shunter.actors.executor import RayExecutor
+from shunter.actors.ray_executor import RayExecutor
 from shunter.actors.wire import codec
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator.assemble import build_coordinator

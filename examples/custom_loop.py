@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 
-from shunter import Engine
+from shunter import Engine, LossInput
 from shunter.engine.config import load_config, merge
-from shunter.engine.trainer.loss import LossInput
 
 CONFIG = Path(__file__).with_name("sort_separate.toml")
 

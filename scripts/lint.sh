@@ -9,7 +9,7 @@ bash scripts/setup.sh
 # the engine's sub-packages that import no torch, whole; of the trainer's, the modules that import none
 args=(-p shunter.events -p shunter.policies)
 for p in io config data tasks replica coordinator; do args+=(-p "shunter.engine.$p"); done
-for m in trainer.host trainer.in_order trainer.batch_stats models.folder; do args+=(-m "shunter.engine.$m"); done
+for m in trainer.host trainer.in_order trainer.batch_stats trainer.counters models.folder; do args+=(-m "shunter.engine.$m"); done
 # mypy sees the package under its installed name through a link (the repository root is the package)
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT

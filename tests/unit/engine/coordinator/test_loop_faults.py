@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from shunter.engine.config import from_dict
 from shunter.engine.io.records import EventLog, LogSink, make_logger
 from shunter.events import (
     IntentRejected,
@@ -23,25 +22,8 @@ from shunter.events import (
 )
 from shunter.policies import Policy, SeparatePolicy
 from tests.support.broken_policies import Raises, ReturnsBare, ReturnsJunk, ReturnsNone, ReturnsOrder
+from tests.support.configs import cfg
 from tests.support.fakes import local_run, run_to_end, virtual_time
-
-
-def cfg(**over):
-    base = {
-        "run": {"total_steps": 6, "policy": "separate"},
-        "rollout": {
-            "standalone_replicas": 2,
-            "n_samples_per_prompt": 4,
-            "max_tokens": 12,
-            "max_staleness": 1,
-            "max_in_flight_per_replica": 16,
-        },
-        "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
-        "validation": {"every": 2, "prompts": 8},
-    }
-    for k, v in over.items():
-        base[k] = {**base.get(k, {}), **v}
-    return from_dict(base)
 
 
 def with_logs(coord, tmp_path):

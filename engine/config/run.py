@@ -66,6 +66,12 @@ class RunConfig(Section):
             "Save a checkpoint (model, optimizer, step, version, buffer, prompts in flight, policy state) into <output_dir>/<run_id>/checkpoints at the first publish at least this many optimizer steps after the last one, and at the end; 0 disables."
         ),
     ] = 0
+    checkpoint_retries: Annotated[
+        NonNegInt,
+        doc(
+            "A checkpoint that cannot be written (a folder made unwritable, a full disk) is tried again at the next publish — at the end of the run, at once — up to this many times in a row; then the run ends with an error naming the folder, the OS error and the last good checkpoint (exit status 1). Each failed try is reported as command.failed."
+        ),
+    ] = 2
     checkpoint_keep: Annotated[
         PosInt, doc("Complete checkpoints kept (older ones are removed once a newer one is committed).")
     ] = 2

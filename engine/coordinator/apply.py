@@ -15,7 +15,7 @@ from collections.abc import Callable
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.coordinator.batches import Batches
 from shunter.engine.coordinator.buffer import SampleBuffer
-from shunter.engine.coordinator.cuts import CheckpointCuts
+from shunter.engine.coordinator.cuts import CHECKPOINT_KINDS, CheckpointCuts
 from shunter.engine.coordinator.dispatcher import Dispatcher
 from shunter.engine.coordinator.executor import TRAINER as TRAINER_TARGET
 from shunter.engine.coordinator.finale import Finale
@@ -43,7 +43,6 @@ from shunter.events import (
     SampleBegin,
     SampleEnd,
     SampleResumed,
-    SaveCheckpoint,
     StepBegin,
     StepEnd,
     TrainerStateSaved,
@@ -319,8 +318,8 @@ class Applier:
             if self.tally.failed_groups >= FAILED_GROUPS_BEFORE_TRAINING and self.buffer.trained == 0:
                 self.end("error", error=f"every generation fails; last: {ev.error}")
             return
-        if ev.command_kind == tag_of(SaveCheckpoint):  # the previous checkpoint stays usable; go on
-            self.cuts.failed()
+        if ev.command_kind in CHECKPOINT_KINDS:  # the previous checkpoint stays usable; tried again
+            self.cuts.failed(ev)
             return
         if ev.target == TRAINER_TARGET and ev.user_code:  # the user's loss: the trainer itself is fine
             st.trainer.state = "idle"

@@ -139,6 +139,7 @@ class Coordinator:
             checkpoints,
             cfg.run.checkpoint_every,
             executor,
+            retries=cfg.run.checkpoint_retries,
             run_id=self.state.run_id,
             emit=self.emit,
             fatal=lambda error: self.end("error", error=error),

@@ -115,10 +115,19 @@ class CheckpointStore:
     def staging(self, step: int) -> Path:
         """An empty staging folder for the checkpoint of ``step`` (a leftover from a crash is cleared)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / f".{_name(step)}.tmp"
+        path = self.staging_path(step)
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir()
         return path
+
+    def staging_path(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is written before it is committed."""
+        return self.root / f".{_name(step)}.tmp"
+
+    def discard(self, staging: str | Path) -> None:
+        """Remove a staging folder whose checkpoint failed (on a full disk it holds the space
+        the next try needs); a folder that cannot be removed is left for :meth:`prune`."""
+        shutil.rmtree(staging, ignore_errors=True)
 
     def commit(self, staging: Path, *, run_id: str, step: int, version: int) -> tuple[Path, Manifest]:
         """Seal a fully written staging folder: fsync its files, write the manifest, rename

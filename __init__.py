@@ -33,13 +33,22 @@ __all__ = [
     "LossInput",
     "NoBatchError",
     "ReplicaPool",
+    "RestartError",
     "StepResult",
     "RunEndedError",
     "UserCodeError",
     "load_config",
     "__version__",
 ]
-_ERRORS = ("EngineError", "EngineSetupError", "IntentRefused", "NoBatchError", "RunEndedError", "UserCodeError")
+_ERRORS = (
+    "EngineError",
+    "EngineSetupError",
+    "IntentRefused",
+    "NoBatchError",
+    "RestartError",
+    "RunEndedError",
+    "UserCodeError",
+)
 
 
 def __getattr__(name: str) -> object:

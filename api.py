@@ -48,10 +48,7 @@ from shunter.api_steering import Steering
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.config.load import load_config
 from shunter.engine.io.checkpoint import CheckpointStore, Found, resolve
-from shunter.engine.io.errors import (
-    EngineError,
-    EngineSetupError,
-)
+from shunter.engine.io.errors import EngineError, EngineSetupError, RestartError, bounded
 from shunter.events import (
     Batch,
     Codec,
@@ -225,16 +222,19 @@ class Engine:
         self._check_run_folder()
         self._phase = "started"
         try:
-            self._launch = Launcher(self.cfg, self.run_id, self.out_dir, **self._objects)
+            self._launch = Launcher(self.cfg, self.run_id, self.out_dir, notice=self._link.notice, **self._objects)
             await self._launch.open()
             await self._start_attempt(self._resume, "")
         except BaseException:
             self._phase = "failed"
             raise
 
-    async def _restart(self, reason: str) -> bool:
-        """The trainer or the coordinator died: start the run again from its last
-        checkpoint. False (nothing done) when restarts are off, used up, or nothing is saved."""
+    async def _restart(self, reason: str, step: int = -1) -> bool:
+        """The trainer or the coordinator died (at ``step``; -1: not known): start the run again
+        from its last checkpoint. False (nothing done) when restarts are off, used up, or nothing
+        is saved; ``RestartError`` — what was lost, when, why the restart failed, the ``--resume``
+        line — when the new attempt cannot start (no room for its trainer within
+        ``run.restart_wait_s``, say)."""
         run = self.cfg.run
         if run.checkpoint_every <= 0 or self.attempt >= run.max_restarts:
             return False
@@ -244,7 +244,14 @@ class Engine:
         await self._launch.stop_attempt(keep_replicas=self.cfg.run.restart_keeps_replicas)
         self._launch.attempt += 1
         self._resume, self._restart_reason = found, reason
-        await self._start_attempt(found, reason)
+        try:
+            await self._start_attempt(found, reason)
+        except EngineSetupError as e:
+            at = f" at step {step}" if step >= 0 else ""
+            raise RestartError(
+                f"the run lost a component{at} ({bounded(reason, 400)}) and could not restart from its checkpoint "
+                f"at step {found.manifest.step}: {e}; once that is fixed, continue it with --resume {self.out_dir}"
+            ) from e
         return True
 
     async def _start_attempt(self, found: Found | None, reason: str) -> None:

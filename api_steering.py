@@ -14,6 +14,7 @@ the user-driven calls refuse (``EngineError``, nothing taken) on a run the engin
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -39,11 +40,17 @@ from shunter.events import (
 
 class Steering:
     def __init__(
-        self, link: RunLink, codec: Codec, cfg: EngineConfig, run_id: str, restart: Callable[[str], Awaitable[bool]]
+        self,
+        link: RunLink,
+        codec: Codec,
+        cfg: EngineConfig,
+        run_id: str,
+        restart: Callable[[str, int], Awaitable[bool]],
     ) -> None:
         self.link, self.codec, self.cfg, self.run_id = link, codec, cfg, run_id
         self.restart = restart
-        """The run started again from its last checkpoint, the reason given; False if not."""
+        """The run started again from its last checkpoint, the reason and the step it was lost at
+        given; False if not."""
 
     # -- observing and steering ---------------------------------------------------------
     async def events(self) -> AsyncIterator[Event]:
@@ -55,7 +62,10 @@ class Steering:
             try:
                 items, cursor, missed = await self.link.live().fetch.remote(cursor, 4096, 1.0)
             except RayActorError as e:
-                if await self.restart(f"coordinator died: {e}"):
+                restarted: list[bool] = []
+                async for note in self._restarting(f"coordinator died: {e}", -1, restarted):
+                    yield note
+                if restarted[0]:
                     cursor = 0
                     continue
                 raise
@@ -69,23 +79,46 @@ class Steering:
             for b in items:
                 msg = self.codec.decode(b)
                 if isinstance(msg, RunEnded) and msg.run_id in ("", self.run_id):
-                    if await self._recover(msg):
-                        restarted = True
-                        break
+                    if msg.failed_component:  # restarted from its last checkpoint, if restarts allow
+                        again: list[bool] = []
+                        async for note in self._restarting(msg.error, msg.steps, again):
+                            yield note
+                        if again[0]:
+                            restarted = True
+                            break
                     self.link.ended = msg
                     yield msg
                     return
                 if msg.__class__ is RelayReport:  # the facts a relay folded, one by one
                     for ev in msg.events:  # type: ignore[attr-defined]
                         yield ev
-                elif isinstance(msg, Event):
+                elif isinstance(msg, Event) and not self.link.told(msg):
                     yield msg
             if restarted:
                 cursor = 0
 
     async def _recover(self, ended: RunEnded) -> bool:
         """True if the run that ended this way was restarted from its last checkpoint."""
-        return bool(ended.failed_component) and await self.restart(ended.error)
+        return bool(ended.failed_component) and await self.restart(ended.error, ended.steps)
+
+    async def _restarting(self, reason: str, step: int, out: list[bool]) -> AsyncIterator[Event]:
+        """Restart the run (``reason``; lost at ``step``, -1 unknown), yielding what the engine
+        tells meanwhile (``trainer.pending`` while it waits for room, ``trainer.waited``); appends
+        to ``out`` whether it restarted. A failed restart raises here (``RestartError``)."""
+        task = asyncio.ensure_future(self.restart(reason, step))
+        try:
+            while not task.done():
+                told = asyncio.ensure_future(self.link.next_notice())
+                await asyncio.wait({task, told}, return_when=asyncio.FIRST_COMPLETED)
+                told.cancel()
+                for note in self.link.take_notices():
+                    yield note
+            for note in self.link.take_notices():
+                yield note
+            out.append(task.result())
+        finally:
+            if not task.done():  # the reader stopped (Ctrl-C): the restart stops with it
+                task.cancel()
 
     async def submit(self, intent: Intent) -> None:
         """``Engine.submit`` (documented there)."""
@@ -107,7 +140,7 @@ class Steering:
             try:
                 ended = self.codec.decode(await self.link.live().wait_ended.remote())
             except RayActorError as e:
-                if await self.restart(f"coordinator died: {e}"):
+                if await self.restart(f"coordinator died: {e}", -1):
                     continue
                 raise
             if not await self._recover(ended):

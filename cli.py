@@ -120,7 +120,7 @@ def _run(args) -> int:
         print(f"shunter: bad config: {e}", file=sys.stderr)
         return USAGE
     from shunter.engine.io.checkpoint import CheckpointError
-    from shunter.engine.io.errors import EngineSetupError
+    from shunter.engine.io.errors import EngineSetupError, RestartError
     from shunter.progress import run_with_progress
 
     try:
@@ -128,6 +128,9 @@ def _run(args) -> int:
     except CheckpointError as e:
         print(f"shunter: cannot resume: {e}", file=sys.stderr)
         return USAGE
+    except RestartError as e:  # it ran, lost a component, and could not start again
+        print(f"shunter: the run failed: {e}", file=sys.stderr)
+        return FAILED
     except EngineSetupError as e:
         print(f"shunter: the run did not start: {e}", file=sys.stderr)
         return FAILED

@@ -29,10 +29,13 @@ from shunter.events import (
     ReplicaGivenUp,
     ReplicaPending,
     ReplicaRestart,
+    ReplicaWaited,
     RunEnded,
     RunResumed,
     SampleEnd,
     StepEnd,
+    TrainerPending,
+    TrainerWaited,
     ValidateEnd,
     tag_of,
 )
@@ -212,6 +215,30 @@ async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
                 f"replica.pending: {'the replacement of ' + ev.replacing if ev.replacing else 'a new replica'} "
                 f"waits for room in the Ray cluster: it needs {need}; it waits up to {ev.deadline_s:g}s "
                 "(rollout.replacement_wait_s) for a node to come back or be added",
+                file=sys.stderr,
+            )
+        elif isinstance(ev, ReplicaWaited):
+            who = f"the replacement of {ev.replacing}" if ev.replacing else f"the new {ev.replica_kind} replica"
+            tqdm.write(
+                f"replica.waited: {who} found room after {ev.waited_s:.0f}s and starts now"
+                if ev.outcome == "placed"
+                else f"replica.waited: {who} found no room within {ev.waited_s:.0f}s "
+                "(rollout.replacement_wait_s): its start counts as failed",
+                file=sys.stderr,
+            )
+        elif isinstance(ev, TrainerPending):
+            need = ", ".join(f"{v:g} {k} (free {ev.free.get(k, 0):g})" for k, v in ev.missing.items())
+            tqdm.write(
+                f"trainer.pending: the run lost its trainer and restarts from its checkpoint at step "
+                f"{ev.checkpoint_step}, but the Ray cluster has no room for one: it needs {need}; it waits up to "
+                f"{ev.deadline_s:g}s (run.restart_wait_s) for a node to come back or be added",
+                file=sys.stderr,
+            )
+        elif isinstance(ev, TrainerWaited):
+            tqdm.write(
+                f"trainer.waited: room for the trainer after {ev.waited_s:.0f}s: the run restarts"
+                if ev.outcome == "placed"
+                else f"trainer.waited: no room for the trainer within {ev.waited_s:.0f}s (run.restart_wait_s)",
                 file=sys.stderr,
             )
         elif isinstance(ev, ReplicaGivenUp):

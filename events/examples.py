@@ -117,6 +117,16 @@ CASES: list[e.Message] = [
         deadline_s=300.0,
         **ENV,
     ),
+    e.ReplicaWaited(replica_kind="standalone", replacing="standalone-0", outcome="placed", waited_s=34.5, **ENV),
+    e.TrainerPending(
+        reason="trainer failed: its node died",
+        checkpoint_step=30,
+        missing={"node_t": 1.0},
+        free={"node_t": 0.0},
+        deadline_s=300.0,
+        **ENV,
+    ),
+    e.TrainerWaited(outcome="gave_up", waited_s=300.0, **ENV),
     e.ReplicaGivenUp(
         replica_id="standalone-4", replica_kind="standalone", rank=0, attempts=3, reason="actor died", **ENV
     ),

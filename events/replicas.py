@@ -7,7 +7,7 @@ Invariant: at any time a rank is held by at most one live replica, whatever its 
 from __future__ import annotations
 
 from shunter.events.base import Event
-from shunter.events.vocab import Mode, ReplicaKind
+from shunter.events.vocab import Mode, ReplicaKind, WaitOutcome
 
 
 class RankAssigned(Event, frozen=True, kw_only=True, tag="registry.rank_assigned"):
@@ -109,3 +109,17 @@ class ReplicaPending(Event, frozen=True, kw_only=True, tag="replica.pending"):
     missing: dict[str, float]
     free: dict[str, float]
     deadline_s: float
+
+
+class ReplicaWaited(Event, frozen=True, kw_only=True, tag="replica.waited"):
+    """The wait a ``ReplicaPending`` announced is over: room was found (``placed``: the replica is
+    made now, ``RankAssigned`` and ``ReplicaUp`` follow) or ``rollout.replacement_wait_s`` passed
+    first (``gave_up``: its start counts as failed, ``ComponentFailed``).
+
+    ``Engine -> coordinator, policy``, once after each ``ReplicaPending``."""
+
+    replica_kind: ReplicaKind
+    replacing: str = ""
+    """The replica it replaces ("": one added with ``Engine.add_replica``)."""
+    outcome: WaitOutcome
+    waited_s: float

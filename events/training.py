@@ -9,7 +9,7 @@ of a sample is ``trainer version - sample.min_version``.
 from __future__ import annotations
 
 from shunter.events.base import Event
-from shunter.events.vocab import ServingMode, StatePart
+from shunter.events.vocab import ServingMode, StatePart, WaitOutcome
 
 
 class StepBegin(Event, frozen=True, kw_only=True, tag="trainer.step_begin"):
@@ -149,3 +149,31 @@ class TrainerStateSaved(Event, frozen=True, kw_only=True, tag="trainer.state_sav
     path: str
     nbytes: int
     duration_s: float
+
+
+class TrainerPending(Event, frozen=True, kw_only=True, tag="trainer.pending"):
+    """The run lost its trainer (``reason``) and restarts from its checkpoint at
+    ``checkpoint_step``, but the Ray cluster has no room for a trainer now — its node lost, say:
+    ``missing`` is what the trainer asks for that no node has free, ``free`` what the cluster has of
+    it. The restart waits up to ``deadline_s`` (``run.restart_wait_s``) for a node to come back or be
+    added (``trainer.waited``), then the run ends with an error naming the step and ``--resume``.
+
+    ``Engine -> Engine.events()``, once, when the wait begins (no coordinator runs meanwhile: the
+    new attempt's coordinator records it with ``trainer.waited`` when it starts)."""
+
+    reason: str
+    checkpoint_step: int
+    missing: dict[str, float]
+    free: dict[str, float]
+    deadline_s: float
+
+
+class TrainerWaited(Event, frozen=True, kw_only=True, tag="trainer.waited"):
+    """The wait a ``TrainerPending`` announced is over: room was found (``placed``: the restart goes
+    on, ``RunResumed`` follows) or ``run.restart_wait_s`` passed first (``gave_up``: the run ends).
+
+    ``Engine -> Engine.events()``, once after each ``TrainerPending``; recorded by the new
+    attempt's coordinator when it is ``placed``."""
+
+    outcome: WaitOutcome
+    waited_s: float

@@ -54,6 +54,9 @@ reward holding the interpreter in C code)."""
 EnvCall = Literal["", "init", "reset", "step", "close"]
 """Which call of the user's environment failed (``init``: its constructor; "": not recorded, an
 event from an older log)."""
+WaitOutcome = Literal["placed", "gave_up"]
+"""How a wait for room in the Ray cluster ended (``replica.waited``, ``trainer.waited``): room was
+found and the component starts now, or the deadline passed first."""
 StatePart = Literal["optimizer", "params", "grads"]
 """What of the trainer's state may be moved off its device and back."""
 RejectReason = Literal[

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shunter.engine.io.errors import EngineSetupError
+from shunter.events.vocab import WaitOutcome
 
 NAMESPACE = "shunter"
 RAY_SESSION = "ray_session"
@@ -98,11 +99,16 @@ async def wait_for_room(
     knobs: dict[str, str],
     deadline_s: float,
     waiting: Callable[[dict[str, float], dict[str, float]], Awaitable[None]],
+    waited: Callable[[WaitOutcome, float], Awaitable[None]],
+    *,
+    deadline_knob: str = "rollout.replacement_wait_s",
     poll_s: float = 0.5,
 ) -> float:
     """Wait until the cluster has ``need`` free (a lost node's capacity back, a node added, or
-    another run's actors gone); ``waiting(missing, free)`` is awaited once, when it must wait.
-    Returns the seconds waited; ``EngineSetupError`` past ``deadline_s`` naming what was missing."""
+    another run's actors gone); ``waiting(missing, free)`` is awaited once, when it must wait, and
+    then ``waited(outcome, seconds)`` once, when the wait ends — every "waiting" line gets its "done
+    waiting" line. Returns the seconds waited; ``EngineSetupError`` past ``deadline_s``
+    (``deadline_knob``) naming what was missing."""
     import ray
 
     loop = asyncio.get_running_loop()
@@ -112,14 +118,17 @@ async def wait_for_room(
         have = ray.available_resources()
         short = missing(need, have)
         if not short:
+            if said:
+                await waited("placed", loop.time() - t0)
             return loop.time() - t0
         if not said:
             said = True
             await waiting(short, {k: float(have.get(k, 0.0)) for k in short})
         if loop.time() - t0 >= deadline_s:
+            await waited("gave_up", loop.time() - t0)
             raise EngineSetupError(
                 f"no room in the Ray cluster for {what} within {deadline_s:g}s "
-                f"(rollout.replacement_wait_s): " + _describe(short, have, knobs)
+                f"({deadline_knob}): " + _describe(short, have, knobs)
             )
         await asyncio.sleep(poll_s)  # polling the cluster's free resources, not a synchronisation
 

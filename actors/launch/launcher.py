@@ -15,20 +15,23 @@ Its parts, each made here with what it is given: ``room`` (``Room``: whether the
 where each goes), ``site`` (``RunSite``: model folder, dataset, Ray, placement group, registry —
 opened once), ``current`` (``Attempt``: the attempt in progress, shared with the replica part)
 and ``replicas`` (``ReplicaLauncher``: the replicas made, adopted, placed, announced, brought
-up mid-run and parked in the pool).
+up mid-run and parked in the pool). A restart whose trainer finds no room (its node lost) waits
+for room up to ``run.restart_wait_s`` and says so (``trainer.pending`` / ``trainer.waited``, told
+to the engine's readers through ``notice`` as no coordinator runs meanwhile).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from shunter.actors.launch.attempt import Attempt, await_setup
-from shunter.actors.launch.cluster import NAMESPACE, on_node
+from shunter.actors.launch.cluster import NAMESPACE, on_node, wait_for_room
 from shunter.actors.launch.replica_launcher import ReplicaLauncher
 from shunter.actors.launch.room import Room
 from shunter.actors.launch.run_site import RunSite
@@ -37,10 +40,13 @@ from shunter.engine.io.checkpoint import Found
 from shunter.events import (
     Codec,
     ComponentReady,
+    Event,
     Message,
     ReplicaUp,
+    TrainerPending,
+    TrainerWaited,
 )
-from shunter.events.vocab import HYBRID, STANDALONE, ReplicaKind
+from shunter.events.vocab import HYBRID, STANDALONE, ReplicaKind, WaitOutcome
 
 
 class Launcher:
@@ -54,11 +60,15 @@ class Launcher:
         val_data: Any = None,
         environment: Any = None,
         pool: Any = None,
+        notice: Callable[[Event], None] = lambda ev: None,
     ) -> None:
         """``train_data`` / ``val_data``: rows given as objects instead of ``data.*_files``;
         ``environment``: a class instead of ``task.environment``; ``pool``: a ``ReplicaPool``
-        the run takes standalone replicas from and gives them back to (``Engine``'s arguments)."""
+        the run takes standalone replicas from and gives them back to (``Engine``'s arguments);
+        ``notice``: tells the engine's readers what happens while no coordinator runs (a restart
+        waiting for room for its trainer: ``trainer.pending``, ``trainer.waited``)."""
         self.cfg, self.run_id, self.out_dir = cfg, run_id, out_dir
+        self.notice = notice
         self.pool = pool
         self.codec = Codec()
         self.attempt = 0
@@ -112,6 +122,8 @@ class Launcher:
         r = cfg.rollout
         kinds: list[ReplicaKind] = [STANDALONE] * r.standalone_replicas + [HYBRID] * r.hybrid_replicas
         if self.room.placer is None:  # a placement group reserved its room already
+            if resume is not None and self.attempt > 0:  # a restart: the trainer's node may be lost
+                opening += await self._room_for_trainer(resume, reason)
             self.room.check(kinds)  # the whole attempt's, the replicas it adopts included
         rewards_s = await self.start_reward_workers()
         opening += [
@@ -200,6 +212,47 @@ class Launcher:
             "coordinator", self.current.coordinator.start.remote(self.codec.encode_batch(opening)), cfg.run.timeout_s
         )
         return self.current.coordinator
+
+    async def _room_for_trainer(self, resume: Found, reason: str) -> list[Message]:
+        """A restart waits for room for its trainer — a lost node back, or one added — up to
+        ``run.restart_wait_s``, saying so (``trainer.pending``, then ``trainer.waited``) through
+        ``notice``; returns the two for the new coordinator to record (nothing if no wait was
+        needed). Past the deadline: ``EngineSetupError`` naming what was missing."""
+        said: list[Message] = []
+
+        async def waiting(short: dict[str, float], free: dict[str, float]) -> None:
+            said.append(
+                TrainerPending(
+                    reason=reason,
+                    checkpoint_step=resume.manifest.step,
+                    missing=short,
+                    free=free,
+                    deadline_s=self.cfg.run.restart_wait_s,
+                    run_id=self.run_id,
+                    source="engine",
+                    wall_time=time.time(),
+                )
+            )
+            self.notice(said[-1])
+
+        async def waited(outcome: WaitOutcome, seconds: float) -> None:
+            ev = TrainerWaited(
+                outcome=outcome, waited_s=seconds, run_id=self.run_id, source="engine", wall_time=time.time()
+            )
+            said.append(ev)
+            self.notice(ev)
+
+        need = self.room.trainer_request()
+        await wait_for_room(
+            need,
+            "the trainer",
+            self.room.knobs(),
+            self.cfg.run.restart_wait_s,
+            waiting,
+            waited,
+            deadline_knob="run.restart_wait_s",
+        )
+        return said
 
     async def start_reward_workers(self) -> float:
         """The attempt's reward workers, each loaded and answering before any replica starts

@@ -29,8 +29,8 @@ from shunter.actors.wire import root_cause
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.io.errors import EngineSetupError
 from shunter.engine.replica.heartbeat import every_for
-from shunter.events import Codec, ComponentFailed, ComponentPlaced, Message, ReplicaPending, ReplicaUp
-from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind
+from shunter.events import Codec, ComponentFailed, ComponentPlaced, Message, ReplicaPending, ReplicaUp, ReplicaWaited
+from shunter.events.vocab import HYBRID, ROLLOUT, STANDALONE, TRAINER, ReplicaKind, WaitOutcome
 
 
 class ReplicaLauncher:
@@ -191,10 +191,22 @@ class ReplicaLauncher:
                     source="engine",
                     wall_time=time.time(),
                 )
-                if self.current.coordinator is not None:
-                    await self.current.coordinator.ingest.remote(self.codec.encode_batch([pending]), "engine")
+                await self._tell(pending)
 
-            await wait_for_room(need, what, self.room.knobs(), cfg.rollout.replacement_wait_s, waiting)
+            async def waited(outcome: WaitOutcome, seconds: float) -> None:
+                await self._tell(
+                    ReplicaWaited(
+                        replica_kind=kind,
+                        replacing=replacing,
+                        outcome=outcome,
+                        waited_s=seconds,
+                        run_id=self.run_id,
+                        source="engine",
+                        wall_time=time.time(),
+                    )
+                )
+
+            await wait_for_room(need, what, self.room.knobs(), cfg.rollout.replacement_wait_s, waiting, waited)
         rank, name, new_evs = await self.site.registry.register.remote(rid, kind)
         evs += self.codec.decode_batch(new_evs)
         slot = self.room.placer.replica_slot(rid, kind, name, NAMESPACE) if self.room.placer else None
@@ -217,6 +229,11 @@ class ReplicaLauncher:
         self.replicas[rid] = (h, kind, rank)
         self.names[rid], self._keys[rid] = name, pool_key(self.site.model_dir, engine, resources)
         return rid, h, rank, evs
+
+    async def _tell(self, ev: ReplicaPending | ReplicaWaited) -> None:
+        """A wait's start or end, to the coordinator of the attempt (it records it, the policy sees it)."""
+        if self.current.coordinator is not None:
+            await self.current.coordinator.ingest.remote(self.codec.encode_batch([ev]), "engine")
 
     # -- what a replica is started with ------------------------------------------------------
     def _engine_settings(self, i: int) -> dict[str, Any]:

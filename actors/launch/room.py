@@ -68,6 +68,11 @@ class Room:
             need[k] = need.get(k, 0.0) + v * r.standalone_replicas
         check_total(need, "this run", self.knobs())
 
+    def trainer_request(self) -> dict[str, float]:
+        """What the trainer asks the cluster for (its CPUs, GPUs and ``trainer.resources``)."""
+        t = self.cfg.trainer
+        return request(t.num_cpus, t.num_gpus, t.resources)
+
     def options(
         self,
         component: str,

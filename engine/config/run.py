@@ -81,6 +81,12 @@ class RunConfig(Section):
             "When the trainer or the coordinator dies, restart the run from its last checkpoint up to this many times (needs checkpoint_every > 0)."
         ),
     ] = 2
+    restart_wait_s: Annotated[
+        PosFloat,
+        doc(
+            "Such a restart that finds no room in the Ray cluster for the trainer (its node lost) waits this long for room — a node back, or one added: trainer.pending says what it waits for — before the run ends with an error naming the step and the --resume line."
+        ),
+    ] = 300.0
     restart_keeps_replicas: Annotated[
         bool,
         doc(

@@ -91,6 +91,13 @@ class EngineSetupError(EngineError):
     """A component failed to start; the message names it and the cause."""
 
 
+class RestartError(EngineSetupError):
+    """The run lost a component (the trainer, the coordinator) and could not start again from its
+    last checkpoint — no room for the trainer within ``run.restart_wait_s``, say; the message says
+    what was lost at which step, why the restart failed, and the ``--resume`` line that continues
+    the run once the cause is fixed. (An ``EngineSetupError``: callers that catch that still do.)"""
+
+
 class RunEndedError(EngineError):
     """The run is over (``.ended``: its ``RunEnded``); nothing more can be asked of it."""
 

@@ -97,15 +97,23 @@ async def test_a_replica_without_room_waits_saying_for_what_then_gives_up_past_i
     hog = Hog.remote()
     await hog.ready.remote()
     said: list = []
+    ended: list = []
 
     async def waiting(short, have):
         said.append((short, have))
 
+    async def waited(outcome, seconds):
+        ended.append(outcome)
+
     try:
         with pytest.raises(EngineSetupError, match=r"within 1s \(rollout.replacement_wait_s\): it needs 0.5 CPU"):
-            await wait_for_room(request(0.5, 0), "a replacement", {"CPU": "rollout.num_cpus"}, 1.0, waiting, poll_s=0.1)
+            await wait_for_room(
+                request(0.5, 0), "a replacement", {"CPU": "rollout.num_cpus"}, 1.0, waiting, waited, poll_s=0.1
+            )
         assert said == [({"CPU": 0.5}, {"CPU": 0.0})]
+        assert ended == ["gave_up"]  # the "waiting" line got its "done waiting" line
     finally:
         ray_cluster.kill(hog)
     # the room comes back (the hog's CPUs freed a moment after its kill): the wait ends, no error
-    assert 0 <= await wait_for_room(request(0.5, 0), "a replacement", {}, 30.0, waiting, poll_s=0.1) < 30
+    assert 0 <= await wait_for_room(request(0.5, 0), "a replacement", {}, 30.0, waiting, waited, poll_s=0.1) < 30
+    assert ended == ["gave_up"] + ["placed"] * (len(said) - 1)  # waited only if it said so

@@ -244,6 +244,7 @@ def test_a_run_across_two_raylets_survives_losing_its_replica_node(tmp_path):
     pending = next(m for m in facts if isinstance(m, ReplicaPending))
     assert pending.replacing == first and pending.missing == {"node_b": 1.0}
     assert f"replica.pending: the replacement of {first} waits for room" in said
+    assert f"replica.waited: the replacement of {first} found room after" in said  # the wait's end, said too
     # the replicas' facts came folded by their node's relay actor, one per node
     relays = {m.relay for m in msgs if isinstance(m, RelayReport)}
     assert len(relays) == 2 and all(".relay." in r for r in relays), relays
@@ -263,3 +264,78 @@ def test_a_run_across_two_raylets_survives_losing_its_replica_node(tmp_path):
     assert len(steps) == STEPS
     assert set(groups.values()) == {1}, "a group trained twice"
     assert sorted(groups) == list(range(len(groups))), "prompts skipped"
+
+
+def test_losing_the_trainers_node_waits_for_room_resumes_when_one_joins_and_names_the_step_when_none_does(tmp_path):
+    """Issue 46, item 3: the trainer on a node of its own (``trainer.resources = { node_t = 1 }``).
+    Its node lost (``kill -9`` of the raylet) the run restarts from its checkpoint and, with no node
+    offering ``node_t``, says what the trainer waits for and how long (``trainer.pending``); an
+    operator adds such a node and the run goes on there (``trainer.waited``, ``RunResumed``). Lost a
+    second time with none added, the wait ends past ``run.restart_wait_s`` and the run exits 1
+    naming the step it lost its trainer at and the ``--resume`` line — not "did not start"."""
+    from shunter.events import CheckpointSaved, RunResumed
+
+    text = (ROOT / "examples" / "sort_cluster.toml").read_text()
+    text = text.replace("resources = { node_a = 1 }", "resources = { node_t = 1 }")
+    text = text.replace("checkpoint_every = 20", "checkpoint_every = 4\nmax_restarts = 3\nrestart_wait_s = 30")
+    text = text.replace("every = 50", "every = 0")
+    config = tmp_path / "cluster.toml"
+    config.write_text(text)
+    nodes = RayNodes()
+    try:
+        address = nodes.head({"node_b": 1})  # the driver's node: coordinator, registry, the replica
+        nodes.add({"node_t": 1})
+        err = tmp_path / "stderr.txt"
+        run = tmp_path / "runs" / "tr"
+        log = run / "events.bin"
+        with open(err, "w") as e, open(tmp_path / "stdout.txt", "w") as o:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "shunter.cli", "run", str(config), "--address", address, "--steps", "200",
+                 "--no-progress", "--run-id", "tr", "--output-dir", str(tmp_path / "runs")],
+                cwd=tmp_path,
+                env={**nodes.env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+                stdout=o,
+                stderr=e,
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+
+            def saved_at_least(n):
+                return lambda: any(isinstance(m, CheckpointSaved) and m.step >= n for m in _messages(log))
+
+            _wait(saved_at_least(4), "a checkpoint", 300, proc, err)
+            nodes.kill_node("node_t")
+            _wait(lambda: "trainer.pending:" in err.read_text(), "trainer.pending", 120, proc, err)
+            nodes.add({"node_t": 1})  # an operator adds a node offering node_t: the run goes on there
+            _wait(lambda: any(isinstance(m, RunResumed) for m in _messages(log)), "run.resumed", 180, proc, err)
+            resumed = next(m for m in _messages(log) if isinstance(m, RunResumed))
+            _wait(saved_at_least(resumed.step + 4), "a checkpoint after the resume", 300, proc, err)
+            lost_after = max(m.step for m in _messages(log) if isinstance(m, StepEnd))
+            nodes.kill_node("node_t")  # lost again, and no node is added
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        said = err.read_text()
+    finally:
+        nodes.stop()
+
+    assert proc.returncode == 1, said[-3000:]
+    lines = [x for x in said.splitlines() if x.startswith(("trainer.", "shunter:"))]
+    pending = [x for x in lines if x.startswith("trainer.pending:")]
+    assert len(pending) == 2, lines
+    assert "it needs 1 node_t (free 0); it waits up to 30s (run.restart_wait_s)" in pending[0], pending
+    waited = [x for x in lines if x.startswith("trainer.waited:")]
+    assert len(waited) == 2 and "room for the trainer after" in waited[0], waited
+    assert "no room for the trainer within" in waited[1], waited
+    [last] = [x for x in lines if x.startswith("shunter:")]
+    assert last.startswith("shunter: the run failed: the run lost a component at step "), last
+    step = int(last.split("at step ")[1].split(" ")[0])
+    assert step >= lost_after, (step, lost_after)
+    assert "node_t" in last and f"--resume {run}" in last, last
+    assert "did not start" not in said
+    # the wait that found room is in the event log, as the new attempt's coordinator recorded it
+    from shunter.events import TrainerPending, TrainerWaited
+
+    facts = list(read_log(log))
+    assert [type(m) for m in facts if isinstance(m, TrainerPending | TrainerWaited)] == [TrainerPending, TrainerWaited]

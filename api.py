@@ -185,6 +185,19 @@ class Engine:
                 "saved a checkpoint, or choose another run id (or move the folder aside); nothing there was changed"
             )
 
+    def _check_data_files(self) -> None:
+        """Before anything starts — the model built or its tokenizer loaded, Ray, an actor — every
+        file ``data.train_files`` and ``data.val_files`` name (each glob's every match) opens, holds
+        rows and has the columns a row needs, its first rows checked (``check_files``); the launcher
+        reads them whole later (``actors/launch/run_data.py``). ``EngineSetupError`` names the file."""
+        from shunter.engine.data.files import DataError, check_files
+
+        try:
+            for key in ("train_files", "val_files"):
+                check_files(getattr(self.cfg.data, key), what=f"data.{key}")
+        except DataError as e:
+            raise EngineSetupError(f"the dataset cannot be used: {e}") from None
+
     async def __aenter__(self) -> Engine:
         self._check_not_started()  # before the try: a second entry must not close the running engine
         try:
@@ -220,6 +233,7 @@ class Engine:
 
         self._check_not_started()
         self._check_run_folder()
+        self._check_data_files()
         self._phase = "started"
         try:
             self._launch = Launcher(self.cfg, self.run_id, self.out_dir, notice=self._link.notice, **self._objects)

@@ -4,6 +4,8 @@ at the launcher, checked once; the coordinator never needs a tokenizer).
 Invariant: every prompt a run will draw has been read, checked and counted with the model's own
 tokenizer and chat template — as the replicas will tokenize it — before Ray starts an actor; a row
 that cannot be used raises ``DataError`` naming its file (or ``train_data[i]``), row and field.
+(``Engine.start`` has already opened every file and checked its first rows — ``check_files`` —
+before the model was built: this is the one read of every row.)
 """
 
 from __future__ import annotations

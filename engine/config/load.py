@@ -3,6 +3,8 @@
 Invariant: a config that loads is internally consistent (``engine.config.checks``); unknown keys
 are errors (a typo never silently falls back to a default), and an error names the field, the
 value given and, for a typo, the closest field names — blaming an override where one set it.
+Overrides combine with a file by one rule (:func:`merge`): a section field by field, a field's
+value (a table too) whole, and a policy's options only with their policy.
 
 Every field carries its documentation in ``msgspec.Meta(description=...)``; ``shunter
 config-schema`` prints them as JSON schema (:func:`schema`).
@@ -19,7 +21,11 @@ import msgspec
 from shunter.engine.config.base import ConfigError
 from shunter.engine.config.checks import check
 from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.config.run import RunConfig
 from shunter.engine.replica import lengths
+
+DEFAULT_POLICY = RunConfig().policy
+"""``run.policy`` where a config names none: what an override's ``run.policy`` is compared with."""
 
 
 def from_dict(data: dict[str, Any], *, origin: str = "config", overrides: dict[str, Any] | None = None) -> EngineConfig:
@@ -103,7 +109,12 @@ def _did_you_mean(error: str) -> str:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> EngineConfig:
-    """Load a TOML file; ``overrides`` (nested dict) is merged over it before checking.
+    """Load a TOML file; ``overrides`` (nested dict, section -> field -> value) is laid over it
+    before checking, as :func:`merge` does: section by section, field by field, a field's value
+    — a table such as ``run.policy_options`` too — replacing the file's whole, and an override
+    naming another ``run.policy`` without ``run.policy_options`` dropping the file's options
+    (they belong to its policy). ``{"run": {"policy": "separate", "policy_options": {}}}``
+    runs ``separate`` with no options, whatever the file's policy and options.
 
     Import strings in the config (``run.policy``, ``task.name``, ``task.reward``,
     ``trainer.loss_fn``) are resolved from the config file's folder and the working directory
@@ -137,10 +148,31 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> En
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` (overrides) laid over ``base`` (a config's data, or other overrides); neither is changed.
+
+    How they combine (docs/configuration.md, "Overrides"):
+
+    - a section (``run``, ``rollout``, ...) merges field by field: the fields ``over`` gives
+      replace the base's, the others are kept;
+    - a field's value replaces the base's whole — a number, a string, a list and a table alike
+      (``run.policy_options``, ``rollout.engine_args``, ``rollout.resources``,
+      ``trainer.resources``): ``{"run": {"policy_options": {}}}`` clears the options,
+      ``{"trainer": {"resources": {"node_b": 1}}}`` leaves no ``node_a``;
+    - a policy's options belong to it: where ``over`` names another ``run.policy`` than the base's
+      (its own, or the default) and gives no ``run.policy_options``, the base's options are dropped.
+    """
     out = dict(base)
     for k, v in over.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    run, new = base.get("run"), over.get("run")
+    if isinstance(run, dict) and isinstance(new, dict) and _another_policy(run, new):  # out["run"]: their merge
+        out["run"] = {k: v for k, v in out["run"].items() if k != "policy_options"}
     return out
+
+
+def _another_policy(run: dict[str, Any], new: dict[str, Any]) -> bool:
+    """``new`` (an override's ``run``) names another policy than ``run`` and gives it no options."""
+    return "policy" in new and "policy_options" not in new and new["policy"] != run.get("policy", DEFAULT_POLICY)
 
 
 def schema() -> dict[str, Any]:

@@ -1,12 +1,16 @@
 """Prompt files in verl's layout (``engine/data/datasets.py`` describes it): naming them
-(:func:`expand`: paths and globs) and reading each into checked :class:`Row` s
-(:func:`read_rows`: parquet through pyarrow, JSONL through Python's ``json``).
+(:func:`expand`: paths and globs), checking each cheaply before a run starts (:func:`check_files`:
+its schema and first rows) and reading each into checked :class:`Row` s (:func:`read_rows`:
+parquet through pyarrow, JSONL through Python's ``json``).
 
 Invariant: a file that cannot be used — unreadable, damaged, not UTF-8, not JSON objects, a
 column missing, a value of the wrong type — raises :class:`DataError` naming the file, the row
 (``row N``) or line (``line N``) and the field, never a crash further on; a file named twice
-(two spellings of one path) is read once. Nothing here imports torch, Ray or vLLM; pyarrow is
-imported when a parquet file is read.
+(two spellings of one path) is read once. :func:`check_file` makes the checks :func:`read_rows`
+makes, on the file's first :data:`FIRST_ROWS` rows only (a parquet file's schema and first
+batch, a JSONL file's first lines), so a file that is not one, is empty or lacks a column is
+refused before the model, the tokenizer or Ray is touched, without reading the whole file.
+Nothing here imports torch, Ray or vLLM; pyarrow is imported when a parquet file is read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 from shunter.events import ChatMessage, PromptSpec
 
 SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
+FIRST_ROWS = 8
+"""Rows of each file :func:`check_file` reads and checks (the full read checks every row)."""
 
 
 class DataError(ValueError):
@@ -90,19 +96,30 @@ Record = tuple[str, dict[str, Any]]
 """One row as the file holds it: where it is (``file:row N`` / ``file:line N``) and its fields."""
 
 
-def _parquet(path: Path) -> tuple[list[str], list[Record]]:
-    """The file's columns and its rows (only the columns a row uses are converted)."""
+USED = ("prompt", "reward_model", "data_source", "extra_info")
+"""The columns a row is made of; the others are never converted."""
+
+
+def _parquet(path: Path, limit: int | None = None) -> tuple[list[str], list[Record]]:
+    """The file's columns and its rows — the first ``limit`` only, when given: its schema and
+    first batch are all that is read (only the columns a row uses are converted)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
-        used = [c for c in ("prompt", "reward_model", "data_source", "extra_info") if c in table.column_names]
-        values = table.select(used).to_pylist()
+        if limit is None:
+            table = pq.read_table(path)
+            columns = list(table.column_names)
+            values = table.select([c for c in USED if c in columns]).to_pylist()
+        else:
+            with pq.ParquetFile(path) as pf:
+                columns = list(pf.schema_arrow.names)
+                batch = next(pf.iter_batches(batch_size=limit, columns=[c for c in USED if c in columns]), None)
+                values = batch.to_pylist()[:limit] if batch is not None else []
     except (pa.ArrowException, OSError, ValueError, ArithmeticError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"{path}: cannot be read as parquet: {first}") from None
-    return list(table.column_names), [(f"{path}:row {i + 1}", v) for i, v in enumerate(values)]
+    return columns, [(f"{path}:row {i + 1}", v) for i, v in enumerate(values)]
 
 
 class _JsonFloat(float):
@@ -118,13 +135,16 @@ def _json_float(literal: str) -> float:
     return f
 
 
-def _jsonl(path: Path) -> tuple[list[str], list[Record]]:
-    """The keys the file's objects have (first seen first) and its rows, one JSON object a line."""
+def _jsonl(path: Path, limit: int | None = None) -> tuple[list[str], list[Record]]:
+    """The keys the file's objects have (first seen first) and its rows, one JSON object a line
+    (the first ``limit`` rows only, when given)."""
     columns: dict[str, None] = {}
     out: list[Record] = []
     try:
         with path.open("rb") as fh:
             for n, raw in enumerate(fh, 1):
+                if limit is not None and len(out) >= limit:
+                    break
                 where = f"{path}:line {n}"
                 line = _decoded(raw, where, first=n == 1).rstrip("\r\n")
                 if line.strip():
@@ -192,12 +212,32 @@ def _messages(value: Any, where: str) -> tuple[ChatMessage, ...]:
 
 def read_rows(path: Path) -> list[Row]:
     """Every row of one file, checked; ``DataError`` names the file, row and field at fault."""
-    columns, records = _parquet(path) if SUFFIXES[path.suffix.lower()] == "parquet" else _jsonl(path)
+    return _rows(path, None)
+
+
+def check_file(path: Path, rows: int = FIRST_ROWS) -> None:
+    """The checks :func:`read_rows` makes, on ``path``'s first ``rows`` rows only: the file opens
+    as its format, holds a row, has the columns a row needs, and its first rows are rows."""
+    _rows(path, rows)
+
+
+def check_files(paths: Sequence[str], base: Path | None = None, what: str = "data.train_files") -> list[Path]:
+    """:func:`expand` ``paths``, then :func:`check_file` every file they name: what a run does with
+    its ``data.train_files`` and ``data.val_files`` before it starts anything (``Engine.start``)."""
+    files = expand(paths, base, what)
+    for f in files:
+        check_file(f)
+    return files
+
+
+def _rows(path: Path, limit: int | None) -> list[Row]:
+    read = _parquet if SUFFIXES[path.suffix.lower()] == "parquet" else _jsonl
+    columns, records = read(path, limit)
     if not records:
         raise DataError(f"{path}: holds no rows")
     missing = [c for c in ("prompt", "reward_model") if c not in columns]
     if missing:
-        raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (it has {', '.join(columns)})")
+        raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (it has {', '.join(columns) or 'none'})")
     return [parse_row(path, where, value) for where, value in records]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from shunter.engine.config import ConfigError, from_dict, load_config
 from shunter.engine.data.datasets import Dataset, PromptStream, validation_specs
-from shunter.engine.data.files import DataError, expand, read_rows
+from shunter.engine.data.files import FIRST_ROWS, DataError, check_file, check_files, expand, read_rows
 from shunter.engine.tasks import as_scorer, load_reward, score_of
 from shunter.events import ChatMessage, PromptSpec
 
@@ -197,6 +197,53 @@ def test_damaged_empty_and_unknown_files_are_errors_naming_them(tmp_path):
         expand([str(tmp_path / "data.csv")])
     with pytest.raises(DataError, match="matches no file"):
         expand([str(tmp_path / "nope-*.parquet")])
+
+
+def test_the_check_before_a_run_refuses_what_the_full_read_refuses_in_the_first_rows(tmp_path):
+    """``check_file`` (Engine.start, before anything starts) says what ``read_rows`` says of a file
+    that is not one, is empty, lacks a column or has a bad row among its first rows."""
+    (tmp_path / "text.parquet").write_text("prompt,answer\n312,123\n")
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    write_parquet(tmp_path / "no-prompt.parquet", [{"question": "1", "reward_model": {"ground_truth": "1"}}])
+    write_jsonl(tmp_path / "no-rm.jsonl", [{"prompt": "1"}])
+    bad = verl_rows(FIRST_ROWS)
+    bad[-1] = {**bad[-1], "prompt": None}
+    write_parquet(tmp_path / "bad-row.parquet", bad)
+    cases = {
+        "text.parquet": "text.parquet: cannot be read as parquet: ",
+        "empty.parquet": "empty.parquet: cannot be read as parquet: ",
+        "empty.jsonl": "empty.jsonl: holds no rows",
+        "no-prompt.parquet": "no-prompt.parquet: no column 'prompt' (it has question, reward_model)",
+        "no-rm.jsonl": "no-rm.jsonl: no column 'reward_model' (it has prompt)",
+        "bad-row.parquet": f"bad-row.parquet:row {FIRST_ROWS}: field 'prompt' is missing (null)",
+    }
+    for name, message in cases.items():
+        with pytest.raises(DataError) as full:
+            read_rows(tmp_path / name)
+        with pytest.raises(DataError) as first:
+            check_file(tmp_path / name)
+        assert message in str(first.value), (name, str(first.value))
+        assert message in str(full.value), (name, str(full.value))
+
+
+def test_the_check_before_a_run_reads_only_the_first_rows_and_every_file_named(tmp_path):
+    """The whole file is read once, by the launcher: the check stops after ``FIRST_ROWS`` rows
+    (a bad row past them is the full read's to name), and it opens every match of every glob."""
+    rows = verl_rows(5000)
+    rows[4000] = {**rows[4000], "reward_model": {"style": "rule"}}
+    late = write_parquet(tmp_path / "late.parquet", rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "groups.parquet", row_group_size=100)
+    lines = write_jsonl(tmp_path / "late.jsonl", verl_rows(50))
+    lines.write_text(lines.read_text() + "not json\n")
+    for f in (late, tmp_path / "groups.parquet", lines):
+        check_file(f)
+        with pytest.raises(DataError, match=r"(row 4001|line 51): "):
+            read_rows(f)
+    assert check_files(["late.*", "groups.parquet"], base=tmp_path) == [lines, late, tmp_path / "groups.parquet"]
+    (tmp_path / "late-2.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match=r"late-2.parquet: cannot be read as parquet"):
+        check_files(["late*.parquet"], base=tmp_path, what="data.val_files")
 
 
 def test_a_directory_or_a_missing_path_is_said_to_be_so(tmp_path):

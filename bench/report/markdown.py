@@ -17,6 +17,7 @@ from pathlib import Path
 
 from shunter.bench.report.gpu_sections import gpu2_section, gpu_section, gpu_sim_section
 from shunter.bench.report.plots import plot, plot_curves
+from shunter.bench.runner.acceptance import line
 
 COLUMNS = [
     ("speedup_vs_colocated", "speedup vs colocated", "{:.2f}x"),
@@ -78,7 +79,9 @@ def table(result: dict) -> str:
             "total_time_vs_minimal loop",
             "sim_over_analytic",
             "coordinator_share",
-            "events_per_s",
+            "coordinator_wall_share",
+            "facts_per_cpu_s",
+            "events_per_s",  # results before 2026-12-07: facts per second of the coordinator's wall time
             "samples_per_cpu_s",
             "messages_per_cpu_s",
             "latency_p50_ms",
@@ -135,6 +138,9 @@ def write_report(results: list[Path], out: Path) -> Path:
             table(r),
             "",
         ]
+        if r.get("acceptance"):
+            parts += ["Acceptance, as the scenario states it:", ""]
+            parts += [f"- {line(v)}" for v in r["acceptance"]] + [""]
         if r.get("reward_per_step_vs_baseline"):
             parts += [
                 "Reward per step (mean over the run, then over seeds) relative to the baseline: "

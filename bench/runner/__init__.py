@@ -1,6 +1,9 @@
 """Running a scenario file to one result JSON (``python -m shunter.bench run``).
 
-- ``scenario_file``: a scenario file's Structs (``Scenario``, ``Meta``, ``Cluster``, ``Variant``), ``load``.
+- ``scenario_file``: a scenario file's Structs (``Scenario``, ``Meta``, ``Cluster``, ``Variant``, ``Acceptance``),
+  ``load``.
+- ``figure_names``: the figures a result of each kind may hold (``known``) and the retired names.
+- ``acceptance``: ``judge``, a scenario's acceptance criteria on a result, and each verdict's ``line``.
 - ``kinds``: ``run_file``, which hands a scenario to the runner of its kind and writes the JSON.
 - ``simulated``: ``run_scenario``, a ``sim`` scenario's variants on the simulated cluster, bounds, gaps.
 - ``overhead``: ``run_overhead``, the engine's overhead next to raw Ray calls (``overhead`` kind).

@@ -2,7 +2,8 @@
 overhead next to raw Ray calls), ``real`` (real vLLM + trainer on this machine).
 
 Invariant: every kind writes the same JSON shape (``shunter.bench.runner.results.result_json``), so the report
-reads them all the same way.
+reads them all the same way; a scenario's acceptance criteria are judged on it whatever its kind,
+printed and written with it (``"acceptance"``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from shunter.bench.runner.acceptance import judge, line
 from shunter.bench.runner.results import write
 from shunter.bench.runner.scenario_file import load
 from shunter.bench.runner.simulated import run_scenario
@@ -38,6 +40,12 @@ def run_file(path: str, *, out: str | None = None, seeds: list[int] | None = Non
     else:
         raise ValueError(f"scenario {path}: unknown kind {sc.scenario.kind!r} (sim, overhead, real)")
     result["command"] = command_line(path, seeds)
+    verdicts = judge(sc, result["metrics"])
+    if verdicts:
+        result["acceptance"] = msgspec.to_builtins(verdicts)
+        print("acceptance (as the scenario states it):")
+        for v in verdicts:
+            print(f"  {line(v)}")
     return write(result, target)
 
 

@@ -94,14 +94,14 @@ def run_overhead(sc: Scenario) -> dict:
             m = {
                 "replicas": float(cfg.rollout.standalone_replicas + cfg.rollout.hybrid_replicas),
                 "messages": float(r.handled),
-                "events_per_s": r.handled / r.coordinator_cpu_s,
+                "facts_per_cpu_s": r.handled / r.coordinator_cpu_s,
                 "latency_p50_ms": 1e3 * lat[len(lat) // 2],
                 "latency_p99_ms": 1e3 * lat[int(len(lat) * 0.99)],
                 "coordinator_share": r.coordinator_cpu_s / r.sim_s,
             }
             runs.append(m)
             print(
-                f"  {v.name:<28} seed {seed}: {m['events_per_s']:,.0f} events/s through the loop, "
+                f"  {v.name:<28} seed {seed}: {m['facts_per_cpu_s']:,.0f} facts per coordinator CPU-second, "
                 f"p50 {m['latency_p50_ms']:.3f} ms, p99 {m['latency_p99_ms']:.3f} ms"
             )
         metrics[v.name] = {k: _stats([x[k] for x in runs]) for k in runs[0]}

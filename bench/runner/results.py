@@ -62,20 +62,29 @@ def rollout_ledger(m: dict[str, float], books, cost, machine) -> None:
 
 
 def loop_figures(r, samples: int = 0) -> dict[str, float]:
-    """The coordinator's loop: facts (events, a relay's report counted by the facts it
-    carries), messages (what reached its inbox: a report is one) and finished samples per
-    CPU-second it spends; the facts offered to it per simulated second; each fact's latency
-    from posting to handled (simulated time: queueing and the relay's window included); and
-    what the relays did (messages they posted, facts folded, their own CPU seconds)."""
+    """The coordinator's loop, per CPU-second it spends (``coordinator_cpu_s``: the process's CPU
+    time, what the simulator charges; the same work by the wall clock beside it,
+    ``coordinator_wall_s``, is above it by the time the process waited for a core and is never
+    a headline): facts (``facts_per_cpu_s``: events, a relay's report counted by the facts it
+    carries — ~3 a report at ``scale``: never compare it with a count of messages), messages
+    (what reached its inbox: a report is one) and finished samples; the facts offered to it per
+    simulated second; each fact's latency from posting to handled (simulated time: queueing and
+    the relay's window included); and what the relays did (messages they posted, facts folded,
+    their own CPU seconds)."""
     lat = sorted(r.latency_s) or [0.0]
     cpu = r.coordinator_cpu_s
     messages = sum(r.turn_sizes)
     out = {
-        "events_per_s": r.handled / cpu if cpu > 0 else 0.0,
+        "coordinator_cpu_s": cpu,
+        "coordinator_share": cpu / r.sim_s if r.sim_s > 0 else 0.0,
+        "coordinator_wall_s": r.coordinator_wall_s,
+        "coordinator_wall_share": r.coordinator_wall_s / r.sim_s if r.sim_s > 0 else 0.0,
+        "decode_cpu_s": r.decode_cpu_s,
+        "facts_per_cpu_s": r.handled / cpu if cpu > 0 else 0.0,
         "messages_per_cpu_s": messages / cpu if cpu > 0 else 0.0,
         "samples_per_cpu_s": samples / cpu if cpu > 0 else 0.0,
         "inbox_messages": float(messages),
-        "offered_events_per_s": r.handled / r.sim_s if r.sim_s > 0 else 0.0,
+        "offered_facts_per_s": r.handled / r.sim_s if r.sim_s > 0 else 0.0,
         "latency_p50_ms": 1e3 * lat[len(lat) // 2],
         "latency_p99_ms": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
         "max_turn_ms": 1e3 * max(r.handle_s, default=0.0),

@@ -1,20 +1,23 @@
 """A bench scenario file (``bench/scenarios/*.toml``) as data: its Structs — the scenario's
 ``[scenario]`` block (:class:`Meta`), the simulated ``[cluster]``, the ``[cost]`` model, the
-engine settings and the ``[[variant]]`` s — and :func:`load`.
+engine settings, the ``[[variant]]`` s and the ``[[acceptance]]`` criteria (:class:`Acceptance`) — and :func:`load`.
 
 Invariant: a scenario loads only as these Structs (unknown keys are errors, never a silent
-default), and relative length files are resolved from the scenario file's folder at load, so a
-scenario means the same from any working directory.
+default); every name it compares results by — baseline, pairs, an acceptance's figure and
+variants — is checked at load, before anything runs; and relative length files are resolved
+from the scenario file's folder at load, so a scenario means the same from any working directory.
 """
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from shunter.bench.runner.figure_names import RETIRED, known
 from shunter.bench.sim.cost_model import CostModel
 from shunter.engine.replica import lengths
 
@@ -61,12 +64,37 @@ class Meta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     time, seed by seed (0.9 = 10 % less time)."""
 
 
+class Acceptance(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A criterion the scenario states for its result (``[[acceptance]]``): ``figure`` (a name of
+    ``bench/runner/figure_names.py``) lies within ``at_least`` .. ``at_most`` (either may be left
+    out) on every seed, for each of ``variants`` (none named: every variant). ``bench run``
+    prints each verdict and writes it to the JSON (``shunter.bench.runner.acceptance``)."""
+
+    figure: str
+    at_least: float | None = None
+    at_most: float | None = None
+    variants: list[str] = []
+
+    def criterion(self) -> str:
+        if self.at_least is not None and self.at_most is not None:
+            bound = f"{self.at_least:g} <= x <= {self.at_most:g}"
+        elif self.at_least is not None:
+            bound = f"x >= {self.at_least:g}"
+        else:
+            bound = f"x <= {self.at_most:g}"
+        return f"{bound} on every seed"
+
+    def holds(self, x: float) -> bool:
+        return (self.at_least is None or x >= self.at_least) and (self.at_most is None or x <= self.at_most)
+
+
 class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scenario: Meta
     cluster: Cluster = Cluster()
     cost: CostModel = CostModel()
     engine: dict[str, Any] = {}
     variant: list[Variant] = []
+    acceptance: list[Acceptance] = []
 
 
 def load(path: str | Path) -> Scenario:
@@ -94,9 +122,32 @@ def load(path: str | Path) -> Scenario:
     names = [v.name for v in sc.variant]
     if bad := [pair for pair in sc.scenario.pairs if len(pair) != 2]:
         raise ValueError(f"scenario {p}: a pair is [variant, reference], got {bad[0]!r}")
-    wrong = [
-        n for n in [sc.scenario.baseline, *(n for pair in sc.scenario.pairs for n in pair)] if n and n not in names
-    ]
+    named = [sc.scenario.baseline, *(n for pair in sc.scenario.pairs for n in pair)]
+    wrong = [n for n in [*named, *(n for a in sc.acceptance for n in a.variants)] if n and n not in names]
     if wrong:
         raise ValueError(f"scenario {p}: no variant named {', '.join(map(repr, wrong))} (variants: {names})")
+    for a in sc.acceptance:
+        check_acceptance(p, sc, a)
     return sc
+
+
+def check_acceptance(p: Path, sc: Scenario, a: Acceptance) -> None:
+    """``a`` names a figure a result of this scenario's kind holds, and a bound that can hold."""
+    where = f"scenario {p}: acceptance of {a.figure!r}"
+    figures = known(sc.scenario.kind, sc.scenario.baseline)
+    if a.figure not in figures:
+        if a.figure in RETIRED:
+            hint = f"it was renamed or replaced: {RETIRED[a.figure]}"
+        else:
+            close = difflib.get_close_matches(a.figure, sorted(figures), n=3)
+            hint = f"did you mean {' or '.join(map(repr, close))}?" if close else "see bench/runner/figure_names.py"
+        raise ValueError(f"{where}: no such figure in a {sc.scenario.kind!r} scenario's result ({hint})")
+    paired = {pair[0] for pair in sc.scenario.pairs}
+    if a.figure == "time_vs_reference" and (
+        lone := [n for n in a.variants or [v.name for v in sc.variant] if n not in paired]
+    ):
+        raise ValueError(f"{where}: only a variant of scenario.pairs has it, not {', '.join(map(repr, lone))}")
+    if a.at_least is None and a.at_most is None:
+        raise ValueError(f"{where}: give at_least, at_most or both")
+    if a.at_least is not None and a.at_most is not None and a.at_least > a.at_most:
+        raise ValueError(f"{where}: at_least = {a.at_least:g} is above at_most = {a.at_most:g}")

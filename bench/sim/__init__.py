@@ -5,6 +5,7 @@
 - ``kv_pool``: ``KvPool``, a replica's KV blocks and the prefix cache that keeps a preempted request's.
 - ``turns``: multi-turn trajectories (``Plans``), the simulated tool (``SimTool``), the token spelling.
 - ``backends``: ``SimBackend`` (a replica), ``SimTrainer`` (the trainer core), ``SimTokenizer``, ``sim_reward``.
-- ``accounting``: ``SimResult``, ``kv_occupancy``, ``ChargedInbox`` (charged coordinator CPU), ``GcPauses``.
+- ``accounting``: ``SimResult``, ``kv_occupancy``, ``ChargedInbox`` (charged coordinator CPU), ``CoordinatorTime``
+  (its CPU and wall time), ``RelayWire`` (relays' bytes decoded by the coordinator), ``GcPauses``.
 - ``cluster``: ``run_sim``, one simulated job to ``RunEnded``.
 """

@@ -5,16 +5,18 @@ the policy, ``SampleBuffer``, ``Dispatcher``, ``RolloutCore``, ``TrainerHost``,
 ``LocalExecutor`` and ranks from ``RankTable`` — and it runs on a ``looptime`` event loop,
 so simulated hours take seconds and the engine's own CPU time costs no simulated time.
 The same (config, cost model, seed) gives the same event log, message for message —
-unless ``charge_coordinator`` is set: then every real second the coordinator spends handling a
-message is a simulated second before it takes the next one (``ChargedInbox``), so a coordinator
-that cannot keep up slows the simulated run, as it would a real one, and its messages queue.
-Each message's latency is measured from its posting to the end of its handling, queueing
-included, in simulated time (a relay's report: from its first fact's arrival at the relay). The
-process's own cyclic-GC passes inside a turn are taken out of the charge (``GcPauses``): they
-scan the simulated cluster's heap, not a coordinator's.
+unless ``charge_coordinator`` is set: then every CPU second the coordinator spends (its turns,
+and decoding the bytes its relays send: ``RelayWire``) is a simulated second before it takes the
+next message (``ChargedInbox``), so a coordinator that cannot keep up slows the simulated run, as
+it would a real one, and its messages queue. CPU seconds, not wall seconds (``CPU_TIMER``): on a
+loaded machine the wall clock measures the load; the wall figure is reported beside it. Each
+message's latency is measured from its posting to the end of its handling, queueing included,
+in simulated time (a relay's report: from its first fact's arrival at the relay). The process's
+own cyclic-GC passes inside the coordinator's work are taken out of the charge (``GcPauses``):
+they scan the simulated cluster's heap, not a coordinator's.
 
 The result record and the accounting (``SimResult``, ``kv_occupancy``, ``ChargedInbox``,
-``GcPauses``) live in ``bench/sim/accounting.py``.
+``CoordinatorTime``, ``RelayWire``, ``GcPauses``) live in ``bench/sim/accounting.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from pathlib import Path
 
 import looptime
 
-from shunter.bench.sim.accounting import ChargedInbox, GcPauses, SimResult, kv_occupancy
+from shunter.bench.sim.accounting import (
+    CPU_TIMER,
+    ChargedInbox,
+    CoordinatorTime,
+    GcPauses,
+    RelayWire,
+    SimResult,
+    kv_occupancy,
+)
 from shunter.bench.sim.backends import (
     SimBackend,
     SimTokenizer,
@@ -75,21 +85,20 @@ def run_sim(
     time_limit_s: float | None = None,
     charge_coordinator: bool = False,
     out_dir: Path | None = None,
-    timer=time.perf_counter,
+    timer=CPU_TIMER,
     replicas_per_relay: int = 8,
 ) -> SimResult:
-    """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a
-    folding sink such as ``shunter.bench.analysis.summary.Summary`` instead). ``policy``: an instance to use instead
-    of ``run.policy``; ``checkpoints``: a folder for checkpoints; ``resume``: a checkpoint
-    folder to continue from; ``time_limit_s``: simulated seconds before ``TimeoutError``;
-    ``charge_coordinator``: the coordinator's real CPU time passes on the simulated clock;
-    ``out_dir``: attach a production run's sinks (event log, structured log, metrics, feed)
-    writing there; ``timer``: what measures the coordinator's time per message (a test
-    passes a fake one); ``replicas_per_relay``: replicas per simulated node, each node's
-    answers folded by a relay of its own (``engine.coordinator.relay``, with ``rollout.report_window_s``;
-    0: one relay for all; ``run.relays = "none"``: one in the coordinator's process, which then
-    sends every order and weight load itself). The caller's ``sinks`` are observers: they see
-    each turn's messages (a report's facts one by one) after the turn, outside its charged time."""
+    """Run one simulated job to ``RunEnded``; ``keep=False`` keeps no messages (pass a folding sink such as
+    ``shunter.bench.analysis.summary.Summary`` instead). ``policy``: an instance to use instead of ``run.policy``;
+    ``checkpoints``: a folder for checkpoints; ``resume``: a checkpoint folder to continue from; ``time_limit_s``:
+    simulated seconds before ``TimeoutError``; ``charge_coordinator``: the coordinator's CPU time passes on the
+    simulated clock; ``out_dir``: attach a production run's sinks (event log, structured log, metrics, feed) writing
+    there; ``timer``: what measures the coordinator's CPU time (a test passes a fake one; GC passes are taken out
+    only with ``CPU_TIMER``); ``replicas_per_relay``: replicas per simulated node, each node's answers folded by a
+    relay of its own (``engine.coordinator.relay``, with ``rollout.report_window_s``; 0: one relay for all;
+    ``run.relays = "none"``: one in the coordinator's process, which then sends every order and weight load itself).
+    The caller's ``sinks`` are observers: they see each turn's messages (a report's facts one by one) after the
+    turn, outside its charged time."""
     # nothing in a simulation waits on I/O or threads: time may jump as soon as no callback is ready
     loop = looptime.new_event_loop(start=0.0, noop_cycles=1)
     extra = RunSinks.open(out_dir) if out_dir is not None else None
@@ -191,6 +200,10 @@ async def _run(
     trainer.deliver = executor.deliver  # the trainer hands new weights to the nodes' relays
     r = cfg.rollout
     encoded = extra.log.remember if extra else None
+    inbox = ChargedInbox(clock)
+    pauses = GcPauses(timer=timer, active=timer is CPU_TIMER)  # a test's fake timer: nothing to take out
+    work = CoordinatorTime(timer, inbox, charge=charge, pauses=pauses)
+    wire = None
     if cfg.run.relays == "none":  # the coordinator's process holds every stream and folds them itself
         local = Relay("local", executor.post_through_relay, Stamper(run_id, "relay:local", clock),
                       window_s=r.report_window_s, max_events=r.report_max_events, encoded=encoded)  # fmt: skip
@@ -204,8 +217,11 @@ async def _run(
             clock,
             window_s=r.report_window_s,
             max_events=r.report_max_events,
-            encoded=encoded,
         )
+        # each a relay actor's: what it posts crosses the wire into the coordinator's process
+        wire = RelayWire(executor.post_through_relay, work, remember=encoded)
+        for relay in relays:
+            relay.timer, relay.post = timer, wire.post_of(relay)
     kept: list[Message] = []
     count = [0]
     recorded: list[Message] = []  # this turn's messages, for the observers once the turn's time is taken
@@ -223,7 +239,6 @@ async def _run(
                 obs(m)
         recorded.clear()
 
-    inbox = ChargedInbox(clock)
     coord = build_coordinator(
         cfg,
         executor,
@@ -244,17 +259,10 @@ async def _run(
 
     def timed(msgs: list[Message]) -> None:
         observe()  # what was recorded outside a turn (the opening)
-        pauses.turn = 0.0
-        t = timer()
-        handle_many(msgs)
-        paused = pauses.turn
-        pauses.in_turns += paused
-        dt = timer() - t - paused
+        _, dt, _ = work.measure(handle_many, msgs)
         observe()
         spent.append(dt)
         sizes.append(len(msgs))
-        if charge:
-            inbox.debt += dt
         now = clock() + (dt if charge else 0.0)
         for m, posted in zip(msgs, inbox.took()[-len(msgs) :], strict=True):  # before: the opening's
             if m.__class__ is RelayReport:  # each fact as late as the report's first: the window counts
@@ -263,7 +271,6 @@ async def _run(
                 latency.append(now - posted)
 
     coord.handle_many = timed
-    pauses = GcPauses(active=timer is time.perf_counter)  # a test's fake timer: nothing to take out
     t0, wall0 = clock(), time.perf_counter()
     try:
         with pauses:
@@ -277,10 +284,12 @@ async def _run(
         clock() - t0,
         time.perf_counter() - wall0,
         count[0],
-        sum(spent),
+        work.cpu_s,
         spent,
         sizes,
         latency,
+        coordinator_wall_s=work.wall_s,
+        decode_cpu_s=wire.decode_cpu_s if wire is not None else 0.0,
         relays=len(relays),
         gc_pause_s=pauses.total,
         gc_in_turns_s=pauses.in_turns,

@@ -21,7 +21,7 @@ import msgspec
 
 from shunter.api_link import RunLink
 from shunter.engine.config.engine_config import EngineConfig
-from shunter.engine.io.errors import EngineError, IntentRefused, NoBatchError, RunEndedError, UserCodeError
+from shunter.engine.io.errors import EngineError, IntentRefused, NoBatchError, RunEndedError, UserCodeError, secs
 from shunter.events import (
     Batch,
     Codec,
@@ -144,7 +144,7 @@ class Steering:
             self.link.ended = self.codec.decode(await self.link.live().wait_ended.remote())
         if self.link.ended is not None:
             raise RunEndedError(self.link.ended)
-        raise NoBatchError(f"no mini-batch within {timeout_s:g}s: {why}")
+        raise NoBatchError(f"no mini-batch within {secs(timeout_s)}s: {why}")
 
     async def train(self, batch: Batch, *, loss_fn: str = "") -> StepEnd:
         """``Engine.train`` (documented there)."""

@@ -40,8 +40,10 @@ import msgspec
 from shunter.engine.config.base import ConfigError
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.config.load import from_dict
-from shunter.engine.coordinator.guard import check_intents
-from shunter.engine.io.errors import bounded, describe
+from shunter.engine.coordinator.guard import GIVE_UP_AFTER_S, check_intents, not_returned
+from shunter.engine.coordinator.policy_worker import GivenUp, PolicyWorker
+from shunter.engine.coordinator.watchdog import WATCHDOG, Stuck
+from shunter.engine.io.errors import bounded, describe, secs
 from shunter.events import (
     BufferView,
     EngineView,
@@ -116,6 +118,12 @@ class Subject:
     def make(self) -> Policy:
         return make_policy(self.spec, self.options)
 
+    @property
+    def call_timeout_s(self) -> float:
+        """``run.policy_timeout_s`` of the checks: one ``decide()`` call gets this long, a third
+        of a check's real time (at least 0.5 s, at most 10 s)."""
+        return max(0.5, min(10.0, self.time_limit_s / 3))
+
     def config(self, **run: Any) -> EngineConfig:
         colocated = self.standalone == 0
         return from_dict(
@@ -125,7 +133,7 @@ class Subject:
                     "policy": self.spec,
                     "policy_options": self.options,
                     "stall_timeout_s": 600.0,
-                    "policy_timeout_s": max(0.5, min(10.0, self.time_limit_s / 3)),
+                    "policy_timeout_s": self.call_timeout_s,
                     **run,
                 },
                 "rollout": {
@@ -145,15 +153,15 @@ class Subject:
 
 @contextmanager
 def deadline(seconds: float, what: str) -> Iterator[None]:
-    """Raise ``CheckTimeout`` in this thread after ``seconds`` of real time — even inside a
-    policy's endless loop (a signal interrupts it); a no-op outside the main thread."""
+    """Raise ``CheckTimeout`` in this thread after ``seconds`` of real time (a signal interrupts
+    whatever the thread waits on); a no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
 
     def fire(signum: int, frame: object) -> None:
-        inside = f" (decide() on {_DECIDING[0]} had not returned: an endless loop?)" if _DECIDING[0] else ""
-        raise CheckTimeout(f"{what} took longer than {seconds:g} s of real time{inside}")
+        inside = f" (it was in decide() on {_DECIDING[0]})" if _DECIDING[0] else ""
+        raise CheckTimeout(f"{what} took longer than {secs(seconds)} s of real time{inside}")
 
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -191,8 +199,8 @@ class Recording(Policy):
                 worst = max(self.slow, key=lambda x: x[1])
                 raise OverBudget(
                     f"decide() took more than run.policy_budget_ms = {self.budget_ms:g} ms in "
-                    f"{len(self.slow)} calls (the slowest {worst[1]:.1f} ms on {worst[0]}); it runs on "
-                    "the coordinator's loop, so every replica waits that long"
+                    f"{len(self.slow)} calls (the slowest {worst[1]:.1f} ms on {worst[0]}); the coordinator "
+                    "waits for every call to return, so every replica waits that long"
                 )
         return out  # type: ignore[no-any-return]
 
@@ -247,14 +255,36 @@ def _trace(subject: Subject) -> list[tuple[Event, EngineView]]:
 
 
 _DECIDING = [""]  # the event a direct decide() call is on (named when a deadline interrupts it)
+_WORKER: list[PolicyWorker | None] = [None]  # the thread direct decide() calls run on
 
 
-def _decide(policy: Policy, event: Event, view: EngineView) -> list[Intent]:
-    _DECIDING[0] = tag_of(event)
+def _watched(policy: Policy, event: Event, view: EngineView, timeout_s: float) -> Any:
+    tid = threading.get_ident()
+    WATCHDOG.begin(timeout_s, tid)
     try:
-        out = policy.decide(event, view)
+        return policy.decide(event, view)
+    finally:
+        WATCHDOG.end(tid)
+
+
+def _decide(subject: Subject, policy: Policy, event: Event, view: EngineView) -> list[Intent]:
+    """``policy.decide(event, view)`` as the engine calls a user's policy: on a thread of its own,
+    interrupted in Python after ``run.policy_timeout_s`` and abandoned 1 s later if blocked in C,
+    the failure named as the engine names it."""
+    _DECIDING[0] = tag_of(event)
+    worker = _WORKER[0]
+    if worker is None or worker.abandoned:
+        worker = _WORKER[0] = PolicyWorker("shunter-contract-policy")
+    timeout_s = subject.call_timeout_s
+    try:
+        out = worker.call(_watched, policy, event, view, timeout_s, timeout_s=timeout_s + GIVE_UP_AFTER_S)
+    except (Stuck, GivenUp) as e:
+        raise CheckFailed(f"decide() on {tag_of(event)} did not return {not_returned(e, timeout_s)}") from None
     except Exception as e:
         raise CheckFailed(f"decide() raised {describe(e)} on {tag_of(event)}") from e
+    except BaseException:  # the check's deadline, while the call may still run: the next call gets a new thread
+        _WORKER[0] = None
+        raise
     finally:
         _DECIDING[0] = ""
     problem = check_intents(out)
@@ -266,14 +296,14 @@ def _decide(policy: Policy, event: Event, view: EngineView) -> list[Intent]:
 def check_every_event(subject: Subject) -> str:
     for event in EVENTS:
         for view in VIEWS:
-            _decide(subject.make(), event, view)
+            _decide(subject, subject.make(), event, view)
     return f"{len(EVENTS)} event types x {len(VIEWS)} views"
 
 
 def check_deterministic(subject: Subject) -> str:
     a, b = subject.make(), subject.make()
     for ev, view in _trace(subject):
-        if _decide(a, ev, view) != _decide(b, ev, view):
+        if _decide(subject, a, ev, view) != _decide(subject, b, ev, view):
             raise CheckFailed(f"two fresh instances decided differently on {tag_of(ev)} (seq {view.seq})")
     return f"{len(_trace(subject))} decisions equal"
 
@@ -283,7 +313,7 @@ def check_snapshot_restore(subject: Subject) -> str:
     for cut in (len(trace) // 3, len(trace) // 2, 2 * len(trace) // 3):
         ref = subject.make()
         for ev, view in trace[:cut]:
-            _decide(ref, ev, view)
+            _decide(subject, ref, ev, view)
         snap = ref.snapshot()
         try:
             msgspec.msgpack.encode(snap)
@@ -292,7 +322,7 @@ def check_snapshot_restore(subject: Subject) -> str:
         restored = subject.make()
         restored.restore(copy.deepcopy(snap))
         for ev, view in trace[cut:]:
-            if _decide(restored, ev, view) != _decide(ref, ev, view):
+            if _decide(subject, restored, ev, view) != _decide(subject, ref, ev, view):
                 raise CheckFailed(f"restored from a snapshot at event {cut}, it decided differently on {tag_of(ev)}")
     return "3 cuts"
 

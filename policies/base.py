@@ -3,8 +3,10 @@
 A policy is a plain object:
 
 - ``decide(event, view) -> list[Intent]`` — synchronous, no I/O, the same intents for the
-  same sequence of (event, view) pairs. It runs on the coordinator's loop: every millisecond
-  it takes delays every replica's next request (``run.policy_budget_ms`` warns past a budget).
+  same sequence of (event, view) pairs. The coordinator waits for every call to return (a
+  user's policy runs on a thread of its own, the built-ins on the coordinator's loop): every
+  millisecond it takes delays every replica's next request (``run.policy_budget_ms`` warns past
+  a budget).
   It may raise or return junk: the coordinator reports it (``PolicyFailed``) and carries on,
   until ``run.policy_max_failures`` failures in a row end the run.
 - all mutable state in ``self.state``, an instance of the class attribute ``State`` (a

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from shunter.engine.io.errors import EngineSetupError
+from shunter.engine.io.errors import EngineSetupError, secs
 
 NAMESPACE = "shunter"
 RAY_SESSION = "ray_session"
@@ -118,7 +118,7 @@ async def wait_for_room(
             await waiting(short, {k: float(have.get(k, 0.0)) for k in short})
         if loop.time() - t0 >= deadline_s:
             raise EngineSetupError(
-                f"no room in the Ray cluster for {what} within {deadline_s:g}s "
+                f"no room in the Ray cluster for {what} within {secs(deadline_s)}s "
                 f"(rollout.replacement_wait_s): " + _describe(short, have, knobs)
             )
         await asyncio.sleep(poll_s)  # polling the cluster's free resources, not a synchronisation

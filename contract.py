@@ -19,6 +19,9 @@ stops the others):
 - ``resume``: a run resumed from a mid-run checkpoint (``restore()`` then ``RunResumed``) goes on
   to complete every remaining step.
 
+The ``run`` check also reports what the policy did (:class:`Decisions`: its intents by kind,
+the switches done, its refused intents, the steps), which ``shunter check-policy`` prints.
+
 The same checks make up ``tests/contracts`` for the built-in and example policies.
 """
 
@@ -29,7 +32,8 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +53,15 @@ from shunter.events import (
     EngineView,
     Event,
     Intent,
+    IntentRejected,
+    Message,
+    ModeChanged,
     PolicyFailed,
+    RelayReport,
     ReplicaView,
     RunStarted,
     TrainerView,
+    WeightsReady,
     tag_of,
 )
 from shunter.events.examples import CASES
@@ -87,6 +96,63 @@ class CheckFailed(AssertionError):
     """A contract check found a problem (the message names it)."""
 
 
+@dataclass
+class Decisions:
+    """What the policy did in the ``run`` check's simulated run — so a passing check also says
+    whether the policy ever lent a replica, trained, published."""
+
+    intents: Counter[str] = field(default_factory=Counter)
+    """The intents it returned, by tag."""
+    refused: Counter[str] = field(default_factory=Counter)
+    """Its intents the coordinator refused, by ``tag (reason)``."""
+    lent: Counter[str] = field(default_factory=Counter)
+    """Switches done from the trainer to rollout, by replica."""
+    reclaimed: int = 0
+    """Switches done from rollout back to the trainer."""
+    steps: int = 0
+    total_steps: int = 0
+    published: int = 0
+    hybrid: int = 0
+
+    def record(self, out: object) -> None:
+        if isinstance(out, list | tuple):
+            self.intents.update(tag_of(i) for i in out if isinstance(i, Intent))
+
+    def observe(self, messages: Iterable[Message]) -> None:
+        for m in messages:
+            for ev in m.events if isinstance(m, RelayReport) else (m,):
+                if isinstance(ev, ModeChanged) and ev.mode == "rollout" and ev.previous == "trainer":
+                    self.lent[ev.replica_id] += 1
+                elif isinstance(ev, ModeChanged) and ev.mode == "trainer" and ev.previous == "rollout":
+                    self.reclaimed += 1
+                elif isinstance(ev, WeightsReady):
+                    self.published += 1
+                elif isinstance(ev, IntentRejected) and ev.intent_source == "policy":
+                    key = f"{ev.intent_kind} ({ev.reason})"  # counted 1st, 10th, 100th …: the last count holds
+                    self.refused[key] = max(self.refused[key], ev.repeats)
+
+    def lines(self) -> list[str]:
+        def counts(c: Counter[str]) -> str:
+            return ", ".join(f"{n} {k}" for k, n in c.most_common()) or "none"
+
+        lends = sum(self.lent.values())
+        if lends:
+            who = ", ".join(f"{r} {n}x" for r, n in sorted(self.lent.items()))
+            lending = f"{lends} to rollout ({who}), {self.reclaimed} back to the trainer"
+        else:
+            lending = "none" + (
+                f" — it never lent a hybrid replica to rollout ({self.hybrid} stayed with the trainer)"
+                if self.hybrid
+                else ""
+            )
+        return [
+            f"intents: {counts(self.intents)}",
+            f"switches: {lending}",
+            f"refused: {counts(self.refused)}",
+            f"steps: {self.steps} of {self.total_steps}; weight versions published: {self.published}",
+        ]
+
+
 class CheckTimeout(BaseException):
     """A check ran out of real time. A BaseException, so that no ``except Exception`` on the
     way out — the coordinator's guard around the policy included — can swallow it."""
@@ -112,6 +178,8 @@ class Subject:
     time_limit_s: float = 30.0
     budget_ms: float = 10.0
     """``run.policy_budget_ms``: the run check fails a policy slower than this in more than 3 calls."""
+    decisions: Decisions | None = None
+    """What the policy did in the ``run`` check (None until it ran to its end)."""
     _trace: list[tuple[Event, EngineView]] | None = None
     _run_failed: str = ""
 
@@ -187,6 +255,7 @@ class Recording(Policy):
         self.inner, self.trace, self.budget_ms = inner, trace, budget_ms
         self.wrapped = inner  # the guard names the policy inside
         self.slow: list[tuple[str, float]] = []
+        self.decisions = Decisions()
 
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
         self.trace.append((event, view))
@@ -202,6 +271,7 @@ class Recording(Policy):
                     f"{len(self.slow)} calls (the slowest {worst[1]:.1f} ms on {worst[0]}); the coordinator "
                     "waits for every call to return, so every replica waits that long"
                 )
+        self.decisions.record(out)
         return out  # type: ignore[no-any-return]
 
     def snapshot(self) -> dict[str, Any]:
@@ -233,10 +303,14 @@ def _ended_ok(result: Any, what: str) -> None:
 def check_run(subject: Subject) -> str:
     trace: list[tuple[Event, EngineView]] = []
     subject._run_failed = "the run check failed"  # until it passes: the checks that replay its trace skip
+    recording = Recording(subject.make(), trace, subject.budget_ms)
     try:
-        result = _sim(subject, Recording(subject.make(), trace, subject.budget_ms))
+        result = _sim(subject, recording)
     except OverBudget as e:
         raise CheckFailed(str(e)) from None
+    d = subject.decisions = recording.decisions
+    d.observe(result.messages)
+    d.steps, d.total_steps, d.hybrid = result.ended.steps, subject.steps, subject.hybrid
     _ended_ok(result, "the simulated run")
     if not trace or not isinstance(trace[0][0], RunStarted):
         raise CheckFailed(f"the policy's first event was {tag_of(trace[0][0]) if trace else 'none'}, not run.started")

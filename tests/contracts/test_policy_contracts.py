@@ -102,3 +102,21 @@ def test_the_cli_refuses_bad_usage_once_with_status_2(capsys):
     assert main(["check-policy", "separate", "--options", '{"kk": 2}']) == 2
     err = capsys.readouterr().err
     assert err.count("unexpected keyword argument 'kk'") == 1
+
+
+def test_check_policy_says_what_the_policy_did(capsys):
+    """A passing check also says what the policy decided in the simulated run: its intents by
+    kind, the switches done, its refused intents, the steps — whether it ever lent a replica."""
+    import re
+
+    from shunter.cli import main
+
+    assert main(["check-policy", EXAMPLE, "--only", "run"]) == 0
+    lends = capsys.readouterr().out
+    assert re.search(r"intents: 6 trainer\.train_step, [1-9]\d* replica\.switch_to_rollout", lends), lends
+    assert re.search(r"switches: [1-9]\d* to rollout \(hybrid-1 [1-9]\d*x\), [1-9]\d* back to the trainer", lends)
+    assert "refused: none" in lends and "steps: 6 of 6" in lends
+    assert main(["check-policy", "separate", "--only", "run"]) == 0
+    keeps = capsys.readouterr().out
+    assert "switches: none — it never lent a hybrid replica to rollout (1 stayed with the trainer)" in keeps, keeps
+    assert "replica.switch_to_rollout" not in keeps

@@ -33,6 +33,7 @@ from shunter.events import (
     RunEnded,
     StepEnd,
     TrainBatch,
+    Verdict,
     WeightsReady,
 )
 
@@ -87,7 +88,7 @@ class Steering:
         """True if the run that ended this way was restarted from its last checkpoint."""
         return bool(ended.failed_component) and await self.restart(ended.error)
 
-    async def submit(self, intent: Intent) -> None:
+    async def submit(self, intent: Intent) -> Verdict:
         """``Engine.submit`` (documented there)."""
         if not isinstance(intent, Intent):
             raise TypeError(f"submit() takes an intent (SwitchToRollout, Stop, ...), got {type(intent).__name__}")
@@ -96,8 +97,15 @@ class Steering:
             self._user_driven("submit(TrainBatch(...))")
         if self.link.ended is not None:
             raise RunEndedError(self.link.ended)
-        if not await self.link.live().submit.remote(self.codec.encode(intent)):
-            raise ValueError(f"the coordinator rejected {intent!r}")
+        out = self.link.seen(self.codec.decode(await self.link.live().submit.remote(self.codec.encode(intent))))
+        match out:
+            case IntentRejected():
+                return Verdict(intent=intent, rejected=out)
+            case Intent():
+                return Verdict(intent=out)
+            case RunEnded():
+                raise RunEndedError(out)
+        raise ValueError(f"the coordinator rejected {intent!r}: {getattr(out, 'error', out)}")
 
     async def wait(self) -> RunEnded:
         """``Engine.wait`` (documented there)."""

@@ -44,6 +44,7 @@ from shunter.events.intents import (
     TrainBatch,
     TrainStep,
     Validate,
+    Verdict,
 )
 from shunter.events.lifecycle import (
     CheckpointSaved,
@@ -223,6 +224,7 @@ __all__ = [
     "Validate",
     "ValidateBegin",
     "ValidateEnd",
+    "Verdict",
     "WeightGroupJoined",
     "WeightGroupOpened",
     "WeightsLoaded",

@@ -33,7 +33,7 @@ class CheckpointCuts:
         executor: Executor,
         *,
         run_id: str,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         fatal: Callable[[str], None] = lambda error: None,
     ) -> None:
         self.fatal = fatal

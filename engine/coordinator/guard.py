@@ -82,7 +82,7 @@ class PolicyGuard:
         self,
         policy: Policy,
         *,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         max_failures: int = 10,
         budget_ms: float = 10.0,
         timeout_s: float = 10.0,

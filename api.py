@@ -57,6 +57,7 @@ from shunter.events import (
     ReplicaUp,
     RunEnded,
     StepEnd,
+    Verdict,
     WeightsReady,
 )
 from shunter.events.vocab import STANDALONE
@@ -313,10 +314,13 @@ class Engine:
         checkpoint the stream goes on with the new attempt's events (``RunResumed`` first)."""
         return self._steering.events()  # the part's own generator: its warnings name the caller's line
 
-    async def submit(self, intent: Intent) -> None:
-        """Put an intent on the bus (``SwitchToRollout``, ``Rebalance``, ``Stop`` …); its outcome
-        arrives in ``events()``."""
-        await self._steering.submit(intent)
+    async def submit(self, intent: Intent) -> Verdict:
+        """Put an intent on the bus (``SwitchToRollout``, ``Rebalance``, ``Stop`` …) and return the
+        coordinator's verdict once it has handled it: carried out (``verdict.accepted``, true as a
+        bool) or refused (``verdict.rejected``: the ``IntentRejected``, with its ``reason`` and
+        ``detail``). What it then does (``ModeChanged`` …) arrives in ``events()``. Raises
+        ``RunEndedError`` if the run ended before handling it."""
+        return await self._steering.submit(intent)
 
     async def wait(self) -> RunEnded:
         """The run's end, restarting it from its last checkpoint when a component died."""

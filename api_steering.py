@@ -22,7 +22,7 @@ import msgspec
 
 from shunter.api_link import RunLink
 from shunter.engine.config.engine_config import EngineConfig
-from shunter.engine.io.errors import EngineError, IntentRefused, NoBatchError, RunEndedError, UserCodeError
+from shunter.engine.io.errors import EngineError, IntentRefused, NoBatchError, RunEndedError, UserCodeError, secs
 from shunter.events import (
     Batch,
     Codec,
@@ -34,6 +34,7 @@ from shunter.events import (
     RunEnded,
     StepEnd,
     TrainBatch,
+    Verdict,
     WeightsReady,
 )
 
@@ -120,7 +121,7 @@ class Steering:
             if not task.done():  # the reader stopped (Ctrl-C): the restart stops with it
                 task.cancel()
 
-    async def submit(self, intent: Intent) -> None:
+    async def submit(self, intent: Intent) -> Verdict:
         """``Engine.submit`` (documented there)."""
         if not isinstance(intent, Intent):
             raise TypeError(f"submit() takes an intent (SwitchToRollout, Stop, ...), got {type(intent).__name__}")
@@ -129,8 +130,15 @@ class Steering:
             self._user_driven("submit(TrainBatch(...))")
         if self.link.ended is not None:
             raise RunEndedError(self.link.ended)
-        if not await self.link.live().submit.remote(self.codec.encode(intent)):
-            raise ValueError(f"the coordinator rejected {intent!r}")
+        out = self.link.seen(self.codec.decode(await self.link.live().submit.remote(self.codec.encode(intent))))
+        match out:
+            case IntentRejected():
+                return Verdict(intent=intent, rejected=out)
+            case Intent():
+                return Verdict(intent=out)
+            case RunEnded():
+                raise RunEndedError(out)
+        raise ValueError(f"the coordinator rejected {intent!r}: {getattr(out, 'error', out)}")
 
     async def wait(self) -> RunEnded:
         """``Engine.wait`` (documented there)."""
@@ -177,7 +185,7 @@ class Steering:
             self.link.ended = self.codec.decode(await self.link.live().wait_ended.remote())
         if self.link.ended is not None:
             raise RunEndedError(self.link.ended)
-        raise NoBatchError(f"no mini-batch within {timeout_s:g}s: {why}")
+        raise NoBatchError(f"no mini-batch within {secs(timeout_s)}s: {why}")
 
     async def train(self, batch: Batch, *, loss_fn: str = "") -> StepEnd:
         """``Engine.train`` (documented there)."""

@@ -171,6 +171,10 @@ def _check_policy(args) -> int:
             (r,) = contract.run_checks(subject, [name])
             results.append(r)
             print(f"  {'ok  ' if r.ok else 'FAIL'} {r.check:<17} {r.seconds:6.2f}s  {r.detail}", flush=True)
+        if subject.decisions is not None:
+            print(f"what it did in the run check ({subject.steps} simulated steps, {setup}):")
+            for line in subject.decisions.lines():
+                print(f"  {line}")
     failed = [r.check for r in results if not r.ok]
     verdict = f"{len(failed)} of {len(results)} checks failed ({', '.join(failed)})" if failed else "all passed"
     print(f"{args.policy}: {verdict}")

@@ -19,6 +19,9 @@ stops the others):
 - ``resume``: a run resumed from a mid-run checkpoint (``restore()`` then ``RunResumed``) goes on
   to complete every remaining step.
 
+The ``run`` check also reports what the policy did (:class:`Decisions`: its intents by kind,
+the switches done, its refused intents, the steps), which ``shunter check-policy`` prints.
+
 The same checks make up ``tests/contracts`` for the built-in and example policies.
 """
 
@@ -29,7 +32,8 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,17 +44,24 @@ import msgspec
 from shunter.engine.config.base import ConfigError
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.config.load import from_dict
-from shunter.engine.coordinator.guard import check_intents
-from shunter.engine.io.errors import bounded, describe
+from shunter.engine.coordinator.guard import GIVE_UP_AFTER_S, check_intents, not_returned
+from shunter.engine.coordinator.policy_worker import GivenUp, PolicyWorker
+from shunter.engine.coordinator.watchdog import WATCHDOG, Stuck
+from shunter.engine.io.errors import bounded, describe, secs
 from shunter.events import (
     BufferView,
     EngineView,
     Event,
     Intent,
+    IntentRejected,
+    Message,
+    ModeChanged,
     PolicyFailed,
+    RelayReport,
     ReplicaView,
     RunStarted,
     TrainerView,
+    WeightsReady,
     tag_of,
 )
 from shunter.events.examples import CASES
@@ -85,6 +96,63 @@ class CheckFailed(AssertionError):
     """A contract check found a problem (the message names it)."""
 
 
+@dataclass
+class Decisions:
+    """What the policy did in the ``run`` check's simulated run — so a passing check also says
+    whether the policy ever lent a replica, trained, published."""
+
+    intents: Counter[str] = field(default_factory=Counter)
+    """The intents it returned, by tag."""
+    refused: Counter[str] = field(default_factory=Counter)
+    """Its intents the coordinator refused, by ``tag (reason)``."""
+    lent: Counter[str] = field(default_factory=Counter)
+    """Switches done from the trainer to rollout, by replica."""
+    reclaimed: int = 0
+    """Switches done from rollout back to the trainer."""
+    steps: int = 0
+    total_steps: int = 0
+    published: int = 0
+    hybrid: int = 0
+
+    def record(self, out: object) -> None:
+        if isinstance(out, list | tuple):
+            self.intents.update(tag_of(i) for i in out if isinstance(i, Intent))
+
+    def observe(self, messages: Iterable[Message]) -> None:
+        for m in messages:
+            for ev in m.events if isinstance(m, RelayReport) else (m,):
+                if isinstance(ev, ModeChanged) and ev.mode == "rollout" and ev.previous == "trainer":
+                    self.lent[ev.replica_id] += 1
+                elif isinstance(ev, ModeChanged) and ev.mode == "trainer" and ev.previous == "rollout":
+                    self.reclaimed += 1
+                elif isinstance(ev, WeightsReady):
+                    self.published += 1
+                elif isinstance(ev, IntentRejected) and ev.intent_source == "policy":
+                    key = f"{ev.intent_kind} ({ev.reason})"  # counted 1st, 10th, 100th …: the last count holds
+                    self.refused[key] = max(self.refused[key], ev.repeats)
+
+    def lines(self) -> list[str]:
+        def counts(c: Counter[str]) -> str:
+            return ", ".join(f"{n} {k}" for k, n in c.most_common()) or "none"
+
+        lends = sum(self.lent.values())
+        if lends:
+            who = ", ".join(f"{r} {n}x" for r, n in sorted(self.lent.items()))
+            lending = f"{lends} to rollout ({who}), {self.reclaimed} back to the trainer"
+        else:
+            lending = "none" + (
+                f" — it never lent a hybrid replica to rollout ({self.hybrid} stayed with the trainer)"
+                if self.hybrid
+                else ""
+            )
+        return [
+            f"intents: {counts(self.intents)}",
+            f"switches: {lending}",
+            f"refused: {counts(self.refused)}",
+            f"steps: {self.steps} of {self.total_steps}; weight versions published: {self.published}",
+        ]
+
+
 class CheckTimeout(BaseException):
     """A check ran out of real time. A BaseException, so that no ``except Exception`` on the
     way out — the coordinator's guard around the policy included — can swallow it."""
@@ -110,11 +178,19 @@ class Subject:
     time_limit_s: float = 30.0
     budget_ms: float = 10.0
     """``run.policy_budget_ms``: the run check fails a policy slower than this in more than 3 calls."""
+    decisions: Decisions | None = None
+    """What the policy did in the ``run`` check (None until it ran to its end)."""
     _trace: list[tuple[Event, EngineView]] | None = None
     _run_failed: str = ""
 
     def make(self) -> Policy:
         return make_policy(self.spec, self.options)
+
+    @property
+    def call_timeout_s(self) -> float:
+        """``run.policy_timeout_s`` of the checks: one ``decide()`` call gets this long, a third
+        of a check's real time (at least 0.5 s, at most 10 s)."""
+        return max(0.5, min(10.0, self.time_limit_s / 3))
 
     def config(self, **run: Any) -> EngineConfig:
         colocated = self.standalone == 0
@@ -125,7 +201,7 @@ class Subject:
                     "policy": self.spec,
                     "policy_options": self.options,
                     "stall_timeout_s": 600.0,
-                    "policy_timeout_s": max(0.5, min(10.0, self.time_limit_s / 3)),
+                    "policy_timeout_s": self.call_timeout_s,
                     **run,
                 },
                 "rollout": {
@@ -145,15 +221,15 @@ class Subject:
 
 @contextmanager
 def deadline(seconds: float, what: str) -> Iterator[None]:
-    """Raise ``CheckTimeout`` in this thread after ``seconds`` of real time — even inside a
-    policy's endless loop (a signal interrupts it); a no-op outside the main thread."""
+    """Raise ``CheckTimeout`` in this thread after ``seconds`` of real time (a signal interrupts
+    whatever the thread waits on); a no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
 
     def fire(signum: int, frame: object) -> None:
-        inside = f" (decide() on {_DECIDING[0]} had not returned: an endless loop?)" if _DECIDING[0] else ""
-        raise CheckTimeout(f"{what} took longer than {seconds:g} s of real time{inside}")
+        inside = f" (it was in decide() on {_DECIDING[0]})" if _DECIDING[0] else ""
+        raise CheckTimeout(f"{what} took longer than {secs(seconds)} s of real time{inside}")
 
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -179,6 +255,7 @@ class Recording(Policy):
         self.inner, self.trace, self.budget_ms = inner, trace, budget_ms
         self.wrapped = inner  # the guard names the policy inside
         self.slow: list[tuple[str, float]] = []
+        self.decisions = Decisions()
 
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
         self.trace.append((event, view))
@@ -191,9 +268,10 @@ class Recording(Policy):
                 worst = max(self.slow, key=lambda x: x[1])
                 raise OverBudget(
                     f"decide() took more than run.policy_budget_ms = {self.budget_ms:g} ms in "
-                    f"{len(self.slow)} calls (the slowest {worst[1]:.1f} ms on {worst[0]}); it runs on "
-                    "the coordinator's loop, so every replica waits that long"
+                    f"{len(self.slow)} calls (the slowest {worst[1]:.1f} ms on {worst[0]}); the coordinator "
+                    "waits for every call to return, so every replica waits that long"
                 )
+        self.decisions.record(out)
         return out  # type: ignore[no-any-return]
 
     def snapshot(self) -> dict[str, Any]:
@@ -225,10 +303,14 @@ def _ended_ok(result: Any, what: str) -> None:
 def check_run(subject: Subject) -> str:
     trace: list[tuple[Event, EngineView]] = []
     subject._run_failed = "the run check failed"  # until it passes: the checks that replay its trace skip
+    recording = Recording(subject.make(), trace, subject.budget_ms)
     try:
-        result = _sim(subject, Recording(subject.make(), trace, subject.budget_ms))
+        result = _sim(subject, recording)
     except OverBudget as e:
         raise CheckFailed(str(e)) from None
+    d = subject.decisions = recording.decisions
+    d.observe(result.messages)
+    d.steps, d.total_steps, d.hybrid = result.ended.steps, subject.steps, subject.hybrid
     _ended_ok(result, "the simulated run")
     if not trace or not isinstance(trace[0][0], RunStarted):
         raise CheckFailed(f"the policy's first event was {tag_of(trace[0][0]) if trace else 'none'}, not run.started")
@@ -247,14 +329,36 @@ def _trace(subject: Subject) -> list[tuple[Event, EngineView]]:
 
 
 _DECIDING = [""]  # the event a direct decide() call is on (named when a deadline interrupts it)
+_WORKER: list[PolicyWorker | None] = [None]  # the thread direct decide() calls run on
 
 
-def _decide(policy: Policy, event: Event, view: EngineView) -> list[Intent]:
-    _DECIDING[0] = tag_of(event)
+def _watched(policy: Policy, event: Event, view: EngineView, timeout_s: float) -> Any:
+    tid = threading.get_ident()
+    WATCHDOG.begin(timeout_s, tid)
     try:
-        out = policy.decide(event, view)
+        return policy.decide(event, view)
+    finally:
+        WATCHDOG.end(tid)
+
+
+def _decide(subject: Subject, policy: Policy, event: Event, view: EngineView) -> list[Intent]:
+    """``policy.decide(event, view)`` as the engine calls a user's policy: on a thread of its own,
+    interrupted in Python after ``run.policy_timeout_s`` and abandoned 1 s later if blocked in C,
+    the failure named as the engine names it."""
+    _DECIDING[0] = tag_of(event)
+    worker = _WORKER[0]
+    if worker is None or worker.abandoned:
+        worker = _WORKER[0] = PolicyWorker("shunter-contract-policy")
+    timeout_s = subject.call_timeout_s
+    try:
+        out = worker.call(_watched, policy, event, view, timeout_s, timeout_s=timeout_s + GIVE_UP_AFTER_S)
+    except (Stuck, GivenUp) as e:
+        raise CheckFailed(f"decide() on {tag_of(event)} did not return {not_returned(e, timeout_s)}") from None
     except Exception as e:
         raise CheckFailed(f"decide() raised {describe(e)} on {tag_of(event)}") from e
+    except BaseException:  # the check's deadline, while the call may still run: the next call gets a new thread
+        _WORKER[0] = None
+        raise
     finally:
         _DECIDING[0] = ""
     problem = check_intents(out)
@@ -266,14 +370,14 @@ def _decide(policy: Policy, event: Event, view: EngineView) -> list[Intent]:
 def check_every_event(subject: Subject) -> str:
     for event in EVENTS:
         for view in VIEWS:
-            _decide(subject.make(), event, view)
+            _decide(subject, subject.make(), event, view)
     return f"{len(EVENTS)} event types x {len(VIEWS)} views"
 
 
 def check_deterministic(subject: Subject) -> str:
     a, b = subject.make(), subject.make()
     for ev, view in _trace(subject):
-        if _decide(a, ev, view) != _decide(b, ev, view):
+        if _decide(subject, a, ev, view) != _decide(subject, b, ev, view):
             raise CheckFailed(f"two fresh instances decided differently on {tag_of(ev)} (seq {view.seq})")
     return f"{len(_trace(subject))} decisions equal"
 
@@ -283,7 +387,7 @@ def check_snapshot_restore(subject: Subject) -> str:
     for cut in (len(trace) // 3, len(trace) // 2, 2 * len(trace) // 3):
         ref = subject.make()
         for ev, view in trace[:cut]:
-            _decide(ref, ev, view)
+            _decide(subject, ref, ev, view)
         snap = ref.snapshot()
         try:
             msgspec.msgpack.encode(snap)
@@ -292,7 +396,7 @@ def check_snapshot_restore(subject: Subject) -> str:
         restored = subject.make()
         restored.restore(copy.deepcopy(snap))
         for ev, view in trace[cut:]:
-            if _decide(restored, ev, view) != _decide(ref, ev, view):
+            if _decide(subject, restored, ev, view) != _decide(subject, ref, ev, view):
                 raise CheckFailed(f"restored from a snapshot at event {cut}, it decided differently on {tag_of(ev)}")
     return "3 cuts"
 

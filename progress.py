@@ -17,6 +17,7 @@ from tqdm import tqdm
 from shunter.api import Engine
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.io.checkpoint import CheckpointStore
+from shunter.engine.io.errors import secs
 from shunter.events import (
     CommandFailed,
     ComponentFailed,
@@ -206,14 +207,15 @@ async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
             tqdm.write(f"replica.down: {ev.replica_id}: {ev.reason[:300]}", file=sys.stderr)
         elif isinstance(ev, ReplicaRestart):
             tqdm.write(
-                f"replica.restart: replacing {ev.replica_id} (rank {ev.rank}, attempt {ev.attempt}) in {ev.delay_s:g}s",
+                f"replica.restart: replacing {ev.replica_id} (rank {ev.rank}, attempt {ev.attempt}) "
+                f"in {secs(ev.delay_s)}s",
                 file=sys.stderr,
             )
         elif isinstance(ev, ReplicaPending):
             need = ", ".join(f"{v:g} {k} (free {ev.free.get(k, 0):g})" for k, v in ev.missing.items())
             tqdm.write(
                 f"replica.pending: {'the replacement of ' + ev.replacing if ev.replacing else 'a new replica'} "
-                f"waits for room in the Ray cluster: it needs {need}; it waits up to {ev.deadline_s:g}s "
+                f"waits for room in the Ray cluster: it needs {need}; it waits up to {secs(ev.deadline_s)}s "
                 "(rollout.replacement_wait_s) for a node to come back or be added",
                 file=sys.stderr,
             )

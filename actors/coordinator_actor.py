@@ -1,8 +1,9 @@
 """``CoordinatorActor``: the Ray shell around ``Coordinator``.
 
 Invariant: the only way in is bytes decoded by type (``ingest`` for events, ``submit`` for
-intents); bytes that do not decode, and orders (only the coordinator gives those), become an
-``EventRejected`` event and are dropped, and the loop goes on. Everything the loop handles is
+intents, answered with the coordinator's verdict); bytes that do not decode, and orders (only
+the coordinator gives those), become an ``EventRejected`` event and are dropped, and the loop
+goes on. Everything the loop handles is
 written to the run's event log, logs and metrics, and kept in a feed the ``Engine`` facade
 reads; if the loop ends — however it ends — ``fetch`` hands out its ``RunEnded``, so a reader
 never polls a dead run.
@@ -206,19 +207,27 @@ class CoordinatorActor:
             self.core.post(m if isinstance(m, Event) else self.user(m))
         return len(msgs)
 
-    def submit(self, data: bytes) -> bool:
-        """An intent from the user (``Engine.submit``); anything else is rejected."""
+    async def submit(self, data: bytes) -> bytes:
+        """An intent from the user (``Engine.submit``), answered once the loop has handled it
+        (``Coordinator.submit``): the intent as carried out, its ``IntentRejected``, or the run's
+        ``RunEnded``. Bytes that are not an intent become an ``EventRejected``, which is the answer."""
         if self.core.ended is not None:
-            return False
+            return codec().encode(self.core.ended)
         try:
             msg = codec().decode(data)
             if not isinstance(msg, Intent):
                 raise TypeError(f"submit() takes intents, got {msg.role} {type(msg).__name__}")
         except (msgspec.MsgspecError, TypeError) as e:
-            self.core.post(self.core.stamp(EventRejected(origin="user", error=describe(e), nbytes=len(data))))
-            return False
-        self.core.post(self.user(msg))
-        return True
+            rejected = self.core.stamp(EventRejected(origin="user", error=describe(e), nbytes=len(data)))
+            self.core.post(rejected)
+            return codec().encode(rejected)
+        verdict = self.core.submit(self.user(msg))
+        waits: list[asyncio.Future] = [verdict] + ([self._task] if self._task is not None else [])
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not verdict.done():  # the loop ended without its RunEnded reaching the coordinator's end()
+            verdict.cancel()
+            return codec().encode(self._result())
+        return codec().encode(verdict.result())
 
     async def fetch(self, cursor: int, max_n: int = 4096, wait_s: float = 1.0) -> tuple[list[bytes], int, int]:
         items, cursor, missed = await self.feed.read(cursor, max_n, wait_s)

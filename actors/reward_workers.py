@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from shunter.engine.data.rewards import Loss, Scored
-from shunter.engine.io.errors import bounded
+from shunter.engine.io.errors import bounded, secs
 from shunter.events import PromptSpec
 
 MAX_BATCH = 64
@@ -303,7 +303,7 @@ class PoolRewards:
 
         h = self.workers[w]
         if w in self._restarting and not await self._ready(w):
-            return Scored(0.0, "timeout", f"reward worker {w} did not come back within {self.restart_s:g} s")
+            return Scored(0.0, "timeout", f"reward worker {w} did not come back within {secs(self.restart_s)} s")
         self.batches += 1
         life = self._life[w]
         fut = asyncio.ensure_future(_awaited(remote(h)))
@@ -316,7 +316,7 @@ class PoolRewards:
                         pass
                     error = (
                         f"reward worker {w} stopped answering (a reward holding the interpreter?): no answer to "
-                        f"a ping within {self.grace_s:g} s; killed, Ray starts it again"
+                        f"a ping within {secs(self.grace_s)} s; killed, Ray starts it again"
                     )
                     return self._lose(w, life, (w, "hung", error), _Lost(0.0, "timeout", error))
             return fut.result()

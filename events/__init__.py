@@ -44,6 +44,7 @@ from shunter.events.intents import (
     TrainBatch,
     TrainStep,
     Validate,
+    Verdict,
 )
 from shunter.events.lifecycle import (
     CheckpointSaved,
@@ -229,6 +230,7 @@ __all__ = [
     "Validate",
     "ValidateBegin",
     "ValidateEnd",
+    "Verdict",
     "WeightGroupJoined",
     "WeightGroupOpened",
     "WeightsLoaded",

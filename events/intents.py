@@ -7,13 +7,17 @@ its outcome comes back as events: ``SwitchToRollout`` -> ``ModeChanged``,
 ``PublishWeights`` -> ``WeightsReady``, ``LoadWeights`` -> ``WeightsLoaded``,
 ``TrainStep`` / ``TrainBatch`` -> ``StepBegin`` + ``StepEnd``, ``Validate`` ->
 ``ValidateBegin`` + ``ValidateEnd``, ``Offload`` / ``Onload`` -> ``Offloaded`` /
-``Onloaded``, ``Stop`` -> ``RunEnded``.
+``Onloaded``, ``Stop`` -> ``RunEnded``. A user who submits one gets the coordinator's
+judgement of it back at once (``Verdict``).
 """
 
 from __future__ import annotations
 
+import msgspec
+
 from shunter.events.base import Intent
 from shunter.events.data import Sample
+from shunter.events.lifecycle import IntentRejected
 from shunter.events.vocab import StatePart
 
 
@@ -149,3 +153,27 @@ class Stop(Intent, frozen=True, kw_only=True, tag="run.stop"):
 
     reason: str = "stopped"
     """Free text: why (recorded in the log)."""
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """What the coordinator did with an intent a user submitted: carried it out (``accepted``;
+    true as a bool) or refused it (``rejected``: the ``IntentRejected``, also in the run's event
+    log, with its ``reason`` and ``detail``). Carried out means its orders were sent — the
+    outcome still comes as events (``ModeChanged``, ``WeightsReady`` …) — and a replica it names
+    that is not in the mode it applies to is skipped, not refused; one the run does not have is
+    refused (``unknown_replica``), the others it names are still carried out.
+
+    ``coordinator -> Engine.submit's caller`` (``Engine.submit`` returns it once the coordinator
+    has handled the intent); not a message: it is not on the bus or in the event log."""
+
+    intent: Intent
+    """The intent: as the coordinator stamped it when carried out (``source = "user"``, ``seq``),
+    as submitted when refused (``rejected.intent_seq`` is its ``seq`` in the event log)."""
+    rejected: IntentRejected | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.rejected is None
+
+    def __bool__(self) -> bool:
+        return self.rejected is None

@@ -35,7 +35,14 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     """One replica as the coordinator knows it."""
 
     replica_id: str
+    """``<kind>-<rank>`` (``standalone-0``, ``hybrid-1``): the rank is the registry's, shared by
+    both kinds, so with one standalone replica the first hybrid is ``hybrid-1``, and a
+    replacement takes the smallest free rank. Take ids from the view (``view.ids(kind=...)``);
+    never build them."""
     kind: ReplicaKind
+    """``standalone``: a GPU of its own, always generating unless a policy says otherwise;
+    ``hybrid``: shares the trainer's resources, starts in ``trainer`` mode (asleep) and generates
+    only while lent to rollout."""
     rank: int
     """From the registry; unique among live replicas of the run, hybrid and standalone alike."""
     mode: Mode
@@ -116,6 +123,8 @@ class TrainerView(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 0
     """Last published weight version (0: the weights the run started from)."""
     steps_since_publish: int = 0
+    """Optimizer steps since the last publish: ``PublishWeights`` is due at
+    ``view.parameter_sync_step``."""
     step_s: float = 0.0
     """Smoothed (EMA) optimizer-step time in seconds (0 until the first step)."""
     offloaded: list[str] = []
@@ -131,10 +140,15 @@ class BufferView(msgspec.Struct, frozen=True, kw_only=True):
     """Mini-batches that could be taken now (with ``on_stale = "wait"``, none while a group
     whose staleness deadline has come is still generating)."""
     in_flight_groups: int = 0
+    """Prompt groups dispatched and not yet complete (some of their samples still generating)."""
     in_flight_samples: int = 0
+    """Samples generating on replicas now."""
     dispatched_groups: int = 0
+    """Prompt groups started since the run began."""
     trained_groups: int = 0
+    """Prompt groups an optimizer step has taken."""
     dropped_groups: int = 0
+    """Prompt groups dropped: too stale, failed, or cut off at the run's end."""
     gate_open: bool = True
     """Whether the staleness capacity gate admits another group now (false also while the run ends)."""
     pending_resumes: int = 0
@@ -145,21 +159,31 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a policy decides on, besides the event and its own state."""
 
     run_id: str = ""
+    """The run's id (``<run.name>-<random>`` unless given)."""
     seq: int = 0
     """Events applied so far."""
     ppo_mini_batch_size: int = 1
+    """Samples in one optimizer step's mini-batch (``trainer.ppo_mini_batch_size``)."""
     parameter_sync_step: int = 1
+    """Optimizer steps between two publishes (``trainer.parameter_sync_step``)."""
     train_batch_size: int = 1
+    """Samples between two publishes: ``parameter_sync_step`` x ``ppo_mini_batch_size``."""
     n_samples_per_prompt: int = 1
+    """Samples in one prompt group (``rollout.n_samples_per_prompt``)."""
     max_staleness: int = 0
+    """How many weight versions behind a trained sample may be (``rollout.max_staleness``)."""
     validate_every: int = 0
     """Validate every this many optimizer steps (0: never)."""
     trainer_driver: TrainerDriver = "engine"
+    """``engine``: the policy trains and publishes (``TrainStep``, ``PublishWeights``); ``user``:
+    the embedding program does (``Engine.next_batch`` / ``train`` / ``publish_weights``)."""
     replicas: Sequence[ReplicaView] = ()
     """In rank order (a ``ReplicaViews`` when the coordinator built the view; any sequence of
     ``ReplicaView`` in a hand-made one)."""
     trainer: TrainerView = TrainerView()
+    """The trainer (``TrainerView``)."""
     buffer: BufferView = BufferView()
+    """The sample buffer (``BufferView``)."""
     switch_cost_s: dict[str, float] = {}
     """Smoothed measured switch time per direction (``rollout``, ``trainer``); absent until measured."""
     done: bool = False
@@ -167,6 +191,7 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     the replicas and the trainer from here; a policy should ask for nothing more."""
 
     def replica(self, replica_id: str) -> ReplicaView | None:
+        """The replica with this id, or None (not in the run, or gone)."""
         if isinstance(self.replicas, ReplicaViews):
             return self.replicas.find(replica_id)
         return next((r for r in self.replicas if r.replica_id == replica_id), None)

@@ -7,7 +7,9 @@
   batch is ready;
 - ``colocated``: the synchronous baseline every async claim is measured against;
 - ``registry``: policies by name — built-ins by key, others by ``"module:Class"`` — and import
-  strings resolved where users keep their code.
+  strings resolved where users keep their code;
+- ``reference``: the policy reference of ``docs/policies.md`` (the view, ``Policy``, the helpers,
+  the intents and events), written from the code.
 
 Invariant: imports ``shunter.events`` only — no Ray, no torch, no vLLM — so a policy can
 be written, tested and replayed against an event log anywhere. The names below are the public API.

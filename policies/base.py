@@ -3,8 +3,10 @@
 A policy is a plain object:
 
 - ``decide(event, view) -> list[Intent]`` — synchronous, no I/O, the same intents for the
-  same sequence of (event, view) pairs. It runs on the coordinator's loop: every millisecond
-  it takes delays every replica's next request (``run.policy_budget_ms`` warns past a budget).
+  same sequence of (event, view) pairs. The coordinator waits for every call to return (a
+  user's policy runs on a thread of its own, the built-ins on the coordinator's loop): every
+  millisecond it takes delays every replica's next request (``run.policy_budget_ms`` warns past
+  a budget).
   It may raise or return junk: the coordinator reports it (``PolicyFailed``) and carries on,
   until ``run.policy_max_failures`` failures in a row end the run.
 - all mutable state in ``self.state``, an instance of the class attribute ``State`` (a
@@ -61,7 +63,7 @@ from shunter.events.vocab import DOWN, ROLLOUT, STANDALONE
 
 
 class NoState(msgspec.Struct):
-    pass
+    """The ``State`` of a policy that keeps none."""
 
 
 SAMPLE_EVENTS: tuple[type[Event], ...] = (SampleBegin, SampleResumed, SampleEnd, SampleAborted)
@@ -72,12 +74,17 @@ class Policy:
     """Base class: override ``decide``; keep mutable state in ``self.state``."""
 
     name: ClassVar[str] = ""
+    """Its name in logs and ``RunStarted`` (the class name if empty)."""
     State: ClassVar[type[msgspec.Struct]] = NoState
+    """A msgspec Struct holding all its mutable state: ``self.state`` is one, created on first
+    use; ``snapshot()`` / ``restore()`` save and load it with every checkpoint."""
     ignores: ClassVar[tuple[type[Event], ...]] = ()
     """Event types ``decide`` is never called on (and no view is built for). Declared per class,
     not inherited: a subclass sees every event unless it declares its own."""
 
     def __init__(self, **options: Any) -> None:
+        """Options are keyword arguments (``run.policy_options``); calling ``super().__init__()``
+        is optional."""
         if options:
             raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
 
@@ -98,9 +105,12 @@ class Policy:
         """Raise ValueError if the policy cannot run with these replicas."""
 
     def decide(self, event: Event, view: EngineView) -> list[Intent]:
+        """The intents to carry out after ``event`` (already applied: ``view`` shows the state
+        after it); ``[]`` to do nothing. Synchronous, no I/O, deterministic."""
         raise NotImplementedError(f"{type(self).__name__} does not implement decide(event, view)")
 
     def snapshot(self) -> dict[str, Any]:
+        """The state as plain data, saved with a checkpoint."""
         out = msgspec.to_builtins(self.state)
         if not isinstance(out, dict):
             raise TypeError(f"{type(self).__name__}.State must be a msgspec Struct, got {type(self.state).__name__}")
@@ -173,6 +183,8 @@ def load_on_ready(event: Event, view: EngineView) -> list[Intent]:
 
 
 class ValidationState(msgspec.Struct):
+    """What ``validate_when_due`` remembers: keep one in the policy's ``State``."""
+
     validated: int = -1
     """The last block of ``validate_every`` optimizer steps that was validated."""
 
@@ -248,6 +260,8 @@ class LaneOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LaneState(msgspec.Struct):
+    """What ``straggler_lane`` remembers: keep one in the policy's ``State``."""
+
     tail: list[str] = []
     """The replicas of the straggler lane as last asked for."""
 

@@ -16,7 +16,7 @@ import asyncio
 from typing import Any
 
 from shunter.actors.wire import root_cause
-from shunter.engine.io.errors import EngineSetupError
+from shunter.engine.io.errors import EngineSetupError, secs
 
 
 class Attempt:
@@ -38,6 +38,6 @@ async def await_setup(component: str, ref: Any, timeout: float, *, value: bool =
         out = await asyncio.wait_for(ref, timeout)
         return out if value else float(out or 0.0)
     except TimeoutError:
-        raise EngineSetupError(f"{component} did not finish setup within run.timeout_s = {timeout:g}s") from None
+        raise EngineSetupError(f"{component} did not finish setup within run.timeout_s = {secs(timeout)}s") from None
     except Exception as e:  # noqa: BLE001 - surface the actor's own error
         raise EngineSetupError(f"{component} failed to start: {root_cause(e)}") from e

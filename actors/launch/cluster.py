@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from shunter.engine.io.errors import EngineSetupError
+from shunter.engine.io.errors import EngineSetupError, secs
 from shunter.events.vocab import WaitOutcome
 
 NAMESPACE = "shunter"
@@ -127,7 +127,7 @@ async def wait_for_room(
         if loop.time() - t0 >= deadline_s:
             await waited("gave_up", loop.time() - t0)
             raise EngineSetupError(
-                f"no room in the Ray cluster for {what} within {deadline_s:g}s "
+                f"no room in the Ray cluster for {what} within {secs(deadline_s)}s "
                 f"({deadline_knob}): " + _describe(short, have, knobs)
             )
         await asyncio.sleep(poll_s)  # polling the cluster's free resources, not a synchronisation

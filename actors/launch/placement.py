@@ -19,6 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shunter.engine.config.placement import Placement, Slot
+from shunter.engine.io.errors import secs
 
 
 class PlacementError(RuntimeError):
@@ -46,7 +47,7 @@ class Placer:
             what = "; ".join(f"{strategy} {bundles}" for bundles, strategy in groups)
             raise PlacementError(
                 f"the cluster could not reserve {what} (the trainer's side on one node, then one GPU "
-                f"per standalone replica) within {timeout_s:g}s; it has {ray.available_resources()} free"
+                f"per standalone replica) within {secs(timeout_s)}s; it has {ray.available_resources()} free"
             ) from None
 
     def options(self, slot: Slot | None, *, num_gpus: float, num_cpus: float) -> dict:

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from shunter.engine.io.errors import secs
 from shunter.engine.weights import group as weight_group
 from shunter.engine.weights.group import WeightGroupError
 
@@ -54,7 +55,7 @@ class NcclGroup:
             )
             self.comm = PyNcclCommunicator(pg, device=self.device)
         except Exception as e:  # noqa: BLE001
-            raise WeightGroupError(f"{self.name}: rank {rank} could not join within {timeout_s:g}s: {e}") from e
+            raise WeightGroupError(f"{self.name}: rank {rank} could not join within {secs(timeout_s)}s: {e}") from e
         self.stream = torch.cuda.Stream(self.device)
         self.rank = rank
 

@@ -102,7 +102,7 @@ class RunConfig(Section):
     policy_budget_ms: Annotated[
         PosFloat,
         doc(
-            "Warn (policy.slow) when one decide() call takes longer than this; it runs on the coordinator's loop, so every millisecond delays every replica's next request."
+            "Warn (policy.slow) when one decide() call takes longer than this; the coordinator waits for every call to return (a user's policy runs on a thread of its own, the built-ins on the coordinator's loop), so every millisecond delays every replica's next request."
         ),
     ] = 10.0
     policy_timeout_s: Annotated[

@@ -90,7 +90,7 @@ class Applier:
         tally: Tally,
         supervisor: Supervisor,
         *,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         end: End,
         snapshot: Callable[[], CoordinatorSnapshot],
     ) -> None:

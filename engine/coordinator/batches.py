@@ -23,7 +23,7 @@ from shunter.events.vocab import RejectReason
 
 
 class Batches:
-    def __init__(self, buffer: SampleBuffer, state: EngineState, emit: Callable[[Event], None]) -> None:
+    def __init__(self, buffer: SampleBuffer, state: EngineState, emit: Callable[[Event], object]) -> None:
         self.buffer = buffer
         self.state = state
         self.emit = emit

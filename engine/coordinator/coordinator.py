@@ -33,7 +33,8 @@ checkpoint cuts (``CheckpointCuts``), the intents (``Intents``), the finale (``F
 replica supervisor (``Supervisor``), the ``Applier`` that applies events to them all, and the
 ``Ending`` that closes the books. Between two turns of the loop it answers direct calls
 (``take_batch``, ``why_no_batch``, ``view``) under the same fault barrier; a call that ended the
-run wakes the loop (``_WAKE``) so it returns ``RunEnded``.
+run wakes the loop (``_WAKE``) so it returns ``RunEnded``. A user's intent posted with ``submit``
+gets its verdict once handled — carried out or refused — or the run's ``RunEnded`` if it never is.
 """
 
 from __future__ import annotations
@@ -203,6 +204,7 @@ class Coordinator:
         self._current: Message | None = None
         self._idle = False
         self._stop_posted = False
+        self._verdicts: dict[tuple[str, int], asyncio.Future[Message]] = {}  # (source, seq) -> its verdict (submit)
         executor.bind(self.post_many)
 
     # -- inputs ----------------------------------------------------------------------------
@@ -215,9 +217,24 @@ class Coordinator:
         for m in msgs:
             self._inbox.put_nowait(m)
 
-    def emit(self, event: Event) -> None:
-        """An event the coordinator itself derived; handled before the next inbox item."""
-        self._derived.append(self.stamp(event))
+    def emit(self, event: Event) -> Event:
+        """An event the coordinator itself derived; handled before the next inbox item. Returns
+        it as stamped."""
+        stamped = self.stamp(event)
+        self._derived.append(stamped)
+        return stamped
+
+    def submit(self, intent: Intent) -> asyncio.Future[Message]:
+        """Post a user's intent (stamped by the caller); the future holds the verdict once the
+        loop has handled it: the intent itself if it was carried out, its ``IntentRejected`` if
+        it was refused, or the ``RunEnded`` of a run that ended before handling it."""
+        verdict: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        if self.ended is not None:
+            verdict.set_result(self.ended)
+            return verdict
+        self._verdicts[(intent.source, intent.seq)] = verdict
+        self.post(intent)
+        return verdict
 
     def issue(self, intent: Intent) -> None:
         """An intent of the coordinator's own (the finale's): recorded and carried out like the policy's."""
@@ -329,7 +346,10 @@ class Coordinator:
             self._report(msg)
         elif isinstance(msg, Intent):
             self._stage = "intent"
-            self.intents.carry_out(msg)
+            refused = self.intents.carry_out(msg)
+            verdict = self._verdicts.pop((msg.source, msg.seq), None) if self._verdicts else None
+            if verdict is not None and not verdict.done():
+                verdict.set_result(refused or msg)
         elif isinstance(msg, Event):
             self._stage = "apply"
             self.applier.apply(msg)
@@ -495,6 +515,10 @@ class Coordinator:
             return
         self.finale.phase = "ended"
         self.ended = self.ending.end(reason, error, failed_component, fault, careful=careful)
+        for verdict in self._verdicts.values():  # intents never handled: the run's end is their answer
+            if not verdict.done():
+                verdict.set_result(self.ended)
+        self._verdicts.clear()
 
     def summary(self) -> dict[str, float]:
         return self.ending.summary()

@@ -39,7 +39,7 @@ class CheckpointCuts:
         *,
         retries: int = 2,
         run_id: str,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         fatal: Callable[[str], None] = lambda error: None,
     ) -> None:
         self.fatal = fatal

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shunter.engine.coordinator.executor import TRAINER
-from shunter.engine.io.errors import bounded
+from shunter.engine.io.errors import bounded, secs
 from shunter.engine.replica.backend import EngineDead
 from shunter.events import CommandFailed, ComponentFailed, Event, Generate, Order, ReplicaDown, tag_of
 
@@ -120,11 +120,13 @@ class Failures:
                 if target == TRAINER:  # hung: kill it so it cannot answer late, and report it down
                     self.kill(TRAINER)
                     self.dead(
-                        TRAINER, f"no answer to {tag_of(cmd)} within {fault.setting} = {fault.seconds:g}s; killed"
+                        TRAINER, f"no answer to {tag_of(cmd)} within {fault.setting} = {secs(fault.seconds)}s; killed"
                     )
                 elif isinstance(cmd, Generate):  # hung: kill it so it can neither hold resources nor answer late
                     self.kill(target)
-                    self.dead(target, f"no progress on {tag_of(cmd)} for {fault.setting} = {fault.seconds:g}s; killed")
+                    self.dead(
+                        target, f"no progress on {tag_of(cmd)} for {fault.setting} = {secs(fault.seconds)}s; killed"
+                    )
                 else:
-                    error = f"no answer within {fault.seconds:g}s ({fault.setting})"
+                    error = f"no answer within {secs(fault.seconds)}s ({fault.setting})"
                     self.answer(target, [CommandFailed(command_kind=tag_of(cmd), target=target, error=error)])

@@ -9,8 +9,9 @@ Invariants:
 - a failure yields no command; identical failures are reported on the 1st, 10th, 100th …
   occurrence with the count (so logs stay small), and after ``max_failures`` failures in a
   row :attr:`fatal` holds the reason the run must end with;
-- every call is timed (:attr:`decide_ms`); a call over ``budget_ms`` yields ``PolicySlow`` on
-  the 1st, 10th, 100th … slow call;
+- every call is timed (:attr:`decide_ms`); a call over ``budget_ms`` that returned yields
+  ``PolicySlow`` on the 1st, 10th, 100th … slow call (one that did not return is a failure,
+  never reported as slow);
 - a call still running after ``timeout_s`` ends the run, whatever it is stuck in: one stuck in
   Python bytecode (an endless loop) is interrupted there (``engine/coordinator/watchdog.py``); a user's
   policy runs on a thread the coordinator can abandon (``engine/coordinator/policy_worker.py``), so one
@@ -28,7 +29,7 @@ from threading import get_ident
 
 from shunter.engine.coordinator.policy_worker import GivenUp, PolicyWorker
 from shunter.engine.coordinator.watchdog import WATCHDOG, Stuck
-from shunter.engine.io.errors import bounded, describe, type_name, user_frame
+from shunter.engine.io.errors import bounded, describe, secs, type_name, user_frame
 from shunter.events import Event, Intent, Order, PolicyFailed, PolicySlow, tag_of
 from shunter.events.view import EngineView
 from shunter.policies import Policy
@@ -81,7 +82,7 @@ class PolicyGuard:
         self,
         policy: Policy,
         *,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         max_failures: int = 10,
         budget_ms: float = 10.0,
         timeout_s: float = 10.0,
@@ -127,18 +128,10 @@ class PolicyGuard:
             else:
                 out = self._worker.call(self._watched, event, view, timeout_s=self.timeout_s + GIVE_UP_AFTER_S)
         except (Stuck, GivenUp) as e:
-            self._timed(event, t0)
-            how = (
-                "an endless loop? It was interrupted"
-                if isinstance(e, Stuck)
-                else "blocked outside Python — a lock, I/O, a native call — so it could not be "
-                "interrupted: its thread was abandoned"
-            )
-            self._failed(event, f"did not return within run.policy_timeout_s = {self.timeout_s:g}s ({how})")
-            self.fatal = self.fatal or (
-                f"policy {self.label}.decide() did not return on {tag_of(event)} within "
-                f"run.policy_timeout_s = {self.timeout_s:g}s ({how})"
-            )
+            self._timed(event, t0, returned=False)
+            how = not_returned(e, self.timeout_s)
+            self._failed(event, f"did not return {how}")
+            self.fatal = self.fatal or f"policy {self.label}.decide() did not return on {tag_of(event)} {how}"
             return []
         except Exception as e:  # noqa: BLE001 - the policy is user code: contain it
             self._timed(event, t0)
@@ -162,12 +155,14 @@ class PolicyGuard:
         finally:
             WATCHDOG.end(tid)
 
-    def _timed(self, event: Event, t0: float) -> None:
+    def _timed(self, event: Event, t0: float, *, returned: bool = True) -> None:
+        """Time a call; a slow one is counted, and reported (``PolicySlow``) if it returned — one
+        that did not is reported as a failure that ends the run, not as a slow call."""
         ms = (self.timer() - t0) * 1e3
         self.decide_ms.add(ms)
         if ms > self.budget_ms:
             self.slow_calls += 1
-            if _milestone(self.slow_calls):
+            if returned and _milestone(self.slow_calls):
                 self.emit(
                     PolicySlow(
                         policy=self.label,
@@ -219,6 +214,18 @@ class PolicyGuard:
         out["coordinator/policy_failures"] = float(self.failures)
         out["coordinator/policy_slow_calls"] = float(self.slow_calls)
         return out
+
+
+def not_returned(e: Stuck | GivenUp, timeout_s: float) -> str:
+    """Why a ``decide()`` call did not return, for "did not return …": interrupted in Python
+    (``Stuck``), or abandoned blocked outside it (``GivenUp``)."""
+    how = (
+        "an endless loop? It was interrupted"
+        if isinstance(e, Stuck)
+        else "blocked outside Python — a lock, I/O, a native call — so it could not be "
+        "interrupted: its thread was abandoned"
+    )
+    return f"within run.policy_timeout_s = {secs(timeout_s)}s ({how})"
 
 
 def check_intents(out: Sequence[object]) -> str:

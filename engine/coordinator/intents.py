@@ -5,7 +5,8 @@ current handle, the batch's samples, the held-out prompts) or an ``IntentRejecte
 why — never a half-done change; the state changes an order implies are made when it is sent
 (a replica told to switch is ``switching`` at once, a trainer told to train is ``training``),
 so the next view never invites the same intent twice. Refusals of the policy's own intents
-are counted like its failures: the 1st, 10th, 100th … is reported.
+are counted like its failures: the 1st, 10th, 100th … is reported; ``carry_out`` returns the
+refusal of the intent it carried out (None: carried out), which a user's ``Verdict`` is made of.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Intents:
         executor: Executor,
         inflight: InFlight,
         *,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         stop: Callable[[str], None],
         loss_fn: str,
         validation_prompts: list[PromptSpec],
@@ -85,8 +86,18 @@ class Intents:
         self.validating_on = ""
         """The replica running the last validation (the finale redoes it if that replica dies)."""
         self._refused: dict[tuple[str, str], int] = {}
+        self._refusal: IntentRejected | None = None  # the first refusal of the intent being carried out
 
-    def carry_out(self, intent: Intent) -> None:
+    def carry_out(self, intent: Intent) -> IntentRejected | None:
+        """Carry ``intent`` out; its refusal if it was refused (the event as emitted), else None."""
+        outer, self._refusal = self._refusal, None
+        try:
+            self._carry_out(intent)
+            return self._refusal
+        finally:
+            self._refusal = outer
+
+    def _carry_out(self, intent: Intent) -> None:
         ids = getattr(intent, "replica_ids", None)
         if ids and (unknown := [i for i in ids if i not in self.state.replicas]):
             known = ", ".join(sorted(self.state.replicas)) or "none"
@@ -124,18 +135,19 @@ class Intents:
         n = 1
         if intent.source == "policy":
             n = self._refused[key] = self._refused.get(key, 0) + 1
-            if not _milestone(n):
-                return
-        self.emit(
-            IntentRejected(
-                intent_kind=tag_of(intent),
-                reason=reason,
-                detail=detail,
-                intent_source=intent.source,
-                intent_seq=intent.seq,
-                repeats=n,
-            )
+        refusal = IntentRejected(
+            intent_kind=tag_of(intent),
+            reason=reason,
+            detail=detail,
+            intent_source=intent.source,
+            intent_seq=intent.seq,
+            repeats=n,
         )
+        if _milestone(n):
+            emitted = self.emit(refusal)
+            refusal = emitted if isinstance(emitted, IntentRejected) else refusal  # stamped
+        if self._refusal is None:
+            self._refusal = refusal
 
     # -- replicas --------------------------------------------------------------------------
     def _in(self, ids: list[str], mode: str) -> list[str]:

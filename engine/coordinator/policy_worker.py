@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from shunter.engine.io.errors import secs
+
 
 class GivenUp(Exception):
     """The call did not return within its timeout; the worker was abandoned."""
@@ -59,7 +61,7 @@ class PolicyWorker:
         self._q.put(c)
         if not c.done.wait(timeout_s):
             self.abandoned = True
-            raise GivenUp(f"did not return within {timeout_s:g}s")
+            raise GivenUp(f"did not return within {secs(timeout_s)}s")
         if c.error is not None:
             raise c.error
         return c.value

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import msgspec
 
 from shunter.engine.data.turns import FAILURES
-from shunter.engine.io.errors import describe, type_name
+from shunter.engine.io.errors import describe, secs, type_name
 from shunter.events import PromptSpec
 from shunter.events.vocab import EnvFailure
 
@@ -216,7 +216,10 @@ class EnvCalls:
                 async with asyncio.timeout(self.timeout_s):
                     self.env = await self.loop.run(_made, (self.factory,), self.timeout_s + 1.0)
         except TimeoutError:
-            return "timeout", f"environment {self.name}() took longer than task.env_timeout_s = {self.timeout_s:g} s"
+            return (
+                "timeout",
+                f"environment {self.name}() took longer than task.env_timeout_s = {secs(self.timeout_s)} s",
+            )
         except Exception as e:  # noqa: BLE001 - the user's class: reported
             return "raised", f"environment {self.name}() raised {describe(e, limit=500)}"
         return None, ""
@@ -274,7 +277,7 @@ class EnvCalls:
         except TimeoutError:
             return (
                 "timeout",
-                f"environment {self.name}.{method} took longer than task.env_timeout_s = {self.timeout_s:g} s",
+                f"environment {self.name}.{method} took longer than task.env_timeout_s = {secs(self.timeout_s)} s",
                 None,
             )
         except asyncio.CancelledError:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from shunter.engine.io.errors import describe, type_name
+from shunter.engine.io.errors import describe, secs, type_name
 from shunter.engine.tasks.base import Scorer, score_of
 from shunter.events import PromptSpec
 from shunter.events.vocab import RewardFailure, WorkerLoss
@@ -166,7 +166,7 @@ class ThreadRewards:
                 if began and loop.time() >= began[0] + self.timeout_s:
                     if not cf.cancel():  # running: its thread finishes it, unheard
                         self._held(pool, cf, loop)
-                    return Scored(0.0, "timeout", f"took longer than task.reward_timeout_s = {self.timeout_s:g} s")
+                    return Scored(0.0, "timeout", f"took longer than task.reward_timeout_s = {secs(self.timeout_s)} s")
                 if not began and pool is not self._pool and cf.cancel():
                     break  # its pool was replaced while it waited for a thread: wait in the new one
                 if not began and self.stuck >= MAX_STUCK_THREADS and cf.cancel():
@@ -174,7 +174,7 @@ class ThreadRewards:
                         0.0,
                         "timeout",
                         f"no thread free to run it: {self.stuck} held by calls that outlived "
-                        f"task.reward_timeout_s = {self.timeout_s:g} s and never returned",
+                        f"task.reward_timeout_s = {secs(self.timeout_s)} s and never returned",
                     )
 
     def _held(self, pool: ThreadPoolExecutor, cf: Future[Scored], loop: asyncio.AbstractEventLoop) -> None:

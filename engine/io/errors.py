@@ -4,11 +4,13 @@ Invariants: every error text the engine puts into an event or a log line goes th
 :func:`bounded` — at most ``LIMIT`` characters, terminal colour codes removed, the head and
 the tail kept (a wrapped error's useful line is often its last); :func:`describe` names an
 exception by type and message, the user's own frame first when the exception came from user
-code. Nothing here embeds the repr of an earlier error event, so errors never grow by nesting.
+code; :func:`secs` writes a number of seconds with sensible rounding. Nothing here embeds the
+repr of an earlier error event, so errors never grow by nesting.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import traceback
 from typing import TYPE_CHECKING
@@ -30,6 +32,20 @@ def bounded(text: str, limit: int = LIMIT) -> str:
     keep = max(0, limit - 40)
     head, tail = keep * 2 // 3, keep - keep * 2 // 3
     return f"{text[:head]} … [{len(text) - head - tail} characters cut] … {text[len(text) - tail :]}"
+
+
+def secs(value: float) -> str:
+    """A number of seconds as a message shows it: three significant digits (``6.67``, ``0.3``,
+    ``2``), whole from 100 up (``7200``), never an exponent — a computed timeout of 20/3 s is
+    ``6.67``, not ``6.66667``."""
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    text = f"{value:.3g}"
+    if "e" in text:  # below 0.0001: as many places as it takes, trailing zeros dropped
+        text = f"{value:.9f}".rstrip("0").rstrip(".")
+    return text
 
 
 def describe(exc: BaseException, *, limit: int = LIMIT) -> str:

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from shunter.engine.io.errors import secs
+
 BACKENDS = ("nccl", "gloo")
 SENDER = 0
 
@@ -66,7 +68,7 @@ class GlooGroup:
             store = dist.TCPStore(host, port, world_size, rank == 0, timeout=td, wait_for_workers=False, **kw)
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, td)
         except Exception as e:  # noqa: BLE001 - name the group and the cause
-            raise WeightGroupError(f"{self.name}: rank {rank} could not join within {timeout_s:g}s: {e}") from e
+            raise WeightGroupError(f"{self.name}: rank {rank} could not join within {secs(timeout_s)}s: {e}") from e
         self.rank = rank
 
     def broadcast(self, tensors: list[torch.Tensor], src: int, deadline: float) -> None:

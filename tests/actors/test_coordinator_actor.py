@@ -1,5 +1,6 @@
 """The coordinator's Ray boundary: bytes are decoded by type; bad bytes become an
-``EventRejected`` event and the loop goes on."""
+``EventRejected`` event and the loop goes on; a user's intent is answered with the
+coordinator's verdict (``Engine.submit``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ import asyncio
 import msgspec
 import pytest
 
+from shunter import Engine
 from shunter.actors import coordinator_actor
 from shunter.engine.config import from_dict
-from shunter.events import Codec, EventRejected, PublishWeights, RunStarted, Stop
+from shunter.events import (
+    Codec,
+    EventRejected,
+    IntentRejected,
+    PublishWeights,
+    Rebalance,
+    RunStarted,
+    Stop,
+    SwitchToRollout,
+)
 
 pytestmark = pytest.mark.actors
 
@@ -24,14 +35,23 @@ async def test_bad_bytes_are_rejected_with_their_cause_and_the_loop_survives(ray
         await actor.start.remote(codec.encode_batch([]))
         assert await actor.ingest.remote(b"\x93\x01\x02", "fuzzer") == 0
         assert await actor.ingest.remote(msgspec.msgpack.encode([{"kind": "no.such_event"}]), "fuzzer") == 0
-        assert await actor.submit.remote(codec.encode(PublishWeights())[:-1]) is False
-        assert await actor.submit.remote(codec.encode(RunStarted(policy="x", replicas=0))) is False  # an event
-        assert await actor.submit.remote(codec.encode(Stop(reason="test"))) is True
+        for bad in (codec.encode(PublishWeights())[:-1], codec.encode(RunStarted(policy="x", replicas=0))):
+            assert isinstance(codec.decode(await actor.submit.remote(bad)), EventRejected)
+        engine = Engine(cfg)  # Engine.submit over the real actor: the coordinator's verdict comes back
+        engine.coordinator = actor
+        refused = await engine.submit(SwitchToRollout(replica_ids=["hybrid-1"]))
+        assert not refused and refused.rejected.reason == "unknown_replica"
+        assert refused.rejected.detail == "no replica hybrid-1 in this run (known: none)"
+        rebalanced = await engine.submit(Rebalance())
+        assert rebalanced.accepted and rebalanced.intent.source == "user" and rebalanced.intent.seq == 2
+        stopped = await engine.submit(Stop(reason="test"))
+        assert stopped.accepted and isinstance(stopped.intent, Stop)
         ended = codec.decode(await actor.wait_ended.remote())
         items, _, missed = await actor.fetch.remote(0, 1000, 0.1)
     msgs = [codec.decode(b) for b in items]
     rejected = [m for m in msgs if isinstance(m, EventRejected)]
     assert [r.origin for r in rejected] == ["fuzzer", "fuzzer", "user", "user"]
+    assert [m.reason for m in msgs if isinstance(m, IntentRejected)] == ["unknown_replica"]
     assert "no.such_event" in rejected[1].error and "truncated" in rejected[2].error.lower() or rejected[2].error
     assert "got event RunStarted" in rejected[3].error
     assert ended.reason in ("completed", "stopped") and missed == 0

@@ -37,8 +37,10 @@ def test_policy_meets_the_contract(name, check):
         ("ReturnsBare", "every_event", "returned a bare TrainStep, not a list"),
         ("ReturnsJunk", "every_event", "holding str 'publish' at index 1"),
         ("ReturnsOrder", "every_event", "an order only the coordinator gives"),
-        ("Hangs", "every_event", "took longer than 2 s of real time (decide() on"),
+        ("Hangs", "every_event", "did not return within run.policy_timeout_s = 0.667s (an endless loop? It was"),
+        ("BlockedInC", "every_event", "did not return within run.policy_timeout_s = 0.667s (blocked outside Python"),
         ("Slow", "run", "decide() took more than run.policy_budget_ms = 10 ms in 4 calls"),
+        ("Slow", "run", "the coordinator waits for every call to return, so every replica waits that long"),
     ],
 )
 def test_the_contract_fails_a_broken_policy_with_its_cause_in_bounded_time(broken, check, says):
@@ -48,6 +50,8 @@ def test_the_contract_fails_a_broken_policy_with_its_cause_in_bounded_time(broke
     assert not result.ok
     assert says in result.detail, result.detail
     assert result.seconds < 10
+    if broken in ("BlockedInC", "Slow"):  # was: "an endless loop?" for a lock; "runs on the coordinator's loop"
+        assert "endless loop" not in result.detail and "coordinator's loop" not in result.detail, result.detail
 
 
 def test_a_broken_policy_does_not_touch_the_checks_of_another():
@@ -98,3 +102,21 @@ def test_the_cli_refuses_bad_usage_once_with_status_2(capsys):
     assert main(["check-policy", "separate", "--options", '{"kk": 2}']) == 2
     err = capsys.readouterr().err
     assert err.count("unexpected keyword argument 'kk'") == 1
+
+
+def test_check_policy_says_what_the_policy_did(capsys):
+    """A passing check also says what the policy decided in the simulated run: its intents by
+    kind, the switches done, its refused intents, the steps — whether it ever lent a replica."""
+    import re
+
+    from shunter.cli import main
+
+    assert main(["check-policy", EXAMPLE, "--only", "run"]) == 0
+    lends = capsys.readouterr().out
+    assert re.search(r"intents: 6 trainer\.train_step, [1-9]\d* replica\.switch_to_rollout", lends), lends
+    assert re.search(r"switches: [1-9]\d* to rollout \(hybrid-1 [1-9]\d*x\), [1-9]\d* back to the trainer", lends)
+    assert "refused: none" in lends and "steps: 6 of 6" in lends
+    assert main(["check-policy", "separate", "--only", "run"]) == 0
+    keeps = capsys.readouterr().out
+    assert "switches: none — it never lent a hybrid replica to rollout (1 stayed with the trainer)" in keeps, keeps
+    assert "replica.switch_to_rollout" not in keeps

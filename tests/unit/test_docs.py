@@ -108,6 +108,39 @@ def test_the_configuration_reference_names_every_field():
     assert not missing, f"docs/configuration.md lacks {missing}"
 
 
+def test_the_policy_reference_is_the_one_the_code_writes():
+    """``docs/policies.md``'s reference is ``shunter.policies.reference.render()``: every field of
+    the view, member of ``Policy`` and helper of ``policies/base.py``, each with its documentation
+    from the code (a field added without a doc makes ``render()`` raise, naming it). After a
+    change: ``python -m shunter.policies.reference``."""
+    from shunter.policies import reference
+
+    page = (ROOT / "docs" / "policies.md").read_text()
+    assert reference.shown(page) == reference.render(), "run: python -m shunter.policies.reference"
+    for field in ("in_flight_groups", "ready_batches", "gate_open", "steps_since_publish", "done"):
+        assert f"| `{field}` |" in page
+    for name in ("view.ids(*, kind", "train_or_publish(event", "load_on_ready(event", "SwitchToRollout"):
+        assert name in page
+
+
+def test_the_policy_reference_refuses_a_field_without_its_documentation(monkeypatch):
+    """A view field added without an attribute docstring fails the reference, naming it."""
+    import msgspec
+
+    from shunter.policies import reference
+
+    class Bare(msgspec.Struct, frozen=True):
+        """A view part."""
+
+        documented: int = 0
+        """Has its doc."""
+        undocumented: int = 0
+
+    monkeypatch.setattr(reference, "VIEWS", (*reference.VIEWS, ("view.bare", Bare)))
+    with pytest.raises(ValueError, match=r"Bare\.undocumented has no documentation in the code"):
+        reference.render()
+
+
 def test_contributing_names_every_module():
     """CONTRIBUTING's "Every module" lists each module of the package and of ``tests/support``
     under its package's bullet: a module added must be added there too."""

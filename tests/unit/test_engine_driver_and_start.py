@@ -1,7 +1,8 @@
 """The ``Engine`` facade's guards, over in-process fakes (no Ray): with the engine driving the
 trainer, the user-loop calls are refused and take nothing from the run (was: ``next_batch()``
-took a batch the engine then never trained); and an engine starts once (was: a second
-``start()`` said the run folder holds a run, "continue it with --resume")."""
+took a batch the engine then never trained); an engine starts once (was: a second
+``start()`` said the run folder holds a run, "continue it with --resume"); and ``submit`` returns
+the coordinator's verdict on the intent (was: None, the outcome only in a later event)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from shunter import Engine, EngineError
 from shunter.engine.config import from_dict
-from shunter.events import Batch, BatchReady, Codec, RunEnded, StepEnd, Stop, TrainBatch
+from shunter.events import Batch, BatchReady, Codec, RunEnded, Stamper, StepEnd, Stop, TrainBatch
 from tests.support.fakes import local_run, virtual_time
 
 
@@ -41,6 +42,7 @@ class CoordinatorHandle:
 
     def __init__(self, coord) -> None:
         self.coord, self.calls, self.codec = coord, [], Codec()
+        self.user = Stamper(coord.state.run_id, "user")
         self.batch_ready = asyncio.Event()
         coord.sinks.append(lambda m: isinstance(m, BatchReady | RunEnded) and self.batch_ready.set())
 
@@ -63,8 +65,7 @@ class CoordinatorHandle:
         raise AssertionError("not reached in these tests")
 
     async def _submit(self, data):
-        self.coord.post(self.codec.decode(data))
-        return True
+        return self.codec.encode(await self.coord.submit(self.user(self.codec.decode(data))))
 
     async def _restarts(self, wait_s):
         await asyncio.sleep(wait_s)
@@ -173,3 +174,48 @@ async def test_a_start_after_a_failed_start_says_so(tmp_path, fake_launcher):
     with pytest.raises(EngineError, match="the engine's start failed"):
         await engine.start()
     await engine.close()
+
+
+@virtual_time
+async def test_submit_returns_the_coordinators_verdict_and_separate_keeps_a_hybrid_the_user_lent():
+    """``Engine.submit`` answers once the coordinator has handled the intent: carried out, or
+    refused with its reason and detail (the refusal is also in the event log) — was: None. And
+    ``separate`` never takes back a hybrid the user lent: it generates until the run ends."""
+    from shunter import RunEndedError
+    from shunter.events import IntentRejected, LoadWeights, ModeChanged, SampleEnd, SwitchToRollout, SwitchToTrainer
+
+    c = from_dict(
+        {
+            "run": {"total_steps": 6, "policy": "separate"},
+            "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1, "n_samples_per_prompt": 4, "max_tokens": 12},
+            "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
+            "validation": {"every": 0},
+        }
+    )
+    coord, _, _ = local_run(c)
+    engine = Engine(c)
+    engine.coordinator = CoordinatorHandle(coord)
+    seen: list = []
+    coord.sinks.append(seen.append)
+    task = asyncio.create_task(coord.run())
+    async with asyncio.timeout(600):  # virtual seconds
+        lent = await engine.submit(SwitchToRollout(replica_ids=["hybrid-1"]))
+        assert lent and lent.accepted and lent.rejected is None
+        assert isinstance(lent.intent, SwitchToRollout) and lent.intent.source == "user" and lent.intent.seq == 1
+        wrong = await engine.submit(SwitchToRollout(replica_ids=["hybrid-0"]))  # ranks are shared: there is none
+        assert not wrong and not wrong.accepted
+        assert wrong.rejected.reason == "unknown_replica"
+        assert "no replica hybrid-0 in this run (known: hybrid-1, standalone-0)" in wrong.rejected.detail
+        assert wrong.rejected in seen, "the refusal the caller got is the one in the event log"
+        stale = await engine.submit(LoadWeights(replica_ids=["standalone-0"], version=7))
+        assert stale.rejected.reason == "not_current"
+        ended = await task
+    await coord.executor.close()
+    assert ended.reason == "completed" and ended.steps == 6
+    modes = [(m.replica_id, m.mode) for m in seen if isinstance(m, ModeChanged)]
+    assert modes == [("hybrid-1", "rollout")], "lent once, never taken back"
+    assert not [m for m in seen if isinstance(m, SwitchToTrainer)]
+    assert any(m.replica_id == "hybrid-1" for m in seen if isinstance(m, SampleEnd)), "the lent hybrid generated"
+    assert [m.reason for m in seen if isinstance(m, IntentRejected)] == ["unknown_replica", "not_current"]
+    with pytest.raises(RunEndedError):
+        await engine.submit(Stop())

@@ -228,6 +228,30 @@ async def test_a_policy_that_stops_acting_ends_the_run_with_a_stall_error_not_a_
     assert len(ended.error) < 600 and "EngineView(" not in ended.error
 
 
+@pytest.mark.parametrize("loads", [False, True])
+@virtual_time
+async def test_a_policy_that_trains_but_never_publishes_or_loads_stalls_at_the_staleness_gate(loads):
+    """docs/policies.md, "What a policy must do": publishes and loads are the policy's to ask for.
+    Without them the replicas serve the starting weights, the staleness gate soon admits no more
+    groups, and the run ends with the stall error naming the gate."""
+    from shunter.events import PublishWeights, SampleBegin, TrainStep
+    from shunter.policies import Policy
+
+    class NoLoads(Policy):
+        def decide(self, event, view):
+            if view.trainer.state != "idle" or view.done:
+                return []
+            if loads and view.trainer.steps_since_publish >= view.parameter_sync_step:
+                return [PublishWeights()]  # published, but loaded nowhere
+            return [TrainStep()] if view.buffer.ready_batches else []
+
+    coord, _, _ = local_run(cfg(validation={"every": 0}), policy=NoLoads())
+    ended, seen = await run_to_end(coord)
+    assert ended.reason == "error" and ended.steps < 6
+    assert "stalled" in ended.error and "staleness gate closed" in ended.error, ended.error
+    assert {m.version for m in seen if isinstance(m, SampleBegin)} == {0}
+
+
 async def _lend_then_rebalance(c):
     """Run ``c`` (one standalone, one hybrid) under ``separate``; once standalone-0 holds 24
     samples, lend hybrid-1; the policy asks for a bare ``Rebalance`` on the ``ModeChanged``

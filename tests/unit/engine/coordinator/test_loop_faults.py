@@ -284,6 +284,7 @@ async def test_a_policy_stuck_in_an_endless_loop_is_interrupted_and_ends_the_run
     assert "policy tests.support.broken_policies.Hangs.decide() did not return on" in ended.error
     failed = [m for m in seen if isinstance(m, PolicyFailed)]
     assert failed and "did not return within run.policy_timeout_s = 0.3s" in failed[0].error
+    assert not [m for m in seen if isinstance(m, PolicySlow)], "a call that never returned is not 'slow'"
 
 
 @pytest.mark.timeout(60)  # on a loop that calls the policy itself, this run never ends
@@ -301,6 +302,7 @@ async def test_a_policy_blocked_in_c_is_given_up_and_ends_the_run():
     assert "within run.policy_timeout_s = 0.3s (blocked outside Python" in ended.error
     failed = [m for m in seen if isinstance(m, PolicyFailed)]
     assert len(failed) == 1 and "its thread was abandoned" in failed[0].error
+    assert not [m for m in seen if isinstance(m, PolicySlow)], "was: policy.slow said the abandoned call 'took 1300 ms'"
 
 
 def test_a_built_in_policy_runs_on_the_loop_and_a_users_on_its_own_thread():

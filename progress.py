@@ -233,7 +233,7 @@ async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
             tqdm.write(
                 f"trainer.pending: the run lost its trainer and restarts from its checkpoint at step "
                 f"{ev.checkpoint_step}, but the Ray cluster has no room for one: it needs {need}; it waits up to "
-                f"{ev.deadline_s:g}s (run.restart_wait_s) for a node to come back or be added",
+                f"{secs(ev.deadline_s)}s (run.restart_wait_s) for a node to come back or be added",
                 file=sys.stderr,
             )
         elif isinstance(ev, TrainerWaited):

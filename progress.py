@@ -45,8 +45,7 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
     engine = Engine(cfg, resume=resume, run_id=run_id)
     _stop_on_signals(engine)
     try:
-        async with engine:
-            _stop_on_signals(engine)  # again: ray.init() put its own handler (exit at once) in place
+        async with engine:  # the handlers outlive ray.init (actors.launch.cluster.handlers_kept)
             print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
             if engine.reaped:
                 print(
@@ -63,6 +62,7 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
     except asyncio.CancelledError:  # stopped before the run started, or while it was stopping
         if not STOPPED:
             _say_stopped(engine, bar)
+        bar.close()
         raise
     bar.close()
     print_summary(ended)
@@ -97,9 +97,18 @@ def _stop_on_signals(engine: Engine) -> None:
         return
 
     def stop(signum: int) -> None:
-        global TERMINATED, STOPS
+        global TERMINATED, STOPS, STOPPED
         TERMINATED = TERMINATED or signum == signal.SIGTERM
         STOPS += 1
+        if engine.connecting and not STOPPED:  # nothing of the run exists yet: nothing to stop or save
+            STOPPED = True
+            print(
+                f"\ninterrupted while reaching the Ray cluster at {engine.connecting}: nothing was started",
+                file=sys.stderr,
+                flush=True,
+            )
+            task.cancel()
+            return
         if STOPS > 1:
             _stop_now(engine)
         again = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"

@@ -43,7 +43,7 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
     global TERMINATED, STOPS, STOPPED
     TERMINATED, STOPS, STOPPED = False, 0, False  # each run counts its own stop signals
     engine = Engine(cfg, resume=resume, run_id=run_id)
-    _stop_on_signals(engine)
+    _stop_on_signals(engine, bar)
     try:
         async with engine:  # the handlers outlive ray.init (actors.launch.cluster.handlers_kept)
             print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
@@ -62,7 +62,6 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
     except asyncio.CancelledError:  # stopped before the run started, or while it was stopping
         if not STOPPED:
             _say_stopped(engine, bar)
-        bar.close()
         raise
     bar.close()
     print_summary(ended)
@@ -88,7 +87,7 @@ def _then(engine: Engine) -> str:
     )
 
 
-def _stop_on_signals(engine: Engine) -> None:
+def _stop_on_signals(engine: Engine, bar: tqdm) -> None:
     """Ctrl-C and SIGTERM (``kill``, a scheduler's preemption) stop the run: the first cancels
     the main task — the engine stops at a consistent cut and saves a checkpoint, and the CLI
     exits 130 (143 after a SIGTERM); a second one while it does stops at once (:func:`_stop_now`)."""
@@ -102,6 +101,8 @@ def _stop_on_signals(engine: Engine) -> None:
         STOPS += 1
         if engine.connecting and not STOPPED:  # nothing of the run exists yet: nothing to stop or save
             STOPPED = True
+            bar.leave = False  # and no bar of a run that never began
+            bar.close()
             print(
                 f"\ninterrupted while reaching the Ray cluster at {engine.connecting}: nothing was started",
                 file=sys.stderr,

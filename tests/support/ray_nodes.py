@@ -48,6 +48,7 @@ class RayNodes:
         self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         self.address = ""
         self.raylets: set[str] = set()  # pids of its raylets, living or killed
+        self.seen: set[psutil.Process] = set()  # every process of it found so far
 
     def _start(self, *args: str) -> None:
         out = subprocess.run(
@@ -78,8 +79,10 @@ class RayNodes:
     def processes(self) -> list[psutil.Process]:
         """Its processes: those naming its folder, and those whose environment carries its mark or
         one of its raylets' pids (Ray's daemons and agents set their own process titles, but keep
-        the environment they were started with) — never another cluster's, so tests may run side
-        by side."""
+        the environment they were started with), their descendants (the dashboard and runtime-env
+        agents a raylet starts show neither), and any found before that still runs (the agents of
+        a raylet killed mid-test live on, orphaned) — never another cluster's, so tests may run
+        side by side."""
         mine = str(self.temp)
         found = [p for p in psutil.process_iter(["cmdline", "name"]) if mine in " ".join(p.info["cmdline"] or ())]
         self.raylets |= {str(p.pid) for p in found if "raylet" in (p.info["name"] or "")}
@@ -90,15 +93,23 @@ class RayNodes:
                     found.append(p)
             except psutil.Error:
                 continue
-        return found
+        for p in list(found):
+            try:
+                found += [c for c in p.children(recursive=True) if c not in found]
+            except psutil.Error:
+                continue
+        self.seen |= set(found)
+        return found + [p for p in self.seen - set(found) if p.is_running()]
 
     def kill_node(self, resource: str) -> int:
         """``kill -9`` the raylet of the node that offers ``resource``; its pid."""
         for p in self.processes():
-            cmd = " ".join(p.info["cmdline"] or ())
-            if "raylet" in p.name() and resource in cmd:
-                p.kill()
-                return p.pid
+            try:
+                if "raylet" in p.name() and resource in " ".join(p.cmdline()):
+                    p.kill()
+                    return p.pid
+            except psutil.Error:
+                continue
         raise AssertionError(f"no raylet offers {resource}: {[p.name() for p in self.processes()]}")
 
     def stop(self) -> None:

@@ -149,6 +149,12 @@ class Engine:
         return self._launch.attempt if self._launch is not None else 0
 
     @property
+    def connecting(self) -> str:
+        """The Ray cluster address the engine is reaching as it starts, while it does ('' otherwise):
+        nothing of the run exists yet (``run.connect_timeout_s`` bounds it)."""
+        return self._launch.site.connecting if self._launch is not None else ""
+
+    @property
     def reaped(self) -> list[str]:
         """Processes a killed earlier driver of this run left running, ended at start."""
         return list(self._launch.site.reaped) if self._launch is not None else []

@@ -47,10 +47,9 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
     global TERMINATED, STOPS, STOPPED
     TERMINATED, STOPS, STOPPED = False, 0, False  # each run counts its own stop signals
     engine = Engine(cfg, resume=resume, run_id=run_id)
-    _stop_on_signals(engine)
+    _stop_on_signals(engine, bar)
     try:
-        async with engine:
-            _stop_on_signals(engine)  # again: ray.init() put its own handler (exit at once) in place
+        async with engine:  # the handlers outlive ray.init (actors.launch.cluster.handlers_kept)
             print(f"run {engine.run_id}: records in {engine.out_dir}", file=sys.stderr)
             if engine.reaped:
                 print(
@@ -92,7 +91,7 @@ def _then(engine: Engine) -> str:
     )
 
 
-def _stop_on_signals(engine: Engine) -> None:
+def _stop_on_signals(engine: Engine, bar: tqdm) -> None:
     """Ctrl-C and SIGTERM (``kill``, a scheduler's preemption) stop the run: the first cancels
     the main task — the engine stops at a consistent cut and saves a checkpoint, and the CLI
     exits 130 (143 after a SIGTERM); a second one while it does stops at once (:func:`_stop_now`)."""
@@ -101,9 +100,20 @@ def _stop_on_signals(engine: Engine) -> None:
         return
 
     def stop(signum: int) -> None:
-        global TERMINATED, STOPS
+        global TERMINATED, STOPS, STOPPED
         TERMINATED = TERMINATED or signum == signal.SIGTERM
         STOPS += 1
+        if engine.connecting and not STOPPED:  # nothing of the run exists yet: nothing to stop or save
+            STOPPED = True
+            bar.leave = False  # and no bar of a run that never began
+            bar.close()
+            print(
+                f"\ninterrupted while reaching the Ray cluster at {engine.connecting}: nothing was started",
+                file=sys.stderr,
+                flush=True,
+            )
+            task.cancel()
+            return
         if STOPS > 1:
             _stop_now(engine)
         again = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"

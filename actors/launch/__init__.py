@@ -13,5 +13,7 @@
   announced; replicas kept across attempts and brought up mid-run;
 - ``attempt``: ``Attempt`` — the attempt in progress, as the parts share it; ``await_setup``;
 - ``cluster``: the Ray cluster — joining or starting it, the driver's host, room for what a run
-  asks (``replica.pending`` while it waits), Ray on 127.0.0.1 only (``local_only``).
+  asks (``replica.pending`` while it waits), Ray on 127.0.0.1 only (``local_only``);
+- ``join``: ``reach`` — a cluster to join asked for its id before ``ray.init`` joins it, within
+  ``run.connect_timeout_s``: a dead or wrong address, a refused auth token, one error naming it.
 """

@@ -12,8 +12,11 @@ comes back (or is added) waits for room, saying what it waits for, up to a deadl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Awaitable, Callable
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,10 @@ register, which a machine with every core busy can miss once (seen in CI)."""
 
 def init_ray(address: str, num_cpus: float) -> bool:
     """Join the cluster at ``address`` (empty: start a local one on 127.0.0.1); True when this
-    process started or joined it (and so must shut it down), False when Ray was up already."""
+    process started or joined it (and so must shut it down), False when Ray was up already.
+    The process's SIGINT / SIGTERM handlers are still in force afterwards (:func:`handlers_kept`).
+    A join ``ray.init`` refuses is an ``EngineSetupError`` naming the address (``join.reach``
+    has asked the cluster first: what is left is rare)."""
     import ray
 
     if ray.is_initialized():
@@ -40,12 +46,20 @@ def init_ray(address: str, num_cpus: float) -> bool:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kw: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": bool(os.environ.get("SHUNTER_RAY_LOGS"))}
     if address:
-        ray.init(address=address, **kw)
+        try:
+            with handlers_kept(after_init=True):
+                ray.init(address=address, **kw)
+        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:  # a cluster it cannot join
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise EngineSetupError(f"could not join the Ray cluster at {address} (run.ray_address): {said}") from None
         return True
     local_only()
     for attempt in range(1, START_TRIES + 1):
         try:
-            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **kw)
+            with handlers_kept(after_init=True):
+                ray.init(
+                    num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **kw
+                )
             return True
         except Exception as e:  # Ray's "timed out during startup" is a bare Exception
             if "during startup" not in str(e):
@@ -174,17 +188,32 @@ def shutdown_keeping_signal_handlers() -> None:
     the moments after a run stopped (an operator's second signal, a scheduler's) killed the
     driver before it could say where to ``--resume`` from (outsider report;
     ``tests/actors/test_ray_shutdown_signals.py``)."""
-    import signal
-    import threading
-
     import ray
 
+    with handlers_kept():
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def handlers_kept(after_init: bool = False) -> Iterator[None]:
+    """The SIGINT / SIGTERM handlers in force before the block are in force after it, at the C
+    level too (``signal.signal`` again: Python's ``getsignal`` does not see what Ray put beneath it).
+
+    ``after_init``: around ``ray.init()``, which puts its own Python SIGTERM handler in place
+    (``sys.exit``) and, under it, its core worker's C++ failure handler, which prints a stack
+    dump (``*** SIGTERM received ... ***``) before handing the signal on. A program's own handler
+    (the CLI's: stop at a consistent cut) comes back; where there was none, Ray's Python handler
+    stays — registered again, without the dump beneath it. Only in the main thread (the only
+    one Python lets set handlers)."""
     main = threading.current_thread() is threading.main_thread()
     kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
-        ray.shutdown()
+        yield
     finally:
-        for signum, handler in kept.items():
+        for signum, before in kept.items():
+            handler = before
+            if after_init and before in (signal.SIG_DFL, None):
+                handler = signal.getsignal(signum)
             if handler is not None:
                 signal.signal(signum, handler)
 

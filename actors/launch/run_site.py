@@ -5,7 +5,8 @@ run's registry.
 ``Launcher`` makes it with the run's config, id and folder, its ``Room``, the ``ReplicaPool`` if
 any and the rows given as objects; the launcher's parts read ``model_dir``, ``data``,
 ``driver_node`` and ``registry`` once it is open. Invariants: the model folder and the dataset are
-checked before Ray starts (a run that cannot start says why without touching the cluster);
+checked before Ray starts (a run that cannot start says why without touching the cluster); a
+cluster to join has answered (``join.reach``, bounded) before ``ray.init`` joins it;
 ``close`` kills the registry, then removes the placement group, and shuts down Ray only if this
 run started it.
 """
@@ -24,6 +25,7 @@ from shunter.actors.launch.cluster import (
     reap_orphans,
     shutdown_keeping_signal_handlers,
 )
+from shunter.actors.launch.join import reach
 from shunter.actors.launch.room import Room
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.io.errors import EngineSetupError
@@ -52,6 +54,8 @@ class RunSite:
         self.data: Any = None
         """(training rows, validation prompts) of a run over a dataset, for each attempt's coordinator."""
         self.driver_node = ""  # Ray's id of this process's node (the run folder is on its disk)
+        self.connecting = ""
+        """The Ray address this run is reaching, while it does (nothing of the run exists yet)."""
         self.reaped: list[str] = []
         """Processes a killed earlier attempt of this run left running, ended at ``open``."""
 
@@ -64,7 +68,7 @@ class RunSite:
         self.data = self._load_data()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.reaped = reap_orphans(self.out_dir / RAY_SESSION)
-        self._init_ray()
+        await self._init_ray()
         if self.owns_ray:
             import ray
 
@@ -110,8 +114,17 @@ class RunSite:
             build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps, preset=m.preset)
         return str(check_model_dir(m.path))
 
-    def _init_ray(self) -> None:
-        if init_ray(self.cfg.run.ray_address, self.cfg.run.num_cpus):
+    async def _init_ray(self) -> None:
+        import ray
+
+        address = self.cfg.run.ray_address
+        if address and not ray.is_initialized():
+            self.connecting = address
+            try:
+                await reach(address, self.cfg.run.connect_timeout_s)
+            finally:
+                self.connecting = ""
+        if init_ray(address, self.cfg.run.num_cpus):
             self.owns_ray = True
         self.driver_node = driver_node()
 

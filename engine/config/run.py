@@ -39,6 +39,12 @@ class RunConfig(Section):
             "Ray cluster to join ('auto', or the head's address as 'ray start --head' printed it; shunter run --address); empty: start a local one bound to 127.0.0.1, dashboard off."
         ),
     ] = ""
+    connect_timeout_s: Annotated[
+        PosFloat,
+        doc(
+            "How long a run joining run.ray_address waits for the cluster's GCS to answer (a head still starting is tried again within it) before it ends naming the address and what to check; a refused auth token ends it at once."
+        ),
+    ] = 15.0
     relays: Annotated[
         Literal["auto", "all", "none"],
         doc(

@@ -22,7 +22,8 @@ def test_a_run_under_kills_and_a_stop_trains_every_prompt_once(tiny_model):
     r = chaos_soak.one_run(0, random.Random(0), tiny_model, 30, 0, 600, schedule=schedule)
     said = json.dumps(r, default=str)  # whole: pytest cuts a dict's repr short
     assert r["signals"] == ["engine_core", "coordinator", "sigterm"], said
-    assert [(s["exit_status"], s["says_resume"], s["traceback"]) for s in r["stops"]] == [(143, True, False)], said
+    stops = [(s["exit_status"], s["says_resume"], s["traceback"], s["ray_dump"]) for s in r["stops"]]
+    assert stops == [(143, True, False, False)], said
     assert r["stops_unclean"] == 0, said  # ...and at a sync boundary
     assert r["completed"] == 1 and r.get("hangs", 0) == 0, r.get("stderr_tail", said)
     assert r["groups_trained_twice"] == 0 and r["prompts_skipped"] == 0 and r["steps_missing"] == 0, said

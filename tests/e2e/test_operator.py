@@ -3,10 +3,10 @@ every TCP socket its process tree listens on is bound to 127.0.0.1 (the Ray serv
 autoscaler's metrics, the actors' gRPC servers, the vLLM engine); Ctrl-C (SIGINT to the process
 group) stops it at a sync boundary with exit status 130 and says how to resume; ``--resume``
 completes it, and over its two attempts every prompt up to the last trained one was trained
-exactly once (``on_stale = "wait"``). SIGTERM's stop (143) is the chaos test's
-(``test_chaos.py``, which checks the same of it). A
-second Ctrl-C while it stops ends it at once: a line or two saying what ``--resume`` will
-continue from, no traceback, and no process of its Ray cluster left running."""
+exactly once (``on_stale = "wait"``). SIGTERM's stop (143) mid-run is the chaos test's
+(``test_chaos.py``, which checks the same of it); a SIGTERM while it starts stops it without
+Ray's stack dump. A second Ctrl-C while it stops ends it at once: a line or two saying what
+``--resume`` will continue from, no traceback, and no process of its Ray cluster left running."""
 
 from __future__ import annotations
 
@@ -158,3 +158,29 @@ def test_a_second_ctrl_c_stops_at_once_quietly_and_leaves_no_process(tiny_model,
     left = [p for p in psutil.process_iter(["cmdline"]) if session in " ".join(p.info["cmdline"] or ())]
     assert not left, [" ".join(p.info["cmdline"])[:200] for p in left]
     assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def test_a_sigterm_while_the_run_starts_stops_it_without_rays_stack_dump(tiny_model, tmp_path):
+    """SIGTERM after Ray is up, while the run's actors start (issue 46): the run's own stop (143,
+    what is left to do), never Ray's handlers — its core worker's stack dump
+    (``*** SIGTERM received ... ***``) and its ``sys.exit`` — which ``ray.init()`` put in place."""
+    from shunter.actors.launch.cluster import RAY_SESSION
+
+    cfg = _config(tmp_path, tiny_model)
+    run = tmp_path / "runs" / "op3"
+    proc = _shunter(str(cfg), "--run-id", "op3")
+    try:
+        me = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        while not (run / RAY_SESSION).is_file():  # written once ray.init() returned
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "Ray did not start"
+            psutil.wait_procs([me], timeout=0.1)  # returns at once if it exits
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-3000:]
+    assert "SIGTERM received" not in err and "Traceback" not in err, err[-3000:]
+    assert "interrupted: the run stopped" in err, err[-3000:]

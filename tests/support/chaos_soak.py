@@ -15,7 +15,7 @@ completed, no hang (each process bounded), no process left behind by a clean sto
 batch reward of the last steps above that of the first. Per clean stop (SIGTERM, Ctrl-C), from
 the driver: its exit status (143, 130), a stop at a sync boundary (a step count that is a
 multiple of ``trainer.parameter_sync_step``), and a stderr that says ``--resume <run>`` without a traceback
-(``stops``). Prints a JSON report:
+or Ray's stack dump (``stops``). Prints a JSON report:
 
     .venv/bin/python -m tests.support.chaos_soak --runs 30 --seed 1 --out bench/results/chaos_soak.json
 
@@ -253,6 +253,7 @@ def one_run(
                         "steps": stopped_at(log),
                         "says_resume": f"--resume {run}" in said,
                         "traceback": "Traceback" in said,
+                        "ray_dump": "SIGTERM received" in said,  # Ray's core worker's stack dump
                     }
                 )
             how = "kill" if fired and fired[-1] == "driver_kill" and stopped else "exit"
@@ -293,6 +294,7 @@ def one_run(
                     or st["steps"] % cycle
                     or not st["says_resume"]
                     or st["traceback"]
+                    or st["ray_dump"]
                     for st in stops
                 ),
             }

@@ -3,7 +3,9 @@
 Behaviour: like ``separate``, plus — when the trainer is idle with no mini-batch ready,
 the hybrid replicas are switched to rollout if the expected time saved beats the
 measured cost of switching there and back; as soon as a mini-batch is ready they are
-reclaimed, and the trainer trains only once every lent replica is back. When a lent
+reclaimed, and the trainer trains only once every lent replica is back — a hybrid lent by
+someone else (the user, ``Engine.submit(SwitchToRollout(...))``) included: it is taken back
+when a mini-batch is ready, as the policy's own (else the run would wait for ever). When a lent
 replica comes up it asks for a ``Rebalance``: busy standalone replicas hand part of their
 in-flight groups over (partial rollout makes the move cheap: only the prefix is
 re-prefilled), so lending helps even when every new group is already dispatched. The
@@ -149,8 +151,13 @@ class LendWhenIdlePolicy(Policy):
         cmds: list[Intent] = load_on_ready(event, view)
         cmds += validate_when_due(event, view, self.state.validation)
         lent = [i for i in self.state.lent if (r := view.replica(i)) is not None and r.mode != DOWN]
-        if lent and (view.buffer.ready_batches > 0 or isinstance(event, BatchReady) or view.done):
-            back = [i for i in lent if _mode(view, i) == ROLLOUT]  # still switching: next event
+        # a hybrid someone else lent (the user, through Engine.submit) holds the trainer's GPUs as
+        # well: this policy trains only once every hybrid is back, so it takes those back too
+        others = [
+            r.replica_id for r in view.replicas if r.kind == HYBRID and r.mode == ROLLOUT and r.replica_id not in lent
+        ]
+        if (lent or others) and (view.buffer.ready_batches > 0 or isinstance(event, BatchReady) or view.done):
+            back = [i for i in lent if _mode(view, i) == ROLLOUT] + others  # still switching: next event
             lent = [i for i in lent if i not in back]
             if back:
                 cmds.append(SwitchToTrainer(replica_ids=back, sleep_level=self.sleep_level))

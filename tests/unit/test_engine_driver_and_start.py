@@ -219,3 +219,35 @@ async def test_submit_returns_the_coordinators_verdict_and_separate_keeps_a_hybr
     assert [m.reason for m in seen if isinstance(m, IntentRejected)] == ["unknown_replica", "not_current"]
     with pytest.raises(RunEndedError):
         await engine.submit(Stop())
+
+
+@virtual_time
+async def test_lend_when_idle_takes_back_a_hybrid_the_user_lent_once_a_batch_is_ready():
+    """``lend_when_idle`` trains only with every hybrid on the trainer; a hybrid the user lent
+    (not by the policy) was never taken back, so the run stalled at step 0 with batches ready
+    (found while documenting ``Engine.submit``). Now it is reclaimed as the policy's own are."""
+    from shunter.events import ModeChanged, StepEnd, SwitchToRollout, SwitchToTrainer
+
+    c = from_dict(
+        {
+            "run": {"total_steps": 6, "policy": "lend_when_idle"},
+            "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1, "n_samples_per_prompt": 4, "max_tokens": 12},
+            "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
+            "validation": {"every": 0},
+        }
+    )
+    coord, _, _ = local_run(c)
+    engine = Engine(c)
+    engine.coordinator = CoordinatorHandle(coord)
+    seen: list = []
+    coord.sinks.append(seen.append)
+    task = asyncio.create_task(coord.run())
+    async with asyncio.timeout(3600):  # virtual seconds
+        assert await engine.submit(SwitchToRollout(replica_ids=["hybrid-1"]))
+        ended = await task
+    await coord.executor.close()
+    assert ended.reason == "completed" and ended.steps == 6, ended.error
+    kinds = [type(m) for m in seen if isinstance(m, SwitchToTrainer | StepEnd)]
+    assert kinds.index(SwitchToTrainer) < kinds.index(StepEnd), "taken back before the first step"
+    modes = [(m.replica_id, m.mode) for m in seen if isinstance(m, ModeChanged)]
+    assert modes[:2] == [("hybrid-1", "rollout"), ("hybrid-1", "trainer")], modes

@@ -19,8 +19,10 @@ from shunter.engine.config.load import load_config, schema
 
 EXIT_STATUSES: dict[int, str] = {
     0: "the run completed; every policy check passed; the event log read whole",
-    1: "the run failed or did not start (its error is printed: a crash, a stall, unusable data, no model), or "
-    "its policy or your program ended it early with a Stop; a policy check failed; the event log is damaged",
+    1: "the run failed or did not start (its error is printed: a crash, a stall, unusable data, no model, no Ray "
+    "cluster at the address, checkpoints that cannot be saved, no room to restart after a lost trainer — with the "
+    "--resume line where a checkpoint was saved), or its policy or your program ended it early with a Stop; a "
+    "policy check failed; the event log is damaged",
     2: "a usage error: a bad config, option or argument; a checkpoint --resume cannot use; no event log at the path",
     130: "stopped by Ctrl-C: the run stopped at a consistent cut and saved a checkpoint there if "
     "run.checkpoint_every > 0 (--resume continues it); a second Ctrl-C stops at once, without saving",
@@ -139,7 +141,10 @@ def _run(args) -> int:
 
         return progress.exit_on_next_signal()  # the run is saved: one more signal on the way out exits
     if ended.reason == "error":
-        print(f"shunter: the run failed: {ended.error}", file=sys.stderr)
+        from shunter import progress
+
+        how_on = "" if "--resume" in ended.error or progress.RUN_DIR is None else f"; {progress.then(progress.RUN_DIR)}"
+        print(f"shunter: the run failed: {ended.error}{how_on}", file=sys.stderr)
     return OK if ended.reason == "completed" else FAILED
 
 

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import sys
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -69,6 +70,8 @@ async def run_with_progress(cfg: EngineConfig, resume: str | None = None, run_id
         raise
     bar.close()
     print_summary(ended)
+    global RUN_DIR
+    RUN_DIR = engine.out_dir
     return ended
 
 
@@ -81,13 +84,17 @@ def _say_stopped(engine: Engine, bar: tqdm) -> None:
 
 
 def _then(engine: Engine) -> str:
-    """What an interrupted run leaves to do: the checkpoint ``--resume`` continues from, if any."""
-    saved = CheckpointStore(engine.out_dir / "checkpoints").latest()
+    return then(engine.out_dir)
+
+
+def then(out_dir: Path) -> str:
+    """What a stopped or failed run leaves to do: the checkpoint ``--resume`` continues from, if any."""
+    saved = CheckpointStore(out_dir / "checkpoints").latest()
     if saved is not None:
-        return f"continue it with --resume {engine.out_dir} (from step {saved.manifest.step})"
+        return f"continue it with --resume {out_dir} (from step {saved.manifest.step})"
     return (
         "no checkpoint was saved, so there is nothing to resume: start it again "
-        f"(a new run id, or move {engine.out_dir} aside)"
+        f"(a new run id, or move {out_dir} aside)"
     )
 
 
@@ -167,6 +174,8 @@ TERMINATED = False
 """A SIGTERM stopped the run (the CLI's exit status is then 143, not 130)."""
 STOPS = 0
 """Stop signals received (Ctrl-C, SIGTERM): the second stops at once."""
+RUN_DIR: Path | None = None
+"""The folder of the last run that ended (the CLI's ``--resume`` line after a failure)."""
 STOPPED = False
 """The run has stopped after a stop signal (checkpoint saved, what to do next printed)."""
 

@@ -62,3 +62,37 @@ def test_exit_statuses_are_one_table_in_the_help_and_the_readme(capsys):
     for code, meaning in cli.EXIT_STATUSES.items():
         assert f"{code:<4} {meaning}" in helped
     assert {cli.OK, cli.FAILED, cli.USAGE, 130, 143} == set(cli.EXIT_STATUSES)
+
+
+def test_a_failed_run_ends_with_the_resume_line_of_its_last_checkpoint(tmp_path, capsys, monkeypatch):
+    """Exit 1 for a run that failed says how to go on: ``--resume <run folder>`` and the step of
+    its newest checkpoint that verifies (or that none was saved) — once, not where the error
+    says it already (a checkpoint that cannot be saved, a restart with no room)."""
+    from shunter import progress
+    from shunter.engine.io.checkpoint import CheckpointStore
+    from shunter.events import RunEnded
+
+    run = tmp_path / "runs" / "r1"
+    store = CheckpointStore(run / "checkpoints")
+    staging = store.staging(4)
+    (staging / "trainer.pt").write_bytes(b"x")
+    store.commit(staging, run_id="r1", step=4, version=2)
+    config = tmp_path / "c.toml"
+    config.write_text('[run]\nname = "c"\n')
+    errors = iter(["stalled: nothing in flight", "checkpoint ...; continue with --resume X", "crash"])
+
+    async def failed(cfg, **kw):
+        progress.RUN_DIR = run if "crash" not in (e := next(errors)) else tmp_path / "runs" / "r2"
+        return RunEnded(reason="error", steps=7, error=e, run_id="r1", source="coordinator", wall_time=1.0)
+
+    monkeypatch.setattr(progress, "run_with_progress", failed)
+    monkeypatch.setattr(progress, "RUN_DIR", None)  # put back after the test
+    said = []
+    for _ in range(3):
+        assert main(["run", str(config), "--no-progress"]) == 1
+        said.append(capsys.readouterr().err.strip())
+    assert (
+        said[0] == f"shunter: the run failed: stalled: nothing in flight; continue it with --resume {run} (from step 4)"
+    )
+    assert said[1] == "shunter: the run failed: checkpoint ...; continue with --resume X"
+    assert said[2].startswith("shunter: the run failed: crash; no checkpoint was saved, so there is nothing to resume")

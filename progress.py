@@ -288,6 +288,8 @@ async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
 def _said(ev) -> str:
     """One line for an error event: its text, where it came from, how often."""
     text = getattr(ev, "error", "") or getattr(ev, "detail", "")
+    if isinstance(ev, CommandFailed) and ev.command_kind:  # which command: a checkpoint's save, a load ...
+        text = f"{ev.command_kind}: {text}"
     where = getattr(ev, "target", "") or getattr(ev, "component", "") or getattr(ev, "origin", "")
     n = getattr(ev, "repeats", 1)
     return f"{text}" + (f" [{where}]" if where else "") + (f" (x{n})" if n > 1 else "")

@@ -222,8 +222,10 @@ def reap_orphans(record: Path) -> list[str]:
     """End the processes of the local Ray cluster an earlier driver of this run started and
     left behind when it was killed (``kill -9`` of ``shunter run``: Ray's GCS, raylet and
     workers die with it, but its dashboard and runtime-env agents live on, orphaned). Only
-    processes that name that cluster's session folder and whose parent is gone are touched.
-    Returns their names."""
+    processes that name that cluster's session folder and whose parent is gone are touched, and
+    none while a GCS of that session still runs: a live GCS is a live cluster — one an operator
+    started with ``ray start`` has every daemon re-parented to init, and is never a run's orphan
+    (a resume against such a cluster once ended it). Returns their names."""
     import psutil
 
     try:
@@ -232,10 +234,20 @@ def reap_orphans(record: Path) -> list[str]:
         return []
     if not session or not Path(session).is_absolute():
         return []
-    gone = []
+    named = []
     for p in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
         try:
-            if p.info["ppid"] == 1 and session in " ".join(p.info["cmdline"] or ()):
+            cmd = " ".join(p.info["cmdline"] or ())
+        except psutil.Error:
+            continue
+        if session in cmd:
+            named.append(p)
+    if any("gcs_server" in (p.info["name"] or "") or "gcs_server" in " ".join(p.info["cmdline"] or ()) for p in named):
+        return []  # the cluster lives: nothing of it is an orphan
+    gone = []
+    for p in named:
+        try:
+            if p.info["ppid"] == 1:
                 p.kill()
                 gone.append(p.info["name"])
         except psutil.Error:

@@ -66,15 +66,19 @@ class RunSite:
 
         self.model_dir = self._ensure_model()
         self.data = self._load_data()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.reaped = reap_orphans(self.out_dir / RAY_SESSION)
         await self._init_ray()
-        if self.owns_ray:
+        self.out_dir.mkdir(
+            parents=True, exist_ok=True
+        )  # after the cluster answered: a run that never began leaves none
+        if self.owns_ray and not self.cfg.run.ray_address:  # a cluster this run started, never one it joined
             import ray
 
             node = ray._private.worker._global_node
             if node is not None:
                 (self.out_dir / RAY_SESSION).write_text(node.get_session_dir_path())
+        else:  # a record an earlier start left (a joined cluster's, before this was fixed) is not ours to reap
+            (self.out_dir / RAY_SESSION).unlink(missing_ok=True)
         layout = plan(self.cfg)
         if self.pool is not None and (self.owns_ray or layout is not None):
             why = "starts Ray itself" if self.owns_ray else "places its actors in a placement group (GPUs)"

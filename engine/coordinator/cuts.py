@@ -17,6 +17,7 @@ naming the policy.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -143,7 +144,9 @@ class CheckpointCuts:
 
     def given_up(self, step: int, error: str) -> str:
         """The run's error after ``run.checkpoint_retries`` failed tries: the folder, the OS
-        error, the last good checkpoint and how to go on from it."""
+        error, the room left on its disk against a checkpoint's size, the last good checkpoint and
+        how to go on from it. (A full disk does not always say ENOSPC: torch's writer reports it as
+        ``unexpected pos``; the free space says it.)"""
         assert self.store is not None
         tries = f"{self.failures} tries in a row; run.checkpoint_retries = {self.retries}"
         text = f"checkpoint at step {step} could not be saved in {self.store.root} ({tries}): {error}"
@@ -151,11 +154,12 @@ class CheckpointCuts:
             found = self.store.latest()
         except Exception as e:  # noqa: BLE001 - the folder itself may be unreadable now
             return f"{text}; the last good checkpoint cannot be told ({describe(e, limit=200)})"
+        room = disk_room(self.store.root, found.manifest.nbytes if found is not None else 0)
         if found is None:
-            return f"{text}; no checkpoint of this run was saved, so there is nothing to resume from"
+            return f"{text}{room}; no checkpoint of this run was saved, so there is nothing to resume from"
         return (
-            f"{text}; the last good checkpoint is step {found.manifest.step} ({found.path}): once the folder "
-            f"is writable, continue with --resume {self.store.root.parent}"
+            f"{text}{room}; the last good checkpoint is step {found.manifest.step} ({found.path}): once the folder "
+            f"is writable and its disk has room, continue with --resume {self.store.root.parent}"
         )
 
     def final(self, trainer: TrainerState, snapshot: Callable[[], snapshot_mod.CoordinatorSnapshot]) -> bool:
@@ -173,3 +177,18 @@ class CheckpointCuts:
 
 CHECKPOINT_KINDS = frozenset({"checkpoint.write", "checkpoint.commit", tag_of(SaveCheckpoint)})
 """``CommandFailed.command_kind`` of a failed checkpoint try (the coordinator's parts, the trainer's)."""
+
+
+def disk_room(folder: Path, checkpoint_bytes: int) -> str:
+    """``"; its disk has 3.3 MB free, a checkpoint takes 5.9 MB: the disk is full"``-style text
+    (empty when the disk cannot be asked)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    text = f"; its disk has {free / 1e6:.1f} MB free"
+    if checkpoint_bytes:
+        text += f", a checkpoint takes {checkpoint_bytes / 1e6:.1f} MB"
+        if free < checkpoint_bytes:
+            text += ": the disk is full"
+    return text

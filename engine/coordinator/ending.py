@@ -93,7 +93,9 @@ class Ending:
             except Exception as e:  # noqa: BLE001 - careful mode: the other sinks still get it
                 if not careful:
                     raise
-                notes.append(f"sink {sink_name(sink)} also failed: {describe(e, limit=200)}")
+                note = f"sink {sink_name(sink)} also failed: "
+                if not any(n.startswith(note) for n in notes):  # once a sink: a full disk fails every event alike
+                    notes.append(note + describe(e, limit=200))
         return ev
 
     def summary(self) -> dict[str, float]:

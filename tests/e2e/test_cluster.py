@@ -218,9 +218,25 @@ def test_losing_the_trainers_node_waits_for_room_resumes_when_one_joins_and_name
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         said = err.read_text()
+        # the operator adds a node and runs the --resume line against the same, live cluster: the run
+        # goes on to its end, and the cluster lives on (a resume once ended a cluster it had joined:
+        # it took the joined cluster's daemons for a killed run's orphans)
+        nodes.add({"node_t": 1})
+        gcs = [p for p in nodes.processes() if p.name() == "gcs_server"]
+        again = subprocess.run(
+            [sys.executable, "-m", "shunter.cli", "run", str(config), "--address", address, "--resume", str(run),
+             "--steps", "16", "--no-progress"],
+            cwd=tmp_path,
+            env={**nodes.env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert gcs and all(p.is_running() for p in gcs), "the resume ended the operator's cluster"
     finally:
         nodes.stop()
 
+    assert again.returncode == 0, again.stderr[-3000:]
     assert proc.returncode == 1, said[-3000:]
     lines = [x for x in said.splitlines() if x.startswith(("trainer.", "shunter:"))]
     pending = [x for x in lines if x.startswith("trainer.pending:")]
@@ -240,3 +256,9 @@ def test_losing_the_trainers_node_waits_for_room_resumes_when_one_joins_and_name
 
     facts = list(read_log(log))
     assert [type(m) for m in facts if isinstance(m, TrainerPending | TrainerWaited)] == [TrainerPending, TrainerWaited]
+    # over the three attempts and the resume: every group trained once, none skipped
+    steps = trained_groups(log)
+    groups = Counter(g for _, gs in steps for g in gs)
+    assert len(steps) == 16
+    assert set(groups.values()) == {1}, "a group trained twice"
+    assert sorted(groups) == list(range(len(groups))), "prompts skipped"

@@ -11,10 +11,10 @@ import psutil
 from shunter.actors.launch.cluster import reap_orphans
 
 
-def _orphan(tag: str) -> int:
+def _orphan(tag: str, name: str = "ray::Agent") -> int:
     """A process whose parent is gone (as the agents after their driver's kill)."""
     out = subprocess.run(
-        ["setsid", "bash", "-c", f'exec -a "ray::Agent {tag}" sleep 300 >/dev/null 2>&1 & echo $!'],
+        ["setsid", "bash", "-c", f'exec -a "{name} {tag}" sleep 300 >/dev/null 2>&1 & echo $!'],
         capture_output=True,
         text=True,
         check=True,
@@ -36,6 +36,23 @@ def test_orphans_of_the_recorded_session_are_ended_and_nothing_else(tmp_path):
         assert reap_orphans(tmp_path / "missing") == []
     finally:
         for pid in (ours, other):
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_a_live_cluster_of_the_recorded_session_is_never_reaped(tmp_path):
+    """A cluster an operator started (``ray start``: every daemon re-parented to init, its GCS
+    running) is not a killed run's leftovers: ``--resume`` against it once ended the whole cluster."""
+    session = str(tmp_path / "session_2026-12-07_operators")
+    gcs, agent = _orphan(f"--session-dir={session}", "/venv/ray/core/src/ray/gcs/gcs_server"), _orphan(session)
+    try:
+        (tmp_path / "ray_session").write_text(session)
+        assert reap_orphans(tmp_path / "ray_session") == []
+        assert psutil.Process(gcs).is_running() and psutil.Process(agent).is_running()
+    finally:
+        for pid in (gcs, agent):
             try:
                 psutil.Process(pid).kill()
             except psutil.NoSuchProcess:

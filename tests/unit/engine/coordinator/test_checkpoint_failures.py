@@ -195,6 +195,7 @@ async def test_a_disk_that_fills_mid_run_ends_it_naming_enospc_and_frees_its_sta
         assert ended.reason == "error", ended
         assert [m.step for m in seen if isinstance(m, CheckpointSaved)] == [2, 4]
         assert "No space left on device" in ended.error, ended.error
+        assert "its disk has 0.0 MB free, a checkpoint takes" in ended.error and "the disk is full" in ended.error
         assert f"the last good checkpoint is step 4 ({disk / 'step-00000004'})" in ended.error
         assert not list(disk.glob(".step-*.tmp"))  # each failed try gave its space back
         # the checkpoint it names is whole: a resume could use it

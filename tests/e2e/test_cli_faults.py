@@ -101,3 +101,4 @@ def test_a_full_disk_under_the_event_log_ends_the_run_with_exit_status_1(
     err = capsys.readouterr().err
     assert rc == 1
     assert "coordinator loop failed in sink:EventLog" in err and "No space left on device" in err
+    assert err.count("sink EventLog also failed") <= 1, "a full disk fails every event alike: said once"

@@ -94,6 +94,8 @@ def test_a_dead_or_wrong_address_ends_in_one_line_within_the_connect_timeout(tin
     assert f"no answer within {CONNECT_TIMEOUT_S}s (run.connect_timeout_s)" in said, said
     assert ("nothing listens on port" if where == "nothing listens" else "it does not answer as a Ray GCS") in said
     assert "ray start --head" in said and "docs/cluster.md" in said, said
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), "a run that never began left a run folder"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -231,7 +231,7 @@ async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
                 file=sys.stderr,
             )
         elif isinstance(ev, ReplicaPending):
-            need = ", ".join(f"{v:g} {k} (free {ev.free.get(k, 0):g})" for k, v in ev.missing.items())
+            need = _needs(ev.missing, ev.free)
             tqdm.write(
                 f"replica.pending: {'the replacement of ' + ev.replacing if ev.replacing else 'a new replica'} "
                 f"waits for room in the Ray cluster: it needs {need}; it waits up to {secs(ev.deadline_s)}s "
@@ -248,7 +248,7 @@ async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
                 file=sys.stderr,
             )
         elif isinstance(ev, TrainerPending):
-            need = ", ".join(f"{v:g} {k} (free {ev.free.get(k, 0):g})" for k, v in ev.missing.items())
+            need = _needs(ev.missing, ev.free)
             tqdm.write(
                 f"trainer.pending: the run lost its trainer and restarts from its checkpoint at step "
                 f"{ev.checkpoint_step}, but the Ray cluster has no room for one: it needs {need}; it waits up to "
@@ -283,6 +283,11 @@ async def follow_run(engine: Engine, bar: tqdm) -> RunEnded:
                 file=sys.stderr,
             )
     return engine.ended or await engine.wait()
+
+
+def _needs(missing: dict[str, float], free: dict[str, float]) -> str:
+    """What a wait for room asks for: ``1 node_t (free 0), 4 CPU (free 2)``."""
+    return ", ".join(f"{v:g} {k} (free {free.get(k, 0):g})" for k, v in missing.items())
 
 
 def _said(ev) -> str:

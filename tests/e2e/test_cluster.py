@@ -46,6 +46,21 @@ STEPS = 20  # the replica node is lost at step LOSE_AT; the rest runs on its rep
 LOSE_AT = 8
 
 
+def _shunter_run(nodes: RayNodes, tmp_path: Path, config: Path, address: str, steps: int, run_id: str):
+    """``shunter run`` as an operator starts it against the cluster, its own process group, stderr
+    to ``tmp_path/stderr.txt`` (read by ``_wait``) and its run folder ``tmp_path/runs/<run_id>``."""
+    with open(tmp_path / "stderr.txt", "w") as e, open(tmp_path / "stdout.txt", "w") as o:
+        return subprocess.Popen(
+            [sys.executable, "-m", "shunter.cli", "run", str(config), "--address", address, "--steps", str(steps),
+             "--no-progress", "--run-id", run_id, "--output-dir", str(tmp_path / "runs")],
+            cwd=tmp_path,
+            env={**nodes.env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+            stdout=o,
+            stderr=e,
+            start_new_session=True,
+        )  # fmt: skip
+
+
 def _wait(check, what: str, timeout: float, proc: subprocess.Popen, err: Path):
     """Poll ``check()`` (reading the run's own records) until it holds; fail naming ``what``
     if the run exits or ``timeout`` passes first."""
@@ -107,17 +122,7 @@ def test_a_run_across_two_raylets_survives_losing_its_replica_node(tmp_path):
         err = tmp_path / "stderr.txt"
         run = tmp_path / "runs" / "cl"
         log = run / "events.bin"
-        with open(err, "w") as e, open(tmp_path / "stdout.txt", "w") as o:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "shunter.cli", "run", str(ROOT / "examples" / "sort_cluster.toml"),
-                 "--address", address, "--steps", str(STEPS), "--no-progress", "--run-id", "cl",
-                 "--output-dir", str(tmp_path / "runs")],
-                cwd=tmp_path,
-                env={**nodes.env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
-                stdout=o,
-                stderr=e,
-                start_new_session=True,
-            )  # fmt: skip
+        proc = _shunter_run(nodes, tmp_path, ROOT / "examples" / "sort_cluster.toml", address, STEPS, "cl")
         try:
             _wait(lambda: sum(isinstance(m, StepEnd) for m in _messages(log)) >= LOSE_AT, "steps", 300, proc, err)
             nodes.kill_node("node_b")
@@ -189,16 +194,7 @@ def test_losing_the_trainers_node_waits_for_room_resumes_when_one_joins_and_name
         err = tmp_path / "stderr.txt"
         run = tmp_path / "runs" / "tr"
         log = run / "events.bin"
-        with open(err, "w") as e, open(tmp_path / "stdout.txt", "w") as o:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "shunter.cli", "run", str(config), "--address", address, "--steps", "200",
-                 "--no-progress", "--run-id", "tr", "--output-dir", str(tmp_path / "runs")],
-                cwd=tmp_path,
-                env={**nodes.env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
-                stdout=o,
-                stderr=e,
-                start_new_session=True,
-            )  # fmt: skip
+        proc = _shunter_run(nodes, tmp_path, config, address, 200, "tr")
         try:
 
             def saved_at_least(n):

@@ -176,17 +176,12 @@ async def test_a_start_after_a_failed_start_says_so(tmp_path, fake_launcher):
     await engine.close()
 
 
-@virtual_time
-async def test_submit_returns_the_coordinators_verdict_and_separate_keeps_a_hybrid_the_user_lent():
-    """``Engine.submit`` answers once the coordinator has handled the intent: carried out, or
-    refused with its reason and detail (the refusal is also in the event log) — was: None. And
-    ``separate`` never takes back a hybrid the user lent: it generates until the run ends."""
-    from shunter import RunEndedError
-    from shunter.events import IntentRejected, LoadWeights, ModeChanged, SampleEnd, SwitchToRollout, SwitchToTrainer
-
+def _steered_run(policy: str):
+    """A real coordinator (one standalone, one hybrid replica; 6 steps) under ``policy``, started,
+    with an ``Engine`` steering it in process: (coordinator, engine, what it recorded, its task)."""
     c = from_dict(
         {
-            "run": {"total_steps": 6, "policy": "separate"},
+            "run": {"total_steps": 6, "policy": policy},
             "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1, "n_samples_per_prompt": 4, "max_tokens": 12},
             "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
             "validation": {"every": 0},
@@ -197,7 +192,18 @@ async def test_submit_returns_the_coordinators_verdict_and_separate_keeps_a_hybr
     engine.coordinator = CoordinatorHandle(coord)
     seen: list = []
     coord.sinks.append(seen.append)
-    task = asyncio.create_task(coord.run())
+    return coord, engine, seen, asyncio.create_task(coord.run())
+
+
+@virtual_time
+async def test_submit_returns_the_coordinators_verdict_and_separate_keeps_a_hybrid_the_user_lent():
+    """``Engine.submit`` answers once the coordinator has handled the intent: carried out, or
+    refused with its reason and detail (the refusal is also in the event log) — was: None. And
+    ``separate`` never takes back a hybrid the user lent: it generates until the run ends."""
+    from shunter import RunEndedError
+    from shunter.events import IntentRejected, LoadWeights, ModeChanged, SampleEnd, SwitchToRollout, SwitchToTrainer
+
+    coord, engine, seen, task = _steered_run("separate")
     async with asyncio.timeout(600):  # virtual seconds
         lent = await engine.submit(SwitchToRollout(replica_ids=["hybrid-1"]))
         assert lent and lent.accepted and lent.rejected is None
@@ -228,20 +234,7 @@ async def test_lend_when_idle_takes_back_a_hybrid_the_user_lent_once_a_batch_is_
     (found while documenting ``Engine.submit``). Now it is reclaimed as the policy's own are."""
     from shunter.events import ModeChanged, StepEnd, SwitchToRollout, SwitchToTrainer
 
-    c = from_dict(
-        {
-            "run": {"total_steps": 6, "policy": "lend_when_idle"},
-            "rollout": {"standalone_replicas": 1, "hybrid_replicas": 1, "n_samples_per_prompt": 4, "max_tokens": 12},
-            "trainer": {"ppo_mini_batch_size": 8, "parameter_sync_step": 2, "train_batch_size": 16},
-            "validation": {"every": 0},
-        }
-    )
-    coord, _, _ = local_run(c)
-    engine = Engine(c)
-    engine.coordinator = CoordinatorHandle(coord)
-    seen: list = []
-    coord.sinks.append(seen.append)
-    task = asyncio.create_task(coord.run())
+    coord, engine, seen, task = _steered_run("lend_when_idle")
     async with asyncio.timeout(3600):  # virtual seconds
         assert await engine.submit(SwitchToRollout(replica_ids=["hybrid-1"]))
         ended = await task

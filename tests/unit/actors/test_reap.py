@@ -23,6 +23,14 @@ def _orphan(tag: str, name: str = "ray::Agent") -> int:
     return pid
 
 
+def _kill(*pids: int) -> None:
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def test_orphans_of_the_recorded_session_are_ended_and_nothing_else(tmp_path):
     session = str(tmp_path / "session_2026-12-01_killed")
     ours, other = _orphan(session), _orphan(str(tmp_path / "session_other"))
@@ -35,11 +43,7 @@ def test_orphans_of_the_recorded_session_are_ended_and_nothing_else(tmp_path):
         assert psutil.Process(other).is_running()
         assert reap_orphans(tmp_path / "missing") == []
     finally:
-        for pid in (ours, other):
-            try:
-                psutil.Process(pid).kill()
-            except psutil.NoSuchProcess:
-                pass
+        _kill(ours, other)
 
 
 def test_a_live_cluster_of_the_recorded_session_is_never_reaped(tmp_path):
@@ -52,8 +56,4 @@ def test_a_live_cluster_of_the_recorded_session_is_never_reaped(tmp_path):
         assert reap_orphans(tmp_path / "ray_session") == []
         assert psutil.Process(gcs).is_running() and psutil.Process(agent).is_running()
     finally:
-        for pid in (gcs, agent):
-            try:
-                psutil.Process(pid).kill()
-            except psutil.NoSuchProcess:
-                pass
+        _kill(gcs, agent)

@@ -78,6 +78,24 @@ class TrainerConfig(Section):
             "GPUs on the trainer's side of the placement (GPU configs): the trainer process uses the first; hybrid replicas spread over all of them, round robin. More than 1 lets a synchronous run (colocated) generate on every GPU it trains beside."
         ),
     ] = 1
+    world_size: Annotated[
+        PosInt,
+        doc(
+            "Trainer ranks: processes (one GPU each on GPU configs) that train one model together, sharded by torch FSDP2 (fully_shard per transformer block and the root) in one torch.distributed group (nccl on cuda, gloo on cpu); each rank takes its share of a mini-batch, balanced by tokens, and the loss is normalised over the whole mini-batch, so N ranks take the same step as one process. 1: one process, no sharding."
+        ),
+    ] = 1
+    activation_checkpointing: Annotated[
+        bool,
+        doc(
+            "Recompute each transformer block's activations in the backward pass instead of keeping them (less memory, about one more forward pass of time); sharded trainers (world_size > 1) and world_size 1 alike."
+        ),
+    ] = False
+    collective_timeout_s: Annotated[
+        PosFloat,
+        doc(
+            "world_size > 1: deadline of every collective of the trainer ranks (a gather, a gradient reduction, a checkpoint); past it the rank fails with the collective named and the run restarts from its checkpoint as after any trainer death."
+        ),
+    ] = 300.0
     precision: Annotated[
         Literal["auto", "fp32", "bf16"],
         doc(

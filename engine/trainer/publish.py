@@ -21,6 +21,7 @@ import torch
 
 from shunter.engine.config.trainer import TrainerConfig
 from shunter.engine.trainer.counters import TrainerCounters
+from shunter.engine.trainer.rank_group import RankGroup
 from shunter.engine.weights import transport as weight_transport
 from shunter.engine.weights.group import WeightSender
 
@@ -38,7 +39,13 @@ def open_transport(
     its weight groups' sender); ``weight_host``: the address replicas reach the weight groups at."""
     cuda = device.startswith("cuda")
     wt = cfg.weight_transport
-    transport = (weight_transport.CUDA_IPC if cuda else weight_transport.SAFETENSORS) if wt == "auto" else wt
+    ipc = cuda and cfg.world_size == 1  # a sharded trainer's gathered weights are in host memory
+    transport = (weight_transport.CUDA_IPC if ipc else weight_transport.SAFETENSORS) if wt == "auto" else wt
+    if cfg.world_size > 1 and transport not in (weight_transport.SAFETENSORS, weight_transport.GLOO):
+        raise ValueError(
+            f"trainer.weight_transport = {transport!r} with trainer.world_size = {cfg.world_size}: a sharded "
+            "trainer publishes through 'safetensors' or 'gloo' (its gathered weights are in host memory)"
+        )
     if transport in weight_transport.IPC_TRANSPORTS:
         if not cuda:
             raise ValueError(
@@ -72,8 +79,12 @@ class WeightPublisher:
         *,
         device: str,
         amp: bool,
+        group: RankGroup | None = None,
+        bucket_bytes: int = 256 << 20,
     ) -> None:
         self.model = model
+        self.group = group or RankGroup()
+        self.bucket_bytes = bucket_bytes  # a sharded trainer gathers full tensors this many bytes at a time
         self.counters = counters
         self.transport = transport
         self.flat = flat  # the IPC and collective transports' buffers (None: a safetensors blob each publish)
@@ -93,9 +104,14 @@ class WeightPublisher:
         or a CUDA IPC package (ours or vLLM's format) for replicas on the trainer's GPU
         (``weight_transport``)."""
         t0 = time.perf_counter()
-        items, source = self._publish_items()
-        t1 = time.perf_counter()
         dtype = self.publish_dtype
+        items, source = self._gathered(dtype) if self.group.sharded else self._publish_items()
+        t1 = time.perf_counter()
+        if not self.group.leader:  # it took part in the gathers; rank 0 answers for the group
+            self.counters.version += 1
+            self.counters.steps_since_publish = 0
+            self.last_publish = {"items_s": t1 - t0}
+            return b""
         self.published_nbytes = sum(t.numel() for _, t in items) * dtype.itemsize
         if self.flat is not None:
             wire = self.transport
@@ -109,6 +125,18 @@ class WeightPublisher:
         self.counters.version += 1
         self.counters.steps_since_publish = 0
         return blob
+
+    def _gathered(self, dtype: torch.dtype) -> tuple[list[tuple[str, torch.Tensor]], None]:
+        """A sharded trainer's weights as full tensors in host memory on rank 0 (none on the
+        others), gathered bucket by bucket: the device holds one bucket of full tensors at a
+        time beside the shards (``fsdp.gathered``); every rank calls it (a collective)."""
+        from shunter.engine.trainer import fsdp
+
+        items: list[tuple[str, torch.Tensor]] = []
+        for bucket in fsdp.gathered(self.model, self.bucket_bytes, dtype):
+            if self.group.leader:
+                items += [(n, t.to("cpu")) for n, t in bucket]
+        return items, None
 
     def _publish_items(self) -> tuple[list[tuple[str, torch.Tensor]], torch.Tensor | None]:
         """``unique_tensors(state_dict())`` and the flat tensor they lie in (None: they do not),

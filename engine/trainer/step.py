@@ -1,17 +1,25 @@
 """``Stepper``: the ``Trainer``'s optimizer steps — the batch collated into padded tensors, the
-response tokens' log-probs (only the masked positions through the output head), the built-in PPO
-objective or the user's loss, and the decoupled objective's proximal log-probs.
+response tokens' log-probs (``TokenScorer``), the built-in PPO objective or the user's loss, and
+the decoupled objective's proximal log-probs — on one process or on each of N trainer ranks.
 
 Held by ``shunter.engine.trainer.trainer.Trainer``, which builds it in ``setup`` and gives it the
-trained model, its frozen reference (``None`` without a KL term), the optimizer, the device and
-precision they run in, the config, the padding token, the rollout's temperature and the
-trainer's ``TrainerCounters``; it keeps the decoupled objective's proximal weights and the user
-losses it has imported. Invariants: each ``train_step`` is exactly one optimizer step on the
-samples it is given, its micro-batches weighted by their share of the tokens so that it equals
-the whole-batch token-mean step; a user loss that fails raises ``UserCodeError`` before any
-optimizer step; with ``objective = "decoupled"`` the proximal log-probs are those of the weights
-of the last publish (the start of the sync cycle): the live weights at the cycle's first step,
-a host copy taken then for its later steps (``parameter_sync_step > 1``).
+scorer of the trained model (``TokenScorer``: the FSDP root on a sharded trainer), the scorer of
+its frozen reference (``None`` without a KL term), the optimizer, the ``RankGroup``, the device,
+the config, the padding token and the trainer's ``TrainerCounters``; it keeps the decoupled
+objective's proximal weights (this rank's shards) and the user losses it has imported.
+
+Invariants: each ``train_step`` is exactly one optimizer step on the samples it is given, equal
+to the whole-batch token-mean step of one process: every rank gets the whole batch, computes
+the advantages over it and trains its share (``shares.token_shares``, balanced by tokens), each
+micro-batch's loss weighted by its share of the **whole mini-batch's** tokens; FSDP averages
+gradients over the ranks, so each rank's loss is scaled by the world size to make that average
+the sum. Every rank runs the same number of forward/backward passes (each is a collective);
+a rank with fewer samples runs passes weighted 0. A user loss that fails on any rank raises
+``UserCodeError`` on every rank before any ``backward`` (a flag all-reduced first), so no rank
+is left in a gradient reduction and no optimizer step is taken. With ``objective =
+"decoupled"`` the proximal log-probs are those of the weights of the last publish (the start
+of the sync cycle): the live weights at the cycle's first step, a host copy of this rank's
+shards taken then for its later steps (``parameter_sync_step > 1``).
 """
 
 from __future__ import annotations
@@ -21,26 +29,15 @@ import time
 import torch
 
 from shunter.engine.config.trainer import TrainerConfig
+from shunter.engine.io.errors import UserCodeError
 from shunter.engine.trainer import rl
 from shunter.engine.trainer.batch_stats import batch_metrics
 from shunter.engine.trainer.counters import TrainerCounters
 from shunter.engine.trainer.loss import LossFn, LossInput, call_loss, load_loss
+from shunter.engine.trainer.rank_group import RankGroup, merge_stats
+from shunter.engine.trainer.scoring import TokenScorer
+from shunter.engine.trainer.shares import micro_steps, token_shares
 from shunter.events import Sample
-
-_HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
-
-
-def plain_head(model) -> tuple[torch.nn.Linear | None, torch.nn.Module | None]:
-    """(output head, decoder body) when the logits are exactly ``head(body(...))``, else
-    (None, None)."""
-    cfg = getattr(model, "config", None)
-    if any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in _HEAD_TRANSFORMS):
-        return None, None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    body = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if not isinstance(head, torch.nn.Linear) or body is None or body is model:
-        return None, None
-    return head, body
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -57,26 +54,33 @@ class Stepper:
         self,
         cfg: TrainerConfig,
         counters: TrainerCounters,
-        model: torch.nn.Module,
-        ref: torch.nn.Module | None,
+        scorer: TokenScorer,
+        ref: TokenScorer | None,
         opt: torch.optim.Optimizer,
         *,
         device: str,
-        amp: bool,
         pad_token_id: int,
-        temperature: float,
+        group: RankGroup | None = None,
     ) -> None:
         self.cfg = cfg
         self.counters = counters
-        self.model = model
+        self.scorer = scorer
+        self.model = scorer.lm  # the trained LM (its parameters: this rank's shards when sharded)
         self.ref = ref
         self.opt = opt
         self.device = device
-        self.amp = amp  # bf16 autocast (fp32 master weights and optimizer state)
         self.pad_token_id = pad_token_id
-        self.temperature = temperature
+        self.group = group or RankGroup()
         self._prox_host: dict[str, torch.Tensor] | None = None  # decoupled PPO: the cycle's proximal weights
         self._losses: dict[str, LossFn] = {}  # the user's losses by spec
+
+    @property
+    def amp(self) -> bool:
+        return self.scorer.amp
+
+    @property
+    def temperature(self) -> float:
+        return self.scorer.temperature
 
     def collate(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         rows = [s.prompt_token_ids + s.token_ids for s in samples]
@@ -105,31 +109,20 @@ class Stepper:
             "group_ids": torch.tensor([s.group_id for s in samples], dtype=torch.long, device=dev),
         }
 
-    def logp(self, model, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Log-probs of the response tokens, [B, T-1] fp32; 0 outside ``b["mask"]``.
-
-        Only the masked positions go through the output head, in chunks
-        (``rl.head_logprobs``): full [B, T, V] logits of a 150k vocabulary would take tens of
-        GiB at long response lengths. Models whose head does more than a linear map (logit
-        soft-capping or scaling) take the plain path over the full logits."""
-        targets = b["ids"][:, 1:]
-        with torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.amp):
-            head, body = plain_head(model)
-            if head is None:
-                logits = model(input_ids=b["ids"], attention_mask=b["attn"]).logits[:, :-1]
-                return rl.token_logprobs(logits.float() / self.temperature, targets) * b["mask"]
-            hidden = body(input_ids=b["ids"], attention_mask=b["attn"]).last_hidden_state[:, :-1]
-            sel = b["mask"].bool()
-            lp = rl.head_logprobs(hidden[sel], head.weight, head.bias, targets[sel], 1.0 / self.temperature)
-        return torch.zeros_like(b["mask"]).index_put((sel.nonzero(as_tuple=True)), lp)
+    def logp(self, model: torch.nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Log-probs of the response tokens, [B, T-1] fp32; 0 outside ``b["mask"]``
+        (``TokenScorer``); ``model``: a scorer, or a bare LM (scored the way this trainer scores)."""
+        if not isinstance(model, TokenScorer):
+            model = TokenScorer(model, temperature=self.temperature, amp=self.amp)
+        return model(b["ids"], b["attn"], b["mask"])
 
     def _loss(self, b: dict[str, torch.Tensor], adv: torch.Tensor, user: tuple[LossFn, str] | None, share: float):
         adv_tok = adv[:, None].expand_as(b["mask"])
-        logp = self.logp(self.model, b)
+        logp = self.scorer(b["ids"], b["attn"], b["mask"])
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
-                ref_logp = self.logp(self.ref, b)
+                ref_logp = self.ref(b["ids"], b["attn"], b["mask"])
         if user is not None:
             fn, spec = user
             inp = LossInput(
@@ -165,60 +158,100 @@ class Stepper:
             stats["kl"] = float(kl.detach())
         return loss, stats
 
+    @staticmethod
+    def _locals(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Each parameter's tensor on this rank: its shard (a DTensor's local part) when sharded."""
+        return {n: (p.to_local() if hasattr(p, "to_local") else p.data) for n, p in model.named_parameters()}
+
     @torch.no_grad()
     def prox_logps(self, batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-        """Decoupled PPO: log-probs under the weights of the last publish (module docstring)."""
+        """Decoupled PPO: log-probs under the weights of the last publish (module docstring).
+        A collective on a sharded trainer: every rank passes the same number of batches."""
         if self.counters.steps_since_publish == 0:
             if self.cfg.parameter_sync_step > 1:  # later steps of this cycle need these weights
-                self._prox_host = {n: _host_copy(p) for n, p in self.model.named_parameters()}
-            return [self.logp(self.model, b) for b in batches]
+                self._prox_host = {n: _host_copy(t) for n, t in self._locals(self.model).items()}
+            return [self.scorer(b["ids"], b["attn"], b["mask"]) for b in batches]
         if self._prox_host is None:
             raise RuntimeError(
                 f"decoupled PPO: step {self.counters.step + 1} is {self.counters.steps_since_publish} steps after the "
                 "last publish but no proximal weights were kept (trainer.parameter_sync_step = "
                 f"{self.cfg.parameter_sync_step}; is something publishing less often?)"
             )
-        params = dict(self.model.named_parameters())
-        live = {n: p.data for n, p in params.items()}
+        local = self._locals(self.model)
+        live = {n: _host_copy(t) for n, t in local.items()}  # copied in place: a shard's storage is FSDP's
         try:
-            for n, p in params.items():
-                p.data = self._prox_host[n].to(p.device, non_blocking=True)
-            return [self.logp(self.model, b) for b in batches]
+            self._reshard()
+            for n, t in local.items():
+                t.copy_(self._prox_host[n], non_blocking=True)
+            return [self.scorer(b["ids"], b["attn"], b["mask"]) for b in batches]
         finally:
-            for n, p in params.items():
-                p.data = live[n]
+            self._reshard()
+            for n, t in local.items():
+                t.copy_(live[n], non_blocking=True)
+
+    def _reshard(self) -> None:
+        """Drop every gathered copy of the sharded parameters (FSDP2 keeps the root's after a
+        forward), so the next forward gathers the shards as they are now: the weights swapped
+        in for the proximal log-probs, then the live ones back."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in self.scorer.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+
+    def _chunks(self, samples: list[Sample]) -> list[tuple[list[Sample], list[int], float]]:
+        """This rank's micro-batches: (samples, their indices in the batch, share of the whole
+        mini-batch's tokens). Every rank gets as many (module docstring): a filler pass repeats
+        one sample with share 0."""
+        g = self.group
+        tokens = [s.trained_tokens for s in samples]
+        total = max(1, sum(tokens))
+        shares = token_shares(tokens, g.world)
+        mine = shares[g.rank]
+        n = micro_steps(shares, self.cfg.micro_batch_size)
+        size = max(1, -(-len(mine) // n)) if mine else 1
+        out = []
+        for k in range(n):
+            idx = mine[k * size : (k + 1) * size]
+            if idx:
+                out.append(([samples[i] for i in idx], idx, max(1, sum(tokens[i] for i in idx)) / total))
+            else:
+                out.append(([samples[0]], [0], 0.0))
+        return out
 
     def train_step(self, samples: list[Sample], loss_fn: str = "") -> dict[str, float]:
-        """One optimizer step. The batch is cut into micro-batches of
-        ``trainer.micro_batch_size`` samples (gradients accumulate); each micro-batch's
-        token-mean loss is weighted by its share of the tokens, so the step equals the
-        whole-batch token-mean step. Advantages are computed over the whole batch.
+        """One optimizer step (module docstring). On one process the batch is cut into
+        micro-batches of ``trainer.micro_batch_size`` samples (gradients accumulate); each
+        micro-batch's token-mean loss is weighted by its share of the tokens, so the step equals
+        the whole-batch token-mean step. Advantages are computed over the whole batch.
         ``loss_fn``: a user loss ``"module:function"`` (empty: the built-in objective); if it
         fails, ``UserCodeError`` is raised and no optimizer step is taken."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
-        user = (self._user_loss(loss_fn), loss_fn) if loss_fn else None
+        g = self.group
+        user = self._user_loss_everywhere(loss_fn) if loss_fn else None
         t0 = time.perf_counter()
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         adv = rl.group_advantages(rewards, [s.group_id for s in samples]).to(self.device)
-        size = self.cfg.micro_batch_size or len(samples)
-        total = max(1, sum(s.trained_tokens for s in samples))
-        chunks = [
-            (
-                self.collate(samples[i : i + size]),
-                adv[i : i + size],
-                max(1, sum(s.trained_tokens for s in samples[i : i + size])) / total,
-            )
-            for i in range(0, len(samples), size)
-        ]
+        chunks = [(self.collate(part), adv[idx], w) for part, idx, w in self._chunks(samples)]
         if self.cfg.objective == "decoupled" and user is None:
             for (b, _, _), prox in zip(chunks, self.prox_logps([b for b, _, _ in chunks]), strict=True):
                 b["prox"] = prox
         self.opt.zero_grad(set_to_none=True)
         loss_sum, stats_sum = 0.0, {}
         for b, a, w in chunks:
-            loss, stats = self._loss(b, a, user, w)
-            (loss * w).backward()
+            try:
+                loss, stats = self._loss(b, a, user, w)
+                failed: UserCodeError | None = None
+            except UserCodeError as e:
+                failed = e
+            if g.sharded:  # no rank goes into a gradient reduction another one will not join
+                self._agree(failed, user[1] if user else "")
+            if failed is not None:
+                raise failed
+            (loss * (w * g.world)).backward()
+            if w == 0.0:
+                continue  # a filler pass: it only keeps this rank in step with the others
             loss_sum += float(loss.detach()) * w
             for k, v in stats.items():  # maxima and minima over micro-batches, token-weighted means else
                 v = float(v)
@@ -228,19 +261,22 @@ class Stepper:
                     stats_sum[k] = min(stats_sum.get(k, v), v)
                 else:
                     stats_sum[k] = stats_sum.get(k, 0.0) + v * w
-        stats, loss = stats_sum, torch.tensor(loss_sum)
+        stats_sum["loss"] = loss_sum
+        stats = merge_stats(g.gather(stats_sum)) if g.sharded else stats_sum
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         self.opt.step()
         if self.device.startswith("cuda"):  # the step's time holds its optimizer kernels, not the next publish's
             torch.cuda.synchronize(self.device)
         self.counters.step += 1
         self.counters.steps_since_publish += 1
         lens = [len(s.token_ids) for s in samples]
+        loss_value = stats.pop("loss")
         out = {f"trainer/{k}": float(v) for k, v in stats.items()}
         out.update(
             {
-                "trainer/loss": float(loss.detach()),
+                "trainer/loss": loss_value,
                 "trainer/grad_norm": grad_norm,
                 "trainer/step_s": time.perf_counter() - t0,
                 "trainer/tokens": float(sum(lens)),
@@ -248,6 +284,29 @@ class Stepper:
         )
         out.update(batch_metrics(samples, self.counters.version))
         return out
+
+    def _agree(self, failed: UserCodeError | None, spec: str) -> None:
+        """Every rank learns whether the user's loss failed on any rank; one that did not fail
+        raises the first failure's message, naming the rank it happened on."""
+        outcomes = self.group.gather(None if failed is None else str(failed))
+        first = next(((r, m) for r, m in enumerate(outcomes) if m is not None), None)
+        if first is not None and failed is None:
+            r, msg = first
+            raise UserCodeError(spec, f"failed on trainer rank {r}: {msg.removeprefix(spec).lstrip()}")
+
+    def _user_loss_everywhere(self, spec: str) -> tuple[LossFn, str]:
+        """The user's loss on every rank, or ``UserCodeError`` on every rank (a collective when sharded)."""
+        try:
+            fn: LossFn | None = self._user_loss(spec)
+            failed = None
+        except UserCodeError as e:
+            fn, failed = None, e
+        if self.group.sharded:
+            self._agree(failed, spec)
+        if failed is not None:
+            raise failed
+        assert fn is not None
+        return fn, spec
 
     def _user_loss(self, spec: str) -> LossFn:
         """The user's loss by spec, imported once per spec (a failed import is retried next time)."""

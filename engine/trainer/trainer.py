@@ -39,6 +39,8 @@ import torch
 from shunter.engine.config.trainer import TrainerConfig
 from shunter.engine.trainer.counters import TrainerCounters
 from shunter.engine.trainer.publish import WeightPublisher, open_transport
+from shunter.engine.trainer.rank_group import RankGroup
+from shunter.engine.trainer.scoring import TokenScorer
 from shunter.engine.trainer.step import Stepper
 from shunter.engine.weights import transport as weight_transport
 from shunter.events import Sample
@@ -60,6 +62,13 @@ def load_causal_lm(model_dir: str, device: str):
         raise ModelDirError(f"model dir {model_dir!r} does not load: {type(e).__name__}: {e}") from e
 
 
+def _model_dir(path: str) -> str:
+    """``path`` when it holds an HF model's config, else ``ModelDirError`` naming it."""
+    if not (Path(path) / "config.json").is_file():
+        raise ModelDirError(f"model dir {path!r} has no config.json (missing or not an HF model folder)")
+    return path
+
+
 class Trainer:
     def __init__(
         self,
@@ -70,8 +79,10 @@ class Trainer:
         pad_token_id: int = 0,
         temperature: float = 1.0,
         init_from: str = "",
+        group: RankGroup | None = None,
     ) -> None:
         self.cfg = cfg
+        self.group = group or RankGroup()  # the trainer ranks this one trains with (one: no sharding)
         self.model_dir = model_dir
         self.init_from = init_from
         self.seed = seed
@@ -81,8 +92,9 @@ class Trainer:
         self.temperature = temperature if temperature > 0 else 1.0
         self.counters = TrainerCounters()
         self.device = "cpu"
-        self.model = None
-        self.ref = None
+        self.model = None  # the trained HF LM (its parameters: this rank's shards when sharded)
+        self.scorer: TokenScorer | None = None  # the LM as the module the step differentiates (the FSDP root)
+        self.ref: TokenScorer | None = None
         self.opt = None
         self.amp = False  # bf16 autocast (fp32 master weights and optimizer state)
         self.weight_host = "127.0.0.1"  # the address replicas reach this trainer's weight groups at
@@ -98,27 +110,47 @@ class Trainer:
         self.amp = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and cuda)
         transport, flat, sender = open_transport(self.cfg, self.device, self.weight_host)
         start = str(Path(self.init_from) / "model") if self.init_from else self.model_dir
-        self.model = load_causal_lm(start, self.device)
-        self.model.train()
-        weight_transport.flatten_module(self.model)  # a publish casts the weights with one copy
+        if self.group.sharded:
+            from shunter.engine.trainer import fsdp
+
+            shard = dict(temperature=self.temperature, bf16=self.amp, checkpointing=self.cfg.activation_checkpointing)
+            self.scorer = fsdp.build(_model_dir(start), self.group, self.device, **shard)
+            if self.cfg.kl_coef > 0:
+                self.ref = fsdp.build(_model_dir(self.model_dir), self.group, self.device, **shard, trainable=False)
+        else:
+            lm = load_causal_lm(start, self.device)
+            lm.train()
+            if self.cfg.activation_checkpointing:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            weight_transport.flatten_module(lm)  # a publish casts the weights with one copy
+            self.scorer = TokenScorer(lm, temperature=self.temperature, amp=self.amp)
+            if self.cfg.kl_coef > 0:
+                ref = load_causal_lm(self.model_dir, self.device).eval().requires_grad_(False)
+                self.ref = TokenScorer(ref, temperature=self.temperature, amp=self.amp)
+        self.model = self.scorer.lm
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
-        if self.cfg.kl_coef > 0:
-            self.ref = load_causal_lm(self.model_dir, self.device).eval().requires_grad_(False)
         if self.init_from:
             self._load_state(Path(self.init_from) / "trainer.pt")
         self.stepper = Stepper(
             self.cfg,
             self.counters,
-            self.model,
+            self.scorer,
             self.ref,
             self.opt,
             device=self.device,
-            amp=self.amp,
             pad_token_id=self.pad_token_id,
-            temperature=self.temperature,
+            group=self.group,
         )
         self.weights = WeightPublisher(
-            self.model, self.counters, transport, flat, sender, device=self.device, amp=self.amp
+            self.model,
+            self.counters,
+            transport,
+            flat,
+            sender,
+            device=self.device,
+            amp=self.amp,
+            group=self.group,
+            bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
         )
 
     # -- the parts' methods and figures, passed through --------------------------------------

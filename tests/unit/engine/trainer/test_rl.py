@@ -216,7 +216,7 @@ def test_head_logprobs_in_chunks_equal_the_full_logits_path_in_value_and_gradien
 
 def test_trainer_logprobs_of_response_tokens_match_the_full_forward_and_its_gradient(model_dir):
     from shunter.engine.config import TrainerConfig
-    from shunter.engine.trainer.step import plain_head
+    from shunter.engine.trainer.scoring import plain_head
     from shunter.engine.trainer.trainer import Trainer
     from shunter.events import Sample
 

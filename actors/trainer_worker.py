@@ -9,6 +9,18 @@ leaves: one call per host, whatever the number of replicas there. Replicas named
 one call each, the blob inline when it is small (a CUDA IPC package: no object-store round
 trip); the answers' ObjectRefs go back beside ``WeightsReady`` (``control``'s third item) and
 the coordinator reads them as if it had sent the loads itself — one hop fewer than a relay.
+
+A trainer of ``trainer.world_size = N`` ranks is N of these actors, one per rank, joined in one
+torch.distributed group (``RankGroup``) at ``setup``: rank 0's address comes from its
+``rendezvous`` (its node's IP and a free port), which the launcher hands to every rank. The
+coordinator sees one trainer, rank 0: it forwards every order except the weight-group ones to
+the other ranks (the same bytes and turn, so every rank runs the same orders in the same order
+— each is a collective), runs its own part, and answers with its own events once every rank
+has answered; the published weights, the relays and the weight groups are rank 0's alone.
+Invariant: no rank outlives another's death by more than a collective deadline — rank 0
+watches the others and ends its own process when one dies (so the executor sees the trainer
+die and the run restarts from its checkpoint), and every other rank ends itself when rank 0
+dies; a rank blocked in a collective with a dead peer fails at ``trainer.collective_timeout_s``.
 """
 
 from __future__ import annotations
@@ -23,13 +35,15 @@ import ray
 
 from shunter.actors.wire import decode_order, encode_events
 from shunter.engine.config.trainer import TrainerConfig
-from shunter.events import DIRECT, Delivery, InstallWeights, Stamper
+from shunter.events import DIRECT, Delivery, InstallWeights, JoinWeightGroup, LeaveWeightGroup, SendWeights, Stamper
 
 INLINE_BYTES = 100 * 1024
 """A published blob up to this size travels inside each direct ``InstallWeights`` call (Ray's
 own inline limit for arguments); a larger one goes once into the object store."""
 
 NAMESPACE = "shunter"
+GROUP_ORDERS = (JoinWeightGroup, SendWeights, LeaveWeightGroup)
+"""Orders rank 0 serves alone: its weight groups carry the weights it published."""
 _CALL: contextvars.ContextVar[tuple[dict[str, Any], dict[str, ray.ObjectRef]]] = contextvars.ContextVar("direct")
 """This control call's (replica id -> handle for its ``DIRECT`` loads, replica id -> ObjectRef
 of each one's answer): per call (each runs in its own task), as calls overlap here."""
@@ -46,6 +60,7 @@ class TrainerWorker:
         temperature: float = 1.0,
         init_from: str = "",
         import_paths: list[str] | None = None,
+        rank: int = 0,
     ) -> None:
         from shunter.policies.registry import use_import_paths
 
@@ -53,15 +68,31 @@ class TrainerWorker:
         self.cfg = msgspec.msgpack.decode(cfg, type=TrainerConfig)
         self.run_id, self.model_dir, self.seed, self.temperature = run_id, model_dir, seed, temperature
         self.init_from = init_from
+        self.rank = rank
+        self.peers: list[Any] = []  # rank 0: the other ranks' handles, by rank; another rank: rank 0's
+        self._watchers: list[asyncio.Task] = []
         self.host = None
         self._last: tuple[Any, ray.ObjectRef] | None = None  # (the last blob published, its ObjectRef)
         self._relays: dict[str, Any] = {}  # relay actor name -> handle
 
-    async def setup(self) -> float:
+    async def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: (its node's IP, a free port there) for the other ranks to join its group at."""
+        import socket
 
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ip, int(sock.getsockname()[1])
+
+    async def setup(self, group_at: tuple[str, int] | None = None, peers: list[Any] | None = None) -> float:
+        """Build the trainer; with ``trainer.world_size > 1`` first join the ranks' group at
+        ``group_at`` (rank 0's ``rendezvous``; every rank's ``setup`` runs at once). ``peers``:
+        rank 0 is given the other ranks' handles (it forwards orders to them), every other rank
+        rank 0's (each watches the other side)."""
         from transformers import AutoTokenizer
 
         from shunter.engine.trainer.host import TrainerHost
+        from shunter.engine.trainer.rank_group import RankGroup
         from shunter.engine.trainer.trainer import Trainer
 
         t0 = time.perf_counter()
@@ -71,6 +102,21 @@ class TrainerWorker:
             vllm_nccl.register()
         tok = AutoTokenizer.from_pretrained(self.model_dir)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        world = self.cfg.world_size
+        group = RankGroup()
+        if world > 1:
+            if group_at is None:
+                raise ValueError(f"trainer rank {self.rank} of {world}: setup needs rank 0's address (group_at)")
+            import torch
+
+            device = self.cfg.device
+            device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+            host, port = group_at
+            group = await asyncio.to_thread(
+                RankGroup.join, self.rank, world, host, port, device=device, timeout_s=self.cfg.collective_timeout_s
+            )
+            self.peers = list(peers or [])
+            self._watch_peers()
         core = Trainer(
             self.cfg,
             self.model_dir,
@@ -78,11 +124,32 @@ class TrainerWorker:
             pad_token_id=pad,
             temperature=self.temperature,
             init_from=self.init_from,
+            group=group,
         )
         core.weight_host = ray.util.get_node_ip_address()
         await asyncio.to_thread(core.setup)
-        self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray", deliver=self._deliver)
+        deliver = self._deliver if self.rank == 0 else None
+        self.host = TrainerHost(core, Stamper(self.run_id, "trainer"), transport="ray", deliver=deliver)
         return time.perf_counter() - t0
+
+    def _watch_peers(self) -> None:
+        """Rank 0 watches every other rank, and every other rank watches rank 0: when one dies
+        this process ends too (module docstring), so no rank waits on a collective that cannot
+        finish and the executor, which watches rank 0, sees the trainer die."""
+        targets = self.peers
+
+        async def watching(h: Any) -> None:
+            try:
+                await h.watch.remote()
+            except ray.exceptions.RayActorError:
+                import os
+
+                os._exit(1)  # a rank gone: this one can never finish a collective with it
+            except Exception:  # noqa: BLE001 - cancelled as the actor stops
+                pass
+
+        loop = asyncio.get_running_loop()
+        self._watchers = [loop.create_task(watching(h)) for h in targets]
 
     def _put(self, blob: Any) -> ray.ObjectRef:
         """The published blob in the object store, once per publish (the relays and the
@@ -129,8 +196,13 @@ class TrainerWorker:
         ``turn``: the order's number from the executor (runs after the one before it)."""
         installs: dict[str, ray.ObjectRef] = {}
         _CALL.set((replicas or {}, installs))
-        events, blob = await self.host.handle(decode_order(data), turn)
-        return encode_events(events), ([self._put(blob)] if blob is not None else []), installs
+        order = decode_order(data)
+        forward = self.rank == 0 and not isinstance(order, GROUP_ORDERS)
+        fanned = [p.control.remote(data, None, turn) for p in self.peers] if forward else []
+        events, blob = await self.host.handle(order, turn)
+        if fanned:  # every rank took part; a rank that failed fails the order
+            await asyncio.gather(*fanned)
+        return encode_events(events), ([self._put(blob)] if blob is not None and self.rank == 0 else []), installs
 
     async def watch(self) -> None:
         """Never returns: the executor keeps one call open so that the death of this process

@@ -138,14 +138,14 @@ class Launcher:
             opening += released
             for _ in adopted:
                 kinds.remove(STANDALONE)
-        tr = (
+        ranks = [
             trainer_worker.remote_class()
             .options(
-                name=self._name("trainer"),
+                name=self._name(_rank_component(rank)),
                 namespace=NAMESPACE,
                 **self.room.options(
-                    "trainer",
-                    self.room.placer.trainer_slot() if self.room.placer else None,
+                    _rank_component(rank),
+                    self.room.placer.trainer_slot(rank) if self.room.placer else None,
                     cfg.trainer.num_gpus,
                     cfg.trainer.num_cpus,
                     cfg.trainer.resources,
@@ -159,9 +159,12 @@ class Launcher:
                 temperature=cfg.rollout.temperature,
                 init_from=str(ckpt) if ckpt else "",
                 import_paths=cfg.run.import_paths,
+                rank=rank,
             )
-        )
-        self.current.actors.append(tr)
+            for rank in range(cfg.trainer.world_size)
+        ]
+        tr = ranks[0]  # the coordinator's trainer: it speaks for every rank
+        self.current.actors.extend(ranks)
         self.current.trainer_node = ""
         if r.hybrid_replicas and self.room.placer is None and cfg.trainer.resources:  # hybrids live beside it
             self.current.trainer_node = str(
@@ -174,10 +177,12 @@ class Launcher:
             replicas[rid] = (h, kind, rank)
         pooled = {rid for rid in replicas if rid in self.replicas.pooled}
         setups = {
-            "trainer": tr.setup.remote(),
+            **(await self._trainer_setups(ranks)),
             **{rid: self.replicas.start_call(rid, h) for rid, (h, _, _) in replicas.items()},
         }
         times = {comp: await await_setup(comp, ref, cfg.run.timeout_s) for comp, ref in setups.items()}
+        for rank in range(1, len(ranks)):  # the run hears of one trainer, ready once every rank is
+            times["trainer"] = max(times["trainer"], times.pop(_rank_component(rank)))
         times.update({rid: t for rid, (_, _, _, t) in adopted.items()})
         now = time.time()
         opening += [
@@ -212,6 +217,17 @@ class Launcher:
             "coordinator", self.current.coordinator.start.remote(self.codec.encode_batch(opening)), cfg.run.timeout_s
         )
         return self.current.coordinator
+
+    async def _trainer_setups(self, ranks: list[Any]) -> dict[str, Any]:
+        """Every trainer rank's ``setup`` call, by component: with several ranks, each joins
+        rank 0's group at the address rank 0 gives (``TrainerWorker.rendezvous``)."""
+        if len(ranks) == 1:
+            return {"trainer": ranks[0].setup.remote()}
+        at = await await_setup("trainer", ranks[0].rendezvous.remote(), self.cfg.run.timeout_s, value=True)
+        return {
+            _rank_component(rank): h.setup.remote(at, ranks[1:] if rank == 0 else [ranks[0]])
+            for rank, h in enumerate(ranks)
+        }
 
     async def _room_for_trainer(self, resume: Found, reason: str) -> list[Message]:
         """A restart waits for room for its trainer — a lost node back, or one added — up to
@@ -301,3 +317,8 @@ class Launcher:
                 pass
         self.current.actors[:] = spared
         self.current.coordinator = None
+
+
+def _rank_component(rank: int) -> str:
+    """Trainer rank ``rank``'s component name (its actor's and setup's): rank 0 is ``trainer``."""
+    return "trainer" if rank == 0 else f"trainer.rank{rank}"

@@ -62,8 +62,8 @@ class Placer:
             ),
         }
 
-    def trainer_slot(self) -> Slot:
-        return self.plan.trainer
+    def trainer_slot(self, rank: int = 0) -> Slot:
+        return self.plan.ranks[rank] if self.plan.ranks else self.plan.trainer
 
     def replica_slot(self, replica_id: str, kind: str, actor_name: str, namespace: str) -> Slot | None:
         """The slot for a new replica: a slot of its kind whose last holder is gone (hybrid

@@ -58,20 +58,23 @@ class Room:
         for ever): the cluster's total must cover the whole attempt."""
         cfg, r = self.cfg, self.cfg.rollout
         n = len(kinds)
+        w = cfg.trainer.world_size  # each rank asks for the trainer's CPUs, GPUs and resources
         need = request(
-            cfg.trainer.num_cpus + n * r.num_cpus + cfg.task.reward_workers * cfg.task.reward_worker_cpus,
-            cfg.trainer.num_gpus + n * r.num_gpus,
+            w * cfg.trainer.num_cpus + n * r.num_cpus + cfg.task.reward_workers * cfg.task.reward_worker_cpus,
+            w * cfg.trainer.num_gpus + n * r.num_gpus,
         )
         for k, v in cfg.trainer.resources.items():
-            need[k] = need.get(k, 0.0) + v
+            need[k] = need.get(k, 0.0) + w * v
         for k, v in r.resources.items():
             need[k] = need.get(k, 0.0) + v * r.standalone_replicas
         check_total(need, "this run", self.knobs())
 
     def trainer_request(self) -> dict[str, float]:
-        """What the trainer asks the cluster for (its CPUs, GPUs and ``trainer.resources``)."""
+        """What the trainer asks the cluster for (its CPUs, GPUs and ``trainer.resources``, for
+        each of its ``trainer.world_size`` ranks)."""
         t = self.cfg.trainer
-        return request(t.num_cpus, t.num_gpus, t.resources)
+        w = t.world_size
+        return request(w * t.num_cpus, w * t.num_gpus, {k: w * v for k, v in t.resources.items()})
 
     def options(
         self,

@@ -40,6 +40,8 @@ def check(cfg: EngineConfig) -> None:
             f"rollout.admit_staleness ({r.admit_staleness}) is above rollout.max_staleness ({r.max_staleness}): the "
             "gate would start groups that could only be trained past the bound — lower it, or raise max_staleness"
         )
+    if t.world_size > 1:
+        _check_ranks(cfg)
     if r.standalone_replicas + r.hybrid_replicas == 0:
         raise ConfigError("rollout.standalone_replicas + rollout.hybrid_replicas is 0: no replica to generate with")
     if r.max_tokens >= r.max_model_len:
@@ -83,6 +85,17 @@ def check(cfg: EngineConfig) -> None:
         except ValueError as e:
             raise ConfigError(f"run.policy = {cfg.run.policy!r}: {e}") from None
         _check_task(cfg)
+
+
+def _check_ranks(cfg: EngineConfig) -> None:
+    """A trainer of several ranks: what it cannot do yet, named with the fields to change."""
+    t = cfg.trainer
+    if t.weight_transport in ("cuda_ipc", "vllm_ipc", "nccl"):
+        raise ConfigError(
+            f"trainer.weight_transport = {t.weight_transport!r} with trainer.world_size = {t.world_size}: a sharded "
+            "trainer publishes through 'safetensors' or 'gloo' (its weights are gathered bucket by bucket into host "
+            "memory) — set one of those, or 'auto'"
+        )
 
 
 def _check_task(cfg: EngineConfig) -> None:

@@ -3,10 +3,11 @@ every component in them.
 
 Invariants (checked by :func:`plan`, which refuses a config that breaks them, naming it):
 
-- the trainer's side has ``trainer.gpus`` bundles of one GPU each (bundles 0 .. gpus-1), in a
-  group of their own laid on one node (``STRICT_PACK``: the trainer is one process, its
-  hybrid replicas map its GPU memory); the trainer process takes its fraction of bundle 0,
-  which also holds ``trainer.resources``;
+- the trainer's side has ``max(trainer.gpus, trainer.world_size)`` bundles of one GPU each
+  (bundles 0 .. side-1), in a group of their own laid on one node (``STRICT_PACK``: a one-process
+  trainer's hybrid replicas map its GPU memory) — or on as few nodes as hold it (``PACK``) for a
+  trainer of several ranks, which may span nodes; trainer rank ``r`` takes its fraction of bundle
+  ``r`` (``Placement.ranks``), bundle 0 also holds ``trainer.resources``;
 - hybrid replicas live in the trainer's bundles, round robin — each with its fraction of
   that GPU, and the fractions on one GPU (the trainer's included) fit in it;
 - every standalone replica has a bundle of its own (one GPU and ``rollout.resources``), so it
@@ -42,6 +43,9 @@ class Placement(msgspec.Struct, frozen=True):
     standalone: list[Slot]
     trainer_bundles: int = 1
     strategy: str = "SPREAD"
+    ranks: list[Slot] = []
+    """Trainer rank r's slot, by rank (``trainer``, rank 0's, first); empty: one rank, ``trainer``."""
+    trainer_strategy: str = "STRICT_PACK"
     """How the replicas' group lays its bundles over the nodes."""
 
     @property
@@ -53,7 +57,7 @@ class Placement(msgspec.Struct, frozen=True):
         standalone replicas' (none when they share the trainer's GPU)."""
         side = self.bundles[: self.trainer_bundles]
         rest = self.bundles[self.trainer_bundles :]
-        return [(side, "STRICT_PACK")] + ([(rest, self.strategy)] if rest else [])
+        return [(side, self.trainer_strategy)] + ([(rest, self.strategy)] if rest else [])
 
     def locate(self, bundle: int) -> tuple[int, int]:
         """A global bundle index as (group, index within the group)."""
@@ -75,7 +79,7 @@ def plan(cfg: EngineConfig) -> Placement | None:
         raise ConfigError(
             f"rollout.num_gpus = {r.num_gpus:g}: a replica runs on one GPU (tensor parallelism is not supported yet)"
         )
-    side = t.gpus
+    side = max(t.gpus, t.world_size)
     guests = [0] * side  # replicas per trainer-side GPU
     hybrid = []
     for k in range(r.hybrid_replicas):
@@ -87,14 +91,16 @@ def plan(cfg: EngineConfig) -> Placement | None:
         guests[0] += r.standalone_replicas
     what = "hybrid" + (" and standalone" if r.share_trainer_gpu else "")
     for g, n in enumerate(guests):
-        used = (t.num_gpus if g == 0 else 0) + n * r.num_gpus
+        used = (t.num_gpus if g < t.world_size else 0) + n * r.num_gpus
         if n and used > 1 + 1e-9:
-            head = f"trainer.num_gpus ({t.num_gpus:g}) + " if g == 0 else ""
+            head = f"trainer.num_gpus ({t.num_gpus:g}) + " if g < t.world_size else ""
             raise ConfigError(
                 f"trainer-side GPU {g}: {head}{n} {what} replicas x rollout.num_gpus ({r.num_gpus:g}) "
                 f"= {used:g} GPUs, more than one — lower the fractions (or raise trainer.gpus)"
             )
-    bundles = [{"GPU": 1.0, "CPU": (t.num_cpus if g == 0 else 0) + n * r.num_cpus} for g, n in enumerate(guests)]
+    bundles = [
+        {"GPU": 1.0, "CPU": (t.num_cpus if g < t.world_size else 0) + n * r.num_cpus} for g, n in enumerate(guests)
+    ]
     for name, v in t.resources.items():
         bundles[0][name] = bundles[0].get(name, 0.0) + v
     if r.share_trainer_gpu:
@@ -115,4 +121,6 @@ def plan(cfg: EngineConfig) -> Placement | None:
         standalone=standalone,
         trainer_bundles=side,
         strategy=r.placement_strategy,
+        ranks=[Slot(g, t.num_gpus, t.num_cpus) for g in range(t.world_size)] if t.world_size > 1 else [],
+        trainer_strategy="STRICT_PACK" if t.world_size == 1 else "PACK",
     )

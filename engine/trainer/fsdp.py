@@ -137,6 +137,17 @@ def _non_persistent(lm: torch.nn.Module, name: str) -> set[str]:
     return set(getattr(owner, "_non_persistent_buffers_set", set()))
 
 
+def reshard(root: torch.nn.Module) -> None:
+    """Drop every gathered copy of the sharded parameters under ``root`` (FSDP2 keeps the root's
+    after a forward pass), so the module's parameters are its shards again: what a gather, a
+    checkpoint or an in-place change of the shards must see."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in root.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def gathered(lm: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The LM's unique tensors as full ``dtype`` tensors, bucket by bucket (module docstring).
     A collective: every rank iterates it to the end, in step."""

@@ -190,14 +190,11 @@ class Stepper:
                 t.copy_(live[n], non_blocking=True)
 
     def _reshard(self) -> None:
-        """Drop every gathered copy of the sharded parameters (FSDP2 keeps the root's after a
-        forward), so the next forward gathers the shards as they are now: the weights swapped
-        in for the proximal log-probs, then the live ones back."""
-        from torch.distributed.fsdp import FSDPModule
+        """The shards as they are now for the next forward (``fsdp.reshard``): the weights
+        swapped in for the proximal log-probs, then the live ones back."""
+        from shunter.engine.trainer import fsdp
 
-        for m in self.scorer.modules():
-            if isinstance(m, FSDPModule):
-                m.reshard()
+        fsdp.reshard(self.scorer)
 
     def _chunks(self, samples: list[Sample]) -> list[tuple[list[Sample], list[int], float]]:
         """This rank's micro-batches: (samples, their indices in the batch, share of the whole

@@ -12,10 +12,15 @@ own loss plugs in by ``"module:function"`` as ``loss_fn(LossInput) -> (loss, sta
 optimizer step.
 
 Checkpoints: ``save(path)`` writes ``path/model`` (an HF model folder — weights, config and
-the tokenizer files of the original model — that replicas can serve directly) and
-``path/trainer.pt`` (optimizer state, step, version, RNG; loaded with
-``weights_only=True``, nothing is unpickled). ``Trainer(..., init_from=path)`` continues
-from them; the reference model for the KL term always comes from the original model.
+the tokenizer files of the original model — that replicas can serve directly, gathered from the
+shards) and the trainer's state by torch Distributed Checkpoint (model, optimizer, each rank's
+RNG, step and version: ``engine.trainer.shards``), which loads at any world size;
+``Trainer(..., init_from=path)`` continues from it (or from the one-process format before it);
+the reference model for the KL term always comes from the original model.
+
+A trainer of several ranks (``group``, a ``RankGroup`` of ``trainer.world_size``) is one of
+these per rank, each holding its shards of the model (``engine.trainer.fsdp``) and taking every
+call here together with the others (``train_step``, ``publish``, ``save`` are collectives).
 
 The ``Trainer`` holds the model, its frozen reference and the optimizer, and does what touches
 only those: it builds them, saves and loads them in checkpoints (with the step, version and
@@ -31,7 +36,6 @@ figures that callers use (``TrainerHost``'s core protocol) are passed through.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -130,7 +134,7 @@ class Trainer:
         self.model = self.scorer.lm
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         if self.init_from:
-            self._load_state(Path(self.init_from) / "trainer.pt")
+            self._load_state(Path(self.init_from))
         self.stepper = Stepper(
             self.cfg,
             self.counters,
@@ -181,6 +185,10 @@ class Trainer:
         return self.weights.last_publish
 
     def publish(self) -> bytes:
+        if self.group.sharded:  # gathered from the shards as they are (FSDP keeps the root's after a forward)
+            from shunter.engine.trainer import fsdp
+
+            fsdp.reshard(self.scorer)
         return self.weights.publish()
 
     def open_weight_group(self, replica_id: str) -> tuple[str, int]:
@@ -194,35 +202,34 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, path: str) -> int:
-        """Write the trainer's part of a checkpoint under ``path``; returns bytes written."""
+        """Write the trainer's part of a checkpoint under ``path`` (``engine.trainer.shards``:
+        model and optimizer by torch Distributed Checkpoint, each rank its shards, loadable at
+        any world size; the HF folder a replica serves, gathered); returns bytes written. A
+        collective on a sharded trainer: every rank calls it."""
+        from shunter.engine.trainer import fsdp, shards
+
         root = Path(path)
-        self.model.save_pretrained(root / "model", safe_serialization=True)
-        for f in Path(self.model_dir).iterdir():  # tokenizer and friends, as the original model had them
-            if (
-                f.is_file()
-                and not (root / "model" / f.name).exists()
-                and f.suffix not in (".safetensors", ".bin", ".pt")
-            ):
-                shutil.copy2(f, root / "model" / f.name)
-        torch.save(
-            {
-                "optimizer": self.opt.state_dict(),
-                "step": self.counters.step,
-                "version": self.counters.version,
-                "rng": torch.get_rng_state(),
-            },
-            root / "trainer.pt",
+        if self.group.sharded:
+            fsdp.reshard(self.scorer)
+        shards.write_hf_folder(root / "model", self.model, self.model_dir)
+        return shards.save_state(
+            root,
+            self.model,
+            self.opt,
+            step=self.counters.step,
+            version=self.counters.version,
+            model_dir=self.model_dir,
         )
-        return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
     def _load_state(self, path: Path) -> None:
+        """Model, optimizer, step, version and RNG from the checkpoint at ``path`` (any world
+        size, this format or the one-process one before it)."""
+        from shunter.engine.trainer import shards
+
         try:
-            st = torch.load(path, map_location=self.device, weights_only=True)
-            self.opt.load_state_dict(st["optimizer"])
-            self.counters.step, self.counters.version = int(st["step"]), int(st["version"])
-            torch.set_rng_state(st["rng"].cpu())
-        except Exception as e:  # noqa: BLE001 - name the file and the cause
-            raise ModelDirError(f"trainer state {str(path)!r} does not load: {type(e).__name__}: {e}") from e
+            self.counters.step, self.counters.version = shards.load_state(path, self.model, self.opt)
+        except Exception as e:  # noqa: BLE001 - name the checkpoint and the cause
+            raise ModelDirError(f"trainer state in {str(path)!r} does not load: {type(e).__name__}: {e}") from e
 
     # -- the model and optimizer off the GPU and back --------------------------------------
     def offload(self, parts: list[str]) -> int:

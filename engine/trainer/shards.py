@@ -46,15 +46,17 @@ import io
 import json
 import pickle
 import shutil
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from shunter.engine.io.checkpoint import CheckpointError
 
@@ -86,6 +88,14 @@ def _rank() -> int:
 
 def _world() -> int:
     return dist.get_world_size() if _grouped() else 1
+
+
+@contextmanager
+def _one_process_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process whenever there is no group: that is our intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def _agreed(fn: Callable[[], T]) -> T:
@@ -131,11 +141,15 @@ def _load_rng(root: Path, rank: int) -> None:
         st = torch.load(path, map_location="cpu", weights_only=True)
         _set_rng(st)
     except Exception as e:  # noqa: BLE001 - name the file
-        raise ShardStateError(f"checkpoint {root}: {path.relative_to(root)} does not load: {type(e).__name__}: {e}")
+        raise ShardStateError(
+            f"checkpoint {root}: {path.relative_to(root)} does not load: {type(e).__name__}: {e}"
+        ) from None
 
 
 # -- save ---------------------------------------------------------------------------------
-def save_state(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, step: int, version: int, model_dir: str) -> int:
+def save_state(
+    root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, step: int, version: int, model_dir: str
+) -> int:
     """Write the model and optimizer (DCP, each rank its shards), every rank's RNG and (rank 0)
     the step and version under ``root``. Collective when a process group exists. Returns the
     bytes of everything under ``root`` once written (the same on every rank)."""
@@ -160,7 +174,8 @@ def save_state(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
 
     _agreed(local)
     try:
-        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=root / DCP_DIR, no_dist=not _grouped())
+        with _one_process_quiet():
+            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=root / DCP_DIR, no_dist=not _grouped())
     except Exception as e:  # noqa: BLE001 - DCP's error carries every failed rank's
         raise ShardStateError(f"checkpoint {root}: {DCP_DIR}/ was not written: {_first_line(e)}") from e
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
@@ -231,11 +246,15 @@ def _check_files(root: Path) -> dict[str, Any]:
         raise ShardStateError(f"checkpoint {root}: {STATE_FILE} does not load: {type(e).__name__}: {e}") from None
     meta_path = root / DCP_DIR / _METADATA
     if not meta_path.is_file():
-        raise ShardStateError(f"checkpoint {root}: {DCP_DIR}/{_METADATA} is missing (an unfinished or damaged checkpoint)")
+        raise ShardStateError(
+            f"checkpoint {root}: {DCP_DIR}/{_METADATA} is missing (an unfinished or damaged checkpoint)"
+        )
     try:
         metadata = _Reader(root / DCP_DIR).read_metadata()
     except Exception as e:  # noqa: BLE001 - name the file
-        raise ShardStateError(f"checkpoint {root}: {DCP_DIR}/{_METADATA} does not load: {type(e).__name__}: {e}") from None
+        raise ShardStateError(
+            f"checkpoint {root}: {DCP_DIR}/{_METADATA} does not load: {type(e).__name__}: {e}"
+        ) from None
     need: dict[str, int] = {}
     for info in metadata.storage_data.values():
         need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
@@ -244,7 +263,9 @@ def _check_files(root: Path) -> dict[str, Any]:
         if not f.is_file():
             raise ShardStateError(f"checkpoint {root}: {DCP_DIR}/{rel} is missing")
         if (got := f.stat().st_size) < size:
-            raise ShardStateError(f"checkpoint {root}: {DCP_DIR}/{rel} is truncated ({got} bytes, {DCP_DIR}/{_METADATA} says {size})")
+            raise ShardStateError(
+                f"checkpoint {root}: {DCP_DIR}/{rel} is truncated ({got} bytes, {DCP_DIR}/{_METADATA} says {size})"
+            )
     state["step"], state["version"] = step, version
     return state
 
@@ -254,7 +275,9 @@ def _format_of(root: Path) -> str:
         return "dcp"
     if (root / OLD_STATE).is_file():
         return "old"
-    raise ShardStateError(f"checkpoint {root}: neither {STATE_FILE} nor {OLD_STATE} (not a trainer checkpoint, or a damaged one)")
+    raise ShardStateError(
+        f"checkpoint {root}: neither {STATE_FILE} nor {OLD_STATE} (not a trainer checkpoint, or a damaged one)"
+    )
 
 
 def _restore_groups(saved: list[dict[str, Any]], optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -275,7 +298,8 @@ def load_state(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
     msd, osd = get_state_dict(model, optimizer)
     osd.pop("param_groups")
     try:
-        dcp.load({"model": msd, "optimizer": osd}, storage_reader=_Reader(root / DCP_DIR), no_dist=not _grouped())
+        with _one_process_quiet():
+            dcp.load({"model": msd, "optimizer": osd}, storage_reader=_Reader(root / DCP_DIR), no_dist=not _grouped())
     except Exception as e:  # noqa: BLE001 - DCP's error carries every failed rank's
         raise ShardStateError(f"checkpoint {root}: {DCP_DIR}/ does not load: {_first_line(e)}") from e
     osd["param_groups"] = _restore_groups(state["param_groups"], optimizer)
@@ -285,10 +309,6 @@ def load_state(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
 
 
 # -- the old single-process format --------------------------------------------------------
-def _sharded(model: torch.nn.Module) -> bool:
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 def _read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -328,11 +348,14 @@ def _old_state(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
     names = {id(p): n for n, p in model.named_parameters()}
     state: dict[str, Any] = {}
     groups = []
-    if len(old["param_groups"]) != len(optimizer.param_groups):
-        raise ShardStateError(f"checkpoint {root}: {OLD_STATE} has {len(old['param_groups'])} parameter groups, the optimizer {len(optimizer.param_groups)}")
+    saved_sizes = [len(g["params"]) for g in old["param_groups"]]
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if saved_sizes != sizes:
+        raise ShardStateError(
+            f"checkpoint {root}: {OLD_STATE} holds parameter groups of {saved_sizes} parameters, "
+            f"the optimizer of {sizes} (another model)"
+        )
     for g_old, g_cur in zip(old["param_groups"], optimizer.param_groups, strict=True):
-        if len(g_old["params"]) != len(g_cur["params"]):
-            raise ShardStateError(f"checkpoint {root}: {OLD_STATE} has {len(g_old['params'])} parameters in a group, the optimizer {len(g_cur['params'])}")
         fqns = [names[id(p)] for p in g_cur["params"]]
         for idx, fqn in zip(g_old["params"], fqns, strict=True):
             if idx in old["state"]:
@@ -341,16 +364,28 @@ def _old_state(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
     return msd, {"state": state, "param_groups": groups}, st
 
 
+def _like(full: torch.Tensor, local: Any) -> Any:
+    """``full`` as ``local`` holds it: this rank's slice of a DTensor (cut here, no collective), else whole."""
+    if isinstance(local, DTensor):
+        return distribute_tensor(full.to(local.device), local.device_mesh, local.placements, src_data_rank=None)
+    return full
+
+
+def _old_as_local(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, dict]:
+    msd, osd, st = _old_state(root, model, optimizer)
+    params = dict(model.state_dict(keep_vars=True))
+    msd = {k: _like(v, params[k]) for k, v in msd.items()}
+    for fqn, s in osd["state"].items():
+        osd["state"][fqn] = {k: _like(v, params[fqn]) if torch.is_tensor(v) and v.dim() else v for k, v in s.items()}
+    return msd, osd, st
+
+
 def _load_old(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
-    msd, osd, st = _agreed(lambda: _old_state(root, model, optimizer))
-    # full tensors: on an FSDP mesh each rank keeps its own slices (an old checkpoint is one
-    # process's, so a rank holds at most what that process held, memory-mapped)
-    options = StateDictOptions(full_state_dict=True) if _sharded(model) else StateDictOptions()
-    _agreed(lambda: set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=options))
-    if _rank() == 0:
-        _agreed(lambda: torch.set_rng_state(st["rng"].cpu()))
-    else:
-        _agreed(lambda: None)
+    # every rank reads the full tensors (memory-mapped: an old checkpoint is one process's) and
+    # keeps its own slices; loading them is local, so one rank's failure is every rank's error
+    msd, osd, st = _agreed(lambda: _old_as_local(root, model, optimizer))
+    _agreed(lambda: set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd))
+    _agreed(lambda: torch.set_rng_state(st["rng"].cpu()) if _rank() == 0 else None)
     return int(st["step"]), int(st["version"])
 
 
@@ -437,7 +472,9 @@ def write_hf_folder(
             name, t = items[i]
             full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
             if rank == 0:
-                tensors[name] = full.detach().to("cpu", dtype=dtype or full.dtype, copy=not isinstance(t, DTensor)).contiguous()
+                tensors[name] = (
+                    full.detach().to("cpu", dtype=dtype or full.dtype, copy=not isinstance(t, DTensor)).contiguous()
+                )
                 weight_map[name] = fname
                 total += tensors[name].numel() * tensors[name].element_size()
             del full

@@ -214,7 +214,9 @@ def _same(a: dict, b: dict, atol: float) -> None:
     for k, s in a["optim"].items():
         assert s.keys() == b["optim"][k].keys() == {"step", "exp_avg", "exp_avg_sq"}
         for n in s:
-            torch.testing.assert_close(s[n], b["optim"][k][n], atol=atol, rtol=0, msg=lambda m, k=k, n=n: f"{k}.{n}: {m}")
+            torch.testing.assert_close(
+                s[n], b["optim"][k][n], atol=atol, rtol=0, msg=lambda m, k=k, n=n: f"{k}.{n}: {m}"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -316,3 +318,23 @@ def test_hf_folder_of_a_plain_model_in_one_process(model_dir, tmp_path):
     assert served.dtype == torch.bfloat16
     for k, v in model.state_dict().items():
         torch.testing.assert_close(served.state_dict()[k], v.to(torch.bfloat16), atol=0, rtol=0)
+
+
+@pytest.mark.timeout(300)
+def test_the_docs_layout_names_every_file_a_checkpoint_holds(runs, model_dir):
+    """docs/architecture.md's layout, against the files of a real 2-rank checkpoint."""
+    import re
+
+    root = Path(__file__).resolve().parents[4]
+    text = (root / "docs" / "architecture.md").read_text()
+    layout = text[text.index("## The trainer's state on disk") :].split("```")[1]
+    ckpt = runs["tmp"] / "ckpt2"
+    original = {f.name for f in Path(model_dir).iterdir()}
+    for f in sorted(ckpt.rglob("*")):
+        rel = f.relative_to(ckpt).as_posix()
+        if f.is_dir() or (rel.startswith("model/") and f.name in original and f.name != "config.json"):
+            continue  # the original model's files, copied as they are
+        rel = re.sub(r"__\d+_0", "__<r>_0", re.sub(r"rank\d+", "rank<r>", rel))
+        rel = re.sub(r"model-\d+-of-\d+", "model-0000i-of-0000n", rel)
+        name = rel.split("/")[-1]
+        assert name in layout and (rel.split("/")[0] + "/" in layout or "/" not in rel), f"{rel} is not in the docs"

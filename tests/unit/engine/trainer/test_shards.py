@@ -188,10 +188,16 @@ def _free_port() -> int:
 
 
 def _spawn(world: int, tmp: Path, model_dir: str) -> list[dict]:
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    # a fork server imports torch and transformers once for both spawns and every rank (a fresh
+    # interpreter's imports are most of a rank's time on a busy 2-core machine); forked from a
+    # process that never ran torch, so no thread pool is copied half-alive
+    multiprocessing.set_forkserver_preload(["torch", "transformers.models.qwen2.modeling_qwen2", __name__])
     ctx = mp.start_processes(
-        _worker, args=(world, _free_port(), str(tmp), model_dir), nprocs=world, join=False, start_method="spawn"
+        _worker, args=(world, _free_port(), str(tmp), model_dir), nprocs=world, join=False, start_method="forkserver"
     )
     for _ in range(120):  # bounded: a rank left waiting would show as a timeout here, not a hang
         if ctx.join(timeout=1):

@@ -4,6 +4,9 @@ The torch core (imports torch):
 
 - ``trainer``: ``Trainer`` — the model, its frozen reference and AdamW: built, checkpointed,
   offloaded and onloaded; its parts below share its ``counters``;
+- ``shards``: a trainer's state on disk — model, optimizer and RNG by torch Distributed
+  Checkpoint, loaded at any world size (the old ``model/`` + ``trainer.pt`` too), and the HF
+  model folder gathered from a sharded model one bounded file at a time;
 - ``counters``: ``TrainerCounters`` — steps, published versions, steps since the last publish;
 - ``step``: ``Stepper`` — one optimizer step over a mini-batch (collate, log-probs, the built-in
   objective or the user's loss, micro-batches, clipping), on one process or on each rank;

@@ -22,11 +22,9 @@ pytestmark = pytest.mark.e2e
 
 
 def _pid(ray_mod, name: str) -> int:
-    from ray.util.state import list_actors
-
-    found = [a for a in list_actors(filters=[("name", "=", name), ("state", "=", "ALIVE")])]
-    assert len(found) == 1, (name, found)
-    return int(found[0].pid)
+    """The OS pid of the actor ``name`` (asked inside it: the test kills the process, not the actor)."""
+    h = ray_mod.get_actor(name, namespace="shunter")
+    return int(ray_mod.get(h.__ray_call__.remote(lambda _self: os.getpid()), timeout=30))
 
 
 async def _run(cfg, pool, resume=None, kill_rank1_at: int = 0, ray_mod=None):
@@ -37,7 +35,9 @@ async def _run(cfg, pool, resume=None, kill_rank1_at: int = 0, ray_mod=None):
                 events.append(ev)
                 if kill_rank1_at and isinstance(ev, StepEnd) and ev.step == kill_rank1_at:
                     kill_rank1_at = 0
-                    os.kill(_pid(ray_mod, f"shunter.{engine.run_id}.trainer.rank1"), signal.SIGKILL)
+                    os.kill(
+                        await asyncio.to_thread(_pid, ray_mod, f"shunter.{engine.run_id}.trainer.rank1"), signal.SIGKILL
+                    )
             return events, engine.out_dir
 
 

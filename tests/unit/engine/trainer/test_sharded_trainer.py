@@ -181,3 +181,35 @@ def test_shares_balance_tokens_and_every_rank_takes_the_same_passes():
     assert micro_steps(shares, 2) == max(-(-len(s) // 2) for s in shares)
     assert micro_steps([[], []], 4) == 1 and micro_steps(shares, 0) == 1
     assert token_shares([3, 3], 4) == [[0], [1], [], []]
+
+
+def _buckets(group, model_dir: str, bucket_bytes: int):
+    """Run on every rank: the gathered buckets' sizes, and whether any earlier bucket's full
+    tensors were still alive when the next one was handed out (the gather keeps none)."""
+    import gc
+    import weakref
+
+    from shunter.engine.config import TrainerConfig
+    from shunter.engine.trainer import fsdp
+    from shunter.engine.trainer.trainer import Trainer
+
+    tr = Trainer(TrainerConfig(device="cpu"), model_dir, group=group)
+    tr.setup()
+    sizes, alive_before = [], []
+    earlier: list[weakref.ref] = []
+    for bucket in fsdp.gathered(tr.model, bucket_bytes, torch.float32):
+        gc.collect()
+        alive_before.append(sum(r() is not None for r in earlier))
+        sizes.append([t.numel() * t.element_size() for _, t in bucket])
+        earlier += [weakref.ref(t) for _, t in bucket]
+        del bucket
+    return sizes, alive_before
+
+
+def test_a_publish_gathers_bucket_by_bucket_and_keeps_no_earlier_bucket(model_dir):
+    bucket = 100_000
+    for sizes, alive in run_ranks(_buckets, 2, model_dir, bucket):
+        assert len(sizes) > 3
+        for b in sizes:  # at most one bucket, or a single tensor larger than one
+            assert sum(b) <= bucket or len(b) == 1, b
+        assert alive == [0] * len(sizes)  # peak: one bucket of full tensors beside the shards

@@ -198,7 +198,10 @@ class TrainerWorker:
         _CALL.set((replicas or {}, installs))
         order = decode_order(data)
         forward = self.rank == 0 and not isinstance(order, GROUP_ORDERS)
-        fanned = [p.control.remote(data, None, turn) for p in self.peers] if forward else []
+        fanned = []
+        if forward and self.peers:  # one object-store copy of the order for all of them
+            ref = ray.put(data) if len(data) > INLINE_BYTES else data
+            fanned = [p.control.remote(ref, None, turn) for p in self.peers]
         events, blob = await self.host.handle(order, turn)
         if fanned:  # every rank took part; a rank that failed fails the order
             await asyncio.gather(*fanned)

@@ -190,7 +190,12 @@ class Launcher:
             for comp, t in times.items()
         ]
         replicas.update({rid: (h, kind, rank) for rid, (h, kind, rank, _) in adopted.items()})
-        opening += await self.replicas.placed({"trainer": tr, **{rid: h for rid, (h, _, _) in replicas.items()}})
+        opening += await self.replicas.placed(
+            {
+                **{_rank_component(rank): h for rank, h in enumerate(ranks)},
+                **{rid: h for rid, (h, _, _) in replicas.items()},
+            }
+        )
         for rid, (_, kind, rank) in replicas.items():
             opening.append(
                 self.replicas.replica_up(rid, kind, rank, times[rid], adopted=rid in adopted or rid in pooled)

@@ -6,7 +6,15 @@ drawn from a generator seeded by the caller, so a scenario replays identically.
 
 Trainer: an optimizer step on ``t`` tokens over ``trainer_gpus`` data-parallel GPUs takes
 ``train_step_s + train_s_per_token * t / trainer_gpus`` plus a ring all-reduce of
-``grad_bytes`` (``2 (g - 1) / g * grad_bytes / allreduce_Bps``); publishing takes
+``grad_bytes`` (``2 (g - 1) / g * grad_bytes / allreduce_Bps``). The real trainer it stands for
+is shunter's own at ``trainer.world_size = trainer_gpus`` (``engine/trainer/fsdp.py``: FSDP2, each
+rank its token-balanced share of the mini-batch, so the compute term divides by ``g``). FSDP2
+moves more than a DDP all-reduce: the parameters all-gathered in the forward and again in the
+backward and the gradients reduce-scattered, ``3 (g - 1) / g`` of the model's bytes when
+parameters and gradients share a dtype — 1.5x the all-reduce term — most of it overlapped with
+compute by FSDP2's prefetching; a scenario modelling it sets ``grad_bytes`` to what its steps
+expose. Not calibrated against the sharded trainer: no GPU was lent to measure it on (as of
+2026-12-07); each scenario file states its trainer terms. Publishing takes
 ``weight_bytes / sync_bandwidth_Bps + sync_latency_s + sync_s_per_replica * replicas +
 sync_s_per_relay * relays`` (the standalone replicas; hybrid ones share the trainer's GPUs and
 map its buffer; a transport that sends to each replica in turn costs the trainer more the more

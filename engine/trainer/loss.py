@@ -11,6 +11,14 @@ A loss function named by ``"module:function"`` (``trainer.loss_fn``, ``TrainStep
         loss = -(adv * inp.logp).sum() / inp.mask.sum().clamp(min=1)
         return loss, {"baseline_mean": float(baseline.mean())}
 
+On a trainer of several ranks (``trainer.world_size > 1``) each rank calls the loss on the
+micro-batches of its own share of the mini-batch: ``advantages`` are still computed over the
+whole mini-batch and ``token_share`` is the micro-batch's share of the whole mini-batch's
+tokens, so a token mean of per-token terms built on ``inp.advantages`` gives the same step as
+one process. A loss that computes its own statistics across samples, as the example above
+does with its baseline from ``inp.rewards``, sees only the samples of its micro-batch — the
+rank's share of each group — as it already does with ``trainer.micro_batch_size``.
+
 Invariants: every failure of a user loss — it cannot be imported, has the old six-argument
 signature, raises, returns anything but ``(scalar tensor with grad, dict of numbers)``, or a
 non-finite loss — becomes a :class:`UserCodeError` whose message starts with the user's spec

@@ -258,3 +258,39 @@ def test_losing_the_trainers_node_waits_for_room_resumes_when_one_joins_and_name
     assert len(steps) == 16
     assert set(groups.values()) == {1}, "a group trained twice"
     assert sorted(groups) == list(range(len(groups))), "prompts skipped"
+
+
+def test_a_trainer_of_two_ranks_spans_two_raylets(tmp_path):
+    """Issue 47: ``trainer.world_size = 2`` with each rank asking for a host offering ``node_t``,
+    and two raylets offering one each: the ranks land on different nodes, join one gloo group
+    across them (rank 0's address found through Ray) and train the run to its end, every step
+    and group once."""
+    from shunter.events import ComponentPlaced
+
+    text = (ROOT / "examples" / "sort_cluster.toml").read_text()
+    text = text.replace("resources = { node_a = 1 }", "resources = { node_t = 1 }\nworld_size = 2\nnum_cpus = 0.5")
+    text = text.replace("every = 50", "every = 0")
+    config = tmp_path / "cluster.toml"
+    config.write_text(text)
+    nodes = RayNodes()
+    try:
+        address = nodes.head({"node_b": 1, "node_t": 1})
+        nodes.add({"node_t": 1})
+        run = subprocess.run(
+            [sys.executable, "-m", "shunter.cli", "run", str(config), "--address", address, "--steps", "8",
+             "--no-progress", "--run-id", "two", "--output-dir", str(tmp_path / "runs")],
+            cwd=tmp_path,
+            env={**nodes.env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )  # fmt: skip
+    finally:
+        nodes.stop()
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = tmp_path / "runs" / "two" / "events.bin"
+    placed = {m.component: m.node_id for m in read_log(log) if isinstance(m, ComponentPlaced)}
+    assert placed["trainer"] and placed["trainer.rank1"] and placed["trainer"] != placed["trainer.rank1"], placed
+    steps = trained_groups(log)
+    assert [s for s, _ in steps] == list(range(1, 9))
+    assert set(Counter(g for _, gs in steps for g in gs).values()) == {1}

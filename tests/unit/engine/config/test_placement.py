@@ -131,3 +131,24 @@ def test_replicas_sharing_the_trainers_gpu_make_one_group():
 def test_custom_resources_that_name_no_node_or_no_amount_are_refused(section, resources, match):
     with pytest.raises(ConfigError, match=match):
         cfg(**{section: {"resources": resources}})
+
+
+def test_a_trainer_of_four_ranks_takes_a_gpu_bundle_each_packed_over_as_few_nodes_as_hold_them():
+    p = plan(
+        cfg(
+            {"num_gpus": 1, "num_cpus": 2, "world_size": 4},
+            {"standalone_replicas": 2, "num_gpus": 1, "num_cpus": 1},
+        )
+    )
+    assert p.ranks == [Slot(r, 1.0, 2.0) for r in range(4)] and p.trainer == Slot(0, 1.0, 2.0)
+    assert p.bundles[:4] == [{"GPU": 1.0, "CPU": 2.0}] * 4 and p.trainer_bundles == 4
+    assert [s.bundle for s in p.standalone] == [4, 5] and p.gpus == 6
+    assert p.groups()[0] == (p.bundles[:4], "PACK")  # may span nodes; one rank keeps STRICT_PACK
+    assert plan(cfg({"num_gpus": 1}, {"num_gpus": 1})).groups()[0][1] == "STRICT_PACK"
+
+
+def test_a_sharded_trainer_refuses_the_transports_its_host_gathered_weights_cannot_use():
+    for transport in ("cuda_ipc", "vllm_ipc", "nccl"):
+        with pytest.raises(ConfigError, match=rf"trainer.weight_transport = '{transport}' with trainer.world_size = 2"):
+            cfg({"world_size": 2, "weight_transport": transport})
+    assert cfg({"world_size": 2, "weight_transport": "gloo"}).trainer.world_size == 2

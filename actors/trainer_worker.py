@@ -77,12 +77,9 @@ class TrainerWorker:
 
     async def rendezvous(self) -> tuple[str, int]:
         """Rank 0: (its node's IP, a free port there) for the other ranks to join its group at."""
-        import socket
+        from shunter.engine.trainer.rank_group import free_port
 
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ip, int(sock.getsockname()[1])
+        return ray.util.get_node_ip_address(), free_port()
 
     async def setup(self, group_at: tuple[str, int] | None = None, peers: list[Any] | None = None) -> float:
         """Build the trainer; with ``trainer.world_size > 1`` first join the ranks' group at

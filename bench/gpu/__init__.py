@@ -8,5 +8,6 @@
 - ``weights_direct``: weights straight from the trainer to the replicas (``relay_sync``, ``fanout``).
 - ``two_gpus``: the parts across two GPUs of one host (``nccl_floor``, ``separate2`` ...).
 - ``sim_vs_real``: the simulator calibrated on real runs' logs, predicted against measured (``gpu-sim``).
+- ``trainer_ranks``: the trainer alone, plain and FSDP2 by ranks: step time, peak memory per rank.
 - ``weight_paths``: the weight path direct vs through the coordinator, on this machine's CPU.
 """

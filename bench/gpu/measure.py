@@ -19,6 +19,11 @@ the machine's details:
   the host's relay, and through the coordinator for comparison), with requests in flight; 1, 2
   and 4 replicas on the device (``bench/gpu/weights_direct.py``).
 
+The trainer alone (issue 47): ``trainer_ranks`` — today's one-process trainer, FSDP2 on one rank
+and FSDP2 on 2, 4 ... ranks up to the GPUs here (``trainer.world_size`` at most): step time and
+peak memory per rank on one fixed batch of the config's shape (``bench/gpu/trainer_ranks.py``;
+runs on CPU too, with a coarse memory figure).
+
 Across two GPUs of one host (issue 7; a config with ``weight_transport = "nccl"``, e.g.
 ``examples/gpu2_qwen05b.toml``):
 
@@ -87,6 +92,7 @@ PARTS = (
     "lend2",
     "relay_sync",
     "fanout",
+    "trainer_ranks",
 )
 
 
@@ -239,6 +245,10 @@ def measure(config: str, parts: tuple[str, ...], out: Path) -> dict:
                         "engine_args": dict(r.engine_args),
                     },
                 )
+            elif part == "trainer_ranks":  # bench/gpu/trainer_ranks.py: the trainer alone, plain and FSDP2 by ranks
+                from shunter.bench.gpu.trainer_ranks import trainer_ranks
+
+                res[part] = trainer_ranks(base)
             elif part == "nccl_floor":
                 res["nccl_floor"] = nccl_floor(published_nbytes(base), int(base.trainer.weight_bucket_mb * (1 << 20)))
             elif part in ("separate2", "colocated2", "lend2"):

@@ -19,15 +19,28 @@ import torch
 import torch.distributed as dist
 
 
+def free_port(host: str = "") -> int:
+    """A TCP port free on this host now (rank 0's, for the others to join its group at)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 class RankGroup:
     def __init__(self, rank: int = 0, world: int = 1, mesh: Any = None) -> None:
         self.rank, self.world, self.mesh = rank, world, mesh
 
     @classmethod
-    def join(cls, rank: int, world: int, host: str, port: int, *, device: str, timeout_s: float) -> RankGroup:
+    def join(
+        cls, rank: int, world: int, host: str, port: int, *, device: str, timeout_s: float, shard_alone: bool = False
+    ) -> RankGroup:
         """Join the group of ``world`` ranks whose rank 0 listens at ``host:port`` (nccl on cuda,
-        gloo on cpu); returns once every rank has joined, or raises past ``timeout_s``."""
-        if world == 1:
+        gloo on cpu); returns once every rank has joined, or raises past ``timeout_s``.
+        ``shard_alone``: a group of one that still shards (FSDP2 on one rank: what
+        ``bench gpu --parts trainer_ranks`` compares the plain trainer with)."""
+        if world == 1 and not shard_alone:
             return cls()
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -44,7 +57,8 @@ class RankGroup:
 
     @property
     def sharded(self) -> bool:
-        return self.world > 1
+        """The model is sharded over a mesh (FSDP2), even one of a single rank."""
+        return self.mesh is not None
 
     @property
     def leader(self) -> bool:

@@ -237,12 +237,14 @@ class Trainer:
 
     def onload(self, parts: list[str]) -> int:
         moved = self._move(parts, self.device)
-        if "params" in parts:
+        if "params" in parts and not self.group.sharded:
             weight_transport.flatten_module(self.model)  # back in one flat buffer
         return moved
 
     def _move(self, parts: list[str], device: str) -> int:
         """Move optimizer state / params / grads; returns bytes that changed device."""
+        if self.group.sharded:
+            return self._move_shards(parts, torch.device(device))
         moved = 0
         tensors: list[torch.Tensor] = []
         if "optimizer" in parts:
@@ -265,4 +267,33 @@ class Trainer:
             torch.cuda.synchronize()
             if target.type == "cpu":
                 torch.cuda.empty_cache()  # give the freed blocks back, so vLLM can wake into them
+        return moved
+
+    def _move_shards(self, parts: list[str], target: torch.device) -> int:
+        """A sharded trainer's ``_move``, this rank's shards only: the parameters (and their
+        gradients with them) by ``Module.to``, which FSDP2 follows — it re-registers its sharded
+        parameters on the new device (verl offloads its FSDP2 models this way) — and the
+        optimizer's state tensors replaced by moved copies. Returns bytes that changed device."""
+        from shunter.engine.trainer import fsdp
+
+        def nbytes(t: torch.Tensor) -> int:
+            t = t.to_local() if hasattr(t, "to_local") else t
+            return t.numel() * t.element_size() if t.device.type != target.type else 0
+
+        moved = 0
+        if "params" in parts or "grads" in parts:
+            params = list(self.model.parameters())
+            moved += sum(nbytes(p) for p in params) + sum(nbytes(p.grad) for p in params if p.grad is not None)
+            fsdp.reshard(self.scorer)
+            self.scorer.to(target)
+        if "optimizer" in parts:
+            for st in self.opt.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v) and v.device.type != target.type:
+                        moved += nbytes(v)
+                        st[k] = v.to(target, non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            if target.type == "cpu":
+                torch.cuda.empty_cache()
         return moved

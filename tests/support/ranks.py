@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -18,12 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank_main(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple, timeout_s: float):
@@ -49,6 +42,8 @@ def _rank_main(rank: int, world: int, port: int, out: str, fn: Callable[..., Any
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
     """``fn(group, *args)`` on ``world`` spawned ranks; their results by rank."""
+    from shunter.engine.trainer.rank_group import free_port
+
     with tempfile.TemporaryDirectory() as out:
         ctx = mp.start_processes(
             _rank_main,

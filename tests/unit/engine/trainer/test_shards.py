@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +27,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+from shunter.engine.trainer.rank_group import free_port  # noqa: E402 - after the skips
 
 STEPS = 3
 LR = 1e-2  # large enough that AdamW's state moves visibly in 3 steps
@@ -181,12 +182,6 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", sft_steps=0))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world: int, tmp: Path, model_dir: str) -> list[dict]:
     import multiprocessing
 
@@ -197,7 +192,7 @@ def _spawn(world: int, tmp: Path, model_dir: str) -> list[dict]:
     # process that never ran torch, so no thread pool is copied half-alive
     multiprocessing.set_forkserver_preload(["torch", "transformers.models.qwen2.modeling_qwen2", __name__])
     ctx = mp.start_processes(
-        _worker, args=(world, _free_port(), str(tmp), model_dir), nprocs=world, join=False, start_method="forkserver"
+        _worker, args=(world, free_port(), str(tmp), model_dir), nprocs=world, join=False, start_method="forkserver"
     )
     for _ in range(120):  # bounded: a rank left waiting would show as a timeout here, not a hang
         if ctx.join(timeout=1):

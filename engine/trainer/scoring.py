@@ -46,6 +46,7 @@ class TokenScorer(torch.nn.Module):
         self.amp = amp  # bf16 autocast (a sharded trainer's bf16 comes from FSDP's MixedPrecisionPolicy instead)
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        mask = mask.float()  # FSDP's mixed precision casts float inputs to bf16: the answer stays fp32
         targets = ids[:, 1:]
         with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=self.amp):
             head, body = plain_head(self.lm)

@@ -178,7 +178,12 @@ def save_state(
             dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=root / DCP_DIR, no_dist=not _grouped())
     except Exception as e:  # noqa: BLE001 - DCP's error carries every failed rank's
         raise ShardStateError(f"checkpoint {root}: {DCP_DIR}/ was not written: {_first_line(e)}") from e
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    # counted between two agreements: every rank's files closed before any rank counts, and no rank
+    # goes on to write more (a caller's next file) while another still counts — they differed under load
+    _agreed(lambda: None)
+    nbytes = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    _agreed(lambda: None)
+    return nbytes
 
 
 def _first_line(e: BaseException) -> str:

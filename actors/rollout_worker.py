@@ -42,6 +42,7 @@ class RolloutWorker:
         enable_sleep_mode: bool = True,
         stream_interval: int = 16,
         weight_transfer: str = "",
+        tensor_parallel_size: int = 1,
         weight_update: str = "abort",
         import_paths: list[str] | None = None,
         reward_timeout_s: float = 30.0,
@@ -65,6 +66,7 @@ class RolloutWorker:
         self.gpu_memory_utilization, self.enable_sleep_mode = gpu_memory_utilization, enable_sleep_mode
         self.stream_interval = stream_interval
         self.weight_transfer = weight_transfer
+        self.tensor_parallel_size = tensor_parallel_size
         self.weight_update = weight_update
         self.reward_timeout_s, self.reward_threads = reward_timeout_s, reward_threads
         self.environment, self.max_turns, self.env_timeout_s = environment, max_turns, env_timeout_s
@@ -99,6 +101,7 @@ class RolloutWorker:
                 enable_sleep_mode=self.enable_sleep_mode,
                 stream_interval=self.stream_interval,
                 weight_transfer=self.weight_transfer,
+                tensor_parallel_size=self.tensor_parallel_size,
                 extra=self.engine_args,
             )
         )

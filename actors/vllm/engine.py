@@ -69,6 +69,10 @@ class EngineSpec:
     # vLLM's own weight-transfer engine ("ipc"; "" = only shunter's worker extension, which is
     # always there). Needed for the ``vllm_ipc`` payloads of ``engine.weights.transport``.
     weight_transfer: str = ""
+    # vLLM tensor parallelism: > 1 runs the model on this many worker processes (one device each)
+    # under vLLM's multiprocessing executor, which the engine core starts and watches: a worker
+    # that dies takes the core down with it (``dead()`` then says so).
+    tensor_parallel_size: int = 1
     extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
 
 
@@ -165,6 +169,11 @@ class VLLMEngine:
         )
         if self.spec.stream_interval > 1 and "stream_interval" in getattr(AsyncEngineArgs, "__dataclass_fields__", {}):
             kwargs["stream_interval"] = self.spec.stream_interval
+        if self.spec.tensor_parallel_size > 1:
+            # "mp", not vLLM's default inside a Ray placement group ("ray"): the replica's workers
+            # are its own child processes on the devices its actor was given
+            kwargs["tensor_parallel_size"] = self.spec.tensor_parallel_size
+            kwargs["distributed_executor_backend"] = "mp"
         if self.spec.weight_transfer:
             kwargs["weight_transfer_config"] = {"backend": self.spec.weight_transfer}
         kwargs.update(self.spec.extra)

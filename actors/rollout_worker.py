@@ -52,6 +52,7 @@ class RolloutWorker:
         env_timeout_s: float = 30.0,
         reward_pool: list | None = None,
         progress_every_s: float = 0.0,
+        visible_gpus: str = "",
     ) -> None:
         from shunter.policies.registry import use_import_paths
 
@@ -72,6 +73,7 @@ class RolloutWorker:
         self.environment, self.max_turns, self.env_timeout_s = environment, max_turns, env_timeout_s
         self.reward_pool = list(reward_pool or [])  # the run's reward workers (empty: threads here)
         self.progress_every_s = progress_every_s  # beats on long generation streams (engine.replica.heartbeat)
+        self.visible_gpus = visible_gpus  # a hybrid TP replica: the GPUs of its span (Ray gave it a share of one)
         self.core = None
         self._backend: Any = None
         self._req: Any = None  # the request counter a stopped sample loop left (ids never repeat)
@@ -83,6 +85,8 @@ class RolloutWorker:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if self.visible_gpus:  # before anything in this process starts CUDA; vLLM's workers inherit it
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.visible_gpus
         from transformers import AutoTokenizer
 
         from shunter.actors.vllm.backend import VLLMBackend

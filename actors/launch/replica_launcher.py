@@ -224,6 +224,7 @@ class ReplicaLauncher:
                 model_dir=model_dir,
                 version=version,
                 reward_pool=self.current.reward_pool,
+                visible_gpus=self.room.placer.visible_gpus(slot) if self.room.placer else "",
                 **self._serving(rid, kind, rank),
                 **engine,
             )

@@ -89,14 +89,16 @@ async def test_tensor_parallel_replicas_serve_take_weights_and_a_killed_worker_g
     before, after = events[: killed[0]], events[killed[0] :]
     ended = events[-1]
     assert isinstance(ended, RunEnded) and ended.reason == "stopped" and ended.steps < 300, ended
-    # before the kill: both TP replicas took new versions over their groups (the first rank
-    # received, the second got the bytes from it) and generated on them
+    # before the kill: both TP replicas took new versions over their groups and generated on
+    # them — the standalone one in a load (the first rank received, the second got the bytes from
+    # it: the fan-out), the hybrid one received while lent and installed them as it woke
+    loads = [e for e in before if isinstance(e, WeightsLoaded) and e.replica_id == "standalone-0" and e.version >= 1]
+    assert loads and all(e.detail["backend_ranks"] == 2.0 and "backend_fan_out_s" in e.detail for e in loads)
+    woke = [e for e in before if isinstance(e, ModeChanged) and e.replica_id == "hybrid-1" and e.mode == "rollout"]
+    assert any(e.detail.get("version", 0) >= 1 for e in woke), woke[:2]
     for rid in ("standalone-0", "hybrid-1"):
-        loads = [e for e in before if isinstance(e, WeightsLoaded) and e.replica_id == rid and e.version >= 1]
-        assert loads and all(e.detail.get("backend_ranks") == 2.0 for e in loads), loads[:2]
-        assert any("backend_fan_out_s" in e.detail for e in loads), loads[:2]
         assert any(isinstance(e, WeightsSent) and e.replica_id == rid for e in before)
-        assert any(isinstance(e, SampleBegin) and e.replica_id == rid and e.version >= 1 for e in before)
+        assert _served_new(before, rid)
     # the hybrid one was put to sleep (lent to the trainer) and woken again
     modes = [e.mode for e in before if isinstance(e, ModeChanged) and e.replica_id == "hybrid-1"]
     assert "trainer" in modes and "rollout" in modes, modes

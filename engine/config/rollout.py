@@ -140,7 +140,7 @@ class RolloutConfig(Section):
     cpu_bind: Annotated[
         list[str],
         doc(
-            "VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only): 'nobind', 'auto', or one core list per tensor-parallel rank, '|'-separated (e.g. '0|1' for tensor_parallel_size 2); empty: 'nobind' (no core named by two engines: the OS spreads every engine's workers over the cores)."
+            "VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only): 'nobind', 'auto', or one core list per tensor-parallel rank, '|'-separated (e.g. '0|1' for tensor_parallel_size 2); empty: 'nobind' (no core named by two engines: the OS spreads every engine's workers over the cores; the ranks of a tensor-parallel replica then share the actor's OpenMP threads, one each at least, instead of one per core each)."
         ),
     ] = []
     resources: Annotated[

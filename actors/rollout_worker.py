@@ -287,9 +287,19 @@ class RolloutWorker:
 
     @ray.method(concurrency_group="watch")
     async def watch(self) -> None:
-        """Never returns: the executor keeps one call open so that the death of this process
-        is known at once, even while nothing else is asked of it (a replica asleep)."""
-        await asyncio.Event().wait()
+        """Never returns while the replica lives: the executor keeps one call open so that the
+        death of this process is known at once, even while nothing else is asked of it (a
+        replica asleep); raises ``EngineDead`` once its vLLM engine is dead — its core, or one of
+        its tensor-parallel workers (vLLM's executor then ends the core) — checked every
+        ``DEATH_POLL_S``, as a call waiting on the engine is."""
+        from shunter.actors.vllm.engine import DEATH_POLL_S
+        from shunter.engine.replica.backend import EngineDead
+
+        while True:
+            await asyncio.sleep(DEATH_POLL_S)
+            backend = self._backend
+            if backend is not None and backend.engine.async_llm is not None and backend.dead():
+                raise EngineDead(f"the vLLM engine of replica {self.replica_id} died (its core or a worker process)")
 
     @ray.method(concurrency_group="control")
     async def where(self) -> dict:

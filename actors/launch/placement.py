@@ -7,7 +7,11 @@ slot of one that is gone; a replica beyond the plan (elastic growth) is schedule
 groups, by its plain resource request. The groups outlive restarts of the run's attempts
 (their actors are killed, the reservation stays) and are removed by :meth:`Placer.remove`. A
 node lost takes its bundles with it; Ray lays them again where room is left, and a
-replacement placed in such a bundle waits until it is.
+replacement placed in such a bundle waits until it is. A tensor-parallel standalone replica's
+actor takes its whole bundle of ``rollout.tensor_parallel_size`` GPUs (a bundle no node can hold
+is refused before anything is reserved: :func:`check_nodes`); a tensor-parallel hybrid replica's
+actor holds Ray's share of the first GPU of its span, and is shown the span's GPUs
+(:meth:`Placer.visible_gpus`, found once by a probe in each trainer-side bundle).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from shunter.actors.wire import codec, root_cause
 from shunter.engine.coordinator.executor import TRAINER, TaskExecutor
 from shunter.engine.coordinator.failures import Dead, Failures, Fault, Unanswered, fault_of
 from shunter.engine.io.errors import bounded
+from shunter.engine.replica.backend import EngineDead
 from shunter.events import (
     DIRECT,
     EnterRollout,
@@ -139,8 +140,9 @@ class RayExecutor(TaskExecutor):
         self.hosts.place(replica_id, node_id)
 
     def watch(self, target: str) -> None:
-        """Keep one call open on ``target`` (``watch()`` never returns) so that its death is
-        reported at once — an idle trainer or a sleeping replica is called by nobody else."""
+        """Keep one call open on ``target`` (``watch()`` never returns while it lives) so that its
+        death is reported at once — an idle trainer or a sleeping replica is called by nobody
+        else; a replica's watch raises ``EngineDead`` when its engine dies in its actor."""
         handle = self.trainer if target == TRAINER else self.replicas[target]
 
         async def watching() -> None:
@@ -148,6 +150,8 @@ class RayExecutor(TaskExecutor):
                 await handle.watch.remote()
             except RayActorError as e:
                 self.failures.dead(target, bounded(f"actor died: {e}"))
+            except EngineDead as e:  # a replica's engine died (its core, or a tensor-parallel worker)
+                self.failures.dead(target, bounded(f"its inference engine died: {root_cause(e)}"))
             except Exception:  # noqa: BLE001 - no watch (an older actor), or the call was cancelled
                 pass
 

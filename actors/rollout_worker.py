@@ -42,6 +42,7 @@ class RolloutWorker:
         enable_sleep_mode: bool = True,
         stream_interval: int = 16,
         weight_transfer: str = "",
+        tensor_parallel_size: int = 1,
         weight_update: str = "abort",
         import_paths: list[str] | None = None,
         reward_timeout_s: float = 30.0,
@@ -51,6 +52,7 @@ class RolloutWorker:
         env_timeout_s: float = 30.0,
         reward_pool: list | None = None,
         progress_every_s: float = 0.0,
+        visible_gpus: str = "",
     ) -> None:
         from shunter.policies.registry import use_import_paths
 
@@ -65,11 +67,13 @@ class RolloutWorker:
         self.gpu_memory_utilization, self.enable_sleep_mode = gpu_memory_utilization, enable_sleep_mode
         self.stream_interval = stream_interval
         self.weight_transfer = weight_transfer
+        self.tensor_parallel_size = tensor_parallel_size
         self.weight_update = weight_update
         self.reward_timeout_s, self.reward_threads = reward_timeout_s, reward_threads
         self.environment, self.max_turns, self.env_timeout_s = environment, max_turns, env_timeout_s
         self.reward_pool = list(reward_pool or [])  # the run's reward workers (empty: threads here)
         self.progress_every_s = progress_every_s  # beats on long generation streams (engine.replica.heartbeat)
+        self.visible_gpus = visible_gpus  # a hybrid TP replica: the GPUs of its span (Ray gave it a share of one)
         self.core = None
         self._backend: Any = None
         self._req: Any = None  # the request counter a stopped sample loop left (ids never repeat)
@@ -81,6 +85,8 @@ class RolloutWorker:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if self.visible_gpus:  # before anything in this process starts CUDA; vLLM's workers inherit it
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.visible_gpus
         from transformers import AutoTokenizer
 
         from shunter.actors.vllm.backend import VLLMBackend
@@ -99,6 +105,7 @@ class RolloutWorker:
                 enable_sleep_mode=self.enable_sleep_mode,
                 stream_interval=self.stream_interval,
                 weight_transfer=self.weight_transfer,
+                tensor_parallel_size=self.tensor_parallel_size,
                 extra=self.engine_args,
             )
         )
@@ -280,9 +287,19 @@ class RolloutWorker:
 
     @ray.method(concurrency_group="watch")
     async def watch(self) -> None:
-        """Never returns: the executor keeps one call open so that the death of this process
-        is known at once, even while nothing else is asked of it (a replica asleep)."""
-        await asyncio.Event().wait()
+        """Never returns while the replica lives: the executor keeps one call open so that the
+        death of this process is known at once, even while nothing else is asked of it (a
+        replica asleep); raises ``EngineDead`` once its vLLM engine is dead — its core, or one of
+        its tensor-parallel workers (vLLM's executor then ends the core) — checked every
+        ``DEATH_POLL_S``, as a call waiting on the engine is."""
+        from shunter.actors.vllm.engine import DEATH_POLL_S
+        from shunter.engine.replica.backend import EngineDead
+
+        while True:
+            await asyncio.sleep(DEATH_POLL_S)
+            backend = self._backend
+            if backend is not None and backend.engine.async_llm is not None and backend.dead():
+                raise EngineDead(f"the vLLM engine of replica {self.replica_id} died (its core or a worker process)")
 
     @ray.method(concurrency_group="control")
     async def where(self) -> dict:

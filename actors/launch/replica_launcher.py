@@ -27,6 +27,7 @@ from shunter.actors.launch.run_site import RunSite
 from shunter.actors.pool import key as pool_key
 from shunter.actors.wire import root_cause
 from shunter.engine.config.engine_config import EngineConfig
+from shunter.engine.config.placement import replica_gpus
 from shunter.engine.io.errors import EngineSetupError
 from shunter.engine.replica.heartbeat import every_for
 from shunter.events import Codec, ComponentFailed, ComponentPlaced, Message, ReplicaPending, ReplicaUp, ReplicaWaited
@@ -176,7 +177,7 @@ class ReplicaLauncher:
         if pooled is not None:
             return (*pooled, evs)
         if mid_run and self.room.placer is None:  # with a placement plan, it may take a reserved bundle
-            need = request(cfg.rollout.num_cpus, cfg.rollout.num_gpus, custom)
+            need = request(cfg.rollout.num_cpus, replica_gpus(cfg.rollout, kind == STANDALONE), custom)
             what = f"another {kind} replica" + (f" (replacing {replacing})" if replacing else "")
             check_total(need, what, self.room.knobs())
 
@@ -215,12 +216,15 @@ class ReplicaLauncher:
             .options(
                 name=name,
                 namespace=NAMESPACE,
-                **self.room.options(rid, slot, cfg.rollout.num_gpus, cfg.rollout.num_cpus, custom, node),
+                **self.room.options(
+                    rid, slot, replica_gpus(cfg.rollout, kind == STANDALONE), cfg.rollout.num_cpus, custom, node
+                ),
             )
             .remote(
                 model_dir=model_dir,
                 version=version,
                 reward_pool=self.current.reward_pool,
+                visible_gpus=self.room.placer.visible_gpus(slot) if self.room.placer else "",
                 **self._serving(rid, kind, rank),
                 **engine,
             )
@@ -247,11 +251,13 @@ class ReplicaLauncher:
             "enable_sleep_mode": r.enable_sleep_mode,
             "stream_interval": r.stream_interval,
             "weight_transfer": "ipc" if self.cfg.trainer.weight_transport == "vllm_ipc" else "",
+            "tensor_parallel_size": r.tensor_parallel_size,
         }
 
     def _resources_of(self, kind: ReplicaKind) -> dict[str, Any]:
         r = self.cfg.rollout
-        return {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, **(r.resources if kind == STANDALONE else {})}
+        gpus = replica_gpus(r, kind == STANDALONE)
+        return {"num_cpus": r.num_cpus, "num_gpus": gpus, **(r.resources if kind == STANDALONE else {})}
 
     def _serving(self, rid: str, kind: ReplicaKind, rank: int) -> dict[str, Any]:
         """What the run tells its replica besides the engine's settings (``RolloutWorker.SERVING``)."""

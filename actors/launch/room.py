@@ -16,8 +16,8 @@ from typing import Any
 
 from shunter.actors.launch.cluster import check_total, on_node, request
 from shunter.engine.config.engine_config import EngineConfig
-from shunter.engine.config.placement import Placement
-from shunter.events.vocab import ReplicaKind
+from shunter.engine.config.placement import Placement, replica_gpus
+from shunter.events.vocab import STANDALONE, ReplicaKind
 
 
 class Room:
@@ -46,7 +46,8 @@ class Room:
             "CPU": "trainer.num_cpus + rollout.num_cpus per replica"
             + (" + task.reward_worker_cpus per reward worker" if cfg.task.reward_workers else "")
             + f"; a local cluster has run.num_cpus = {cfg.run.num_cpus or os.cpu_count()} CPUs",
-            "GPU": "trainer.num_gpus + rollout.num_gpus per replica",
+            "GPU": "trainer.num_gpus + rollout.num_gpus per replica (rollout.tensor_parallel_size per standalone "
+            "replica when above 1)",
         }
         for key, res in (("rollout.resources", cfg.rollout.resources), ("trainer.resources", cfg.trainer.resources)):
             for k in res:
@@ -61,7 +62,7 @@ class Room:
         w = cfg.trainer.world_size  # each rank asks for the trainer's CPUs, GPUs and resources
         need = request(
             w * cfg.trainer.num_cpus + n * r.num_cpus + cfg.task.reward_workers * cfg.task.reward_worker_cpus,
-            w * cfg.trainer.num_gpus + n * r.num_gpus,
+            w * cfg.trainer.num_gpus + sum(replica_gpus(r, k == STANDALONE) for k in kinds),
         )
         for k, v in cfg.trainer.resources.items():
             need[k] = need.get(k, 0.0) + w * v

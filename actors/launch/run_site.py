@@ -27,6 +27,8 @@ from shunter.actors.launch.cluster import (
 )
 from shunter.actors.launch.join import reach
 from shunter.actors.launch.room import Room
+from shunter.engine.config.base import ConfigError
+from shunter.engine.config.checks import check_heads
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.io.errors import EngineSetupError
 from shunter.engine.models.folder import check_model_dir
@@ -116,7 +118,12 @@ class RunSite:
             from shunter.engine.models.tiny import build_tiny_model
 
             build_tiny_model(path, m.build_tiny, seed=self.cfg.run.seed, sft_steps=m.sft_steps, preset=m.preset)
-        return str(check_model_dir(m.path))
+        model_dir = str(check_model_dir(m.path))
+        try:  # a model built just now is checked here (one already there, when the config loaded)
+            check_heads(self.cfg.rollout.tensor_parallel_size, model_dir)
+        except ConfigError as e:
+            raise EngineSetupError(str(e)) from None
+        return model_dir
 
     async def _init_ray(self) -> None:
         import ray

@@ -49,6 +49,23 @@ DEATH_POLL_S = 0.5
 the core is still alive."""
 
 
+def cpu_threads(bind: str, tensor_parallel_size: int, given: str | None) -> str | None:
+    """``OMP_NUM_THREADS`` for the workers of a tensor-parallel engine on CPU (they inherit it),
+    or None to leave it as it is. A binding that names the cores ('0|1'), or 'auto', sets each
+    rank's threads itself (vLLM: one per core named); so does an engine of one rank. Unbound
+    ('nobind': the default, no core named by two engines), each rank would start one thread per
+    core of the machine, all spinning against each other on the same cores (measured on 2
+    cores: TP=2 decode about 5x slower than bound): each rank gets its share of what the process
+    was given (``given``; Ray gives an actor its ``num_cpus``), one thread at least."""
+    if bind != "nobind" or tensor_parallel_size <= 1:
+        return None
+    try:
+        have = max(1, int(given or 1))
+    except ValueError:
+        have = 1
+    return str(max(1, have // tensor_parallel_size))
+
+
 class BackendStartError(RuntimeError):
     """The engine could not be built; the message names the model dir."""
 
@@ -69,6 +86,10 @@ class EngineSpec:
     # vLLM's own weight-transfer engine ("ipc"; "" = only shunter's worker extension, which is
     # always there). Needed for the ``vllm_ipc`` payloads of ``engine.weights.transport``.
     weight_transfer: str = ""
+    # vLLM tensor parallelism: > 1 runs the model on this many worker processes (one device each)
+    # under vLLM's multiprocessing executor, which the engine core starts and watches: a worker
+    # that dies takes the core down with it (``dead()`` then says so).
+    tensor_parallel_size: int = 1
     extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
 
 
@@ -148,6 +169,13 @@ class VLLMEngine:
             raise BackendStartError(f"cannot import vLLM for model dir {str(model_dir)!r}: {e}") from e
         self.vllm = {"SamplingParams": SamplingParams, "RequestOutputKind": RequestOutputKind}
         self.on_cpu = bool(getattr(current_platform, "is_cpu", lambda: False)())
+        threads = cpu_threads(
+            os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+            self.spec.tensor_parallel_size if self.on_cpu else 1,
+            os.environ.get("OMP_NUM_THREADS"),
+        )
+        if threads is not None:
+            os.environ["OMP_NUM_THREADS"] = threads
         t1 = time.perf_counter()
 
         kwargs: dict[str, Any] = dict(
@@ -165,6 +193,11 @@ class VLLMEngine:
         )
         if self.spec.stream_interval > 1 and "stream_interval" in getattr(AsyncEngineArgs, "__dataclass_fields__", {}):
             kwargs["stream_interval"] = self.spec.stream_interval
+        if self.spec.tensor_parallel_size > 1:
+            # "mp", not vLLM's default inside a Ray placement group ("ray"): the replica's workers
+            # are its own child processes on the devices its actor was given
+            kwargs["tensor_parallel_size"] = self.spec.tensor_parallel_size
+            kwargs["distributed_executor_backend"] = "mp"
         if self.spec.weight_transfer:
             kwargs["weight_transfer_config"] = {"backend": self.spec.weight_transfer}
         kwargs.update(self.spec.extra)

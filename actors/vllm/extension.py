@@ -25,6 +25,11 @@ through vLLM's msgpack encoder, and raw tensors do not survive every hop of
 that path intact on every version (on CPU they were observed to arrive as
 nested lists).  Bytes do.
 
+A tensor-parallel replica runs one worker per rank; ``collective_rpc`` calls each of them with the
+same arguments, and each installs the *full* tensors (vLLM's weight loaders take the rank's
+shard). A weight group joins only the first rank (``shunter_join_weight_group``); the others
+get its bytes over vLLM's own tensor-parallel group (``_fan_out``).
+
 This module is imported inside vLLM's engine-core / worker process only; it
 must stay importable without importing vLLM at module import time so that the
 qualified name can be resolved cheaply.
@@ -86,6 +91,37 @@ def _path_fields(path: str) -> dict:
     return {"path": path, "planned": float(path.startswith("copy_plan")), "mapped": float(path == "copy_plan_mapped")}
 
 
+def _tp() -> tuple[int, int]:
+    """(this worker's tensor-parallel rank, the replica's tensor-parallel size)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except Exception:  # noqa: BLE001  # pragma: no cover - another vLLM layout, or no group: one rank
+        return 0, 1
+
+
+def _fan_out(buf: Any, *, ok: bool) -> dict:
+    """Every tensor-parallel rank, together: the first says whether it received the weight
+    group's bytes, then (if so) broadcasts them over vLLM's own tensor-parallel group (NVLink /
+    the node's interconnect on GPUs, gloo on CPU) into the others' buffers. The status goes first
+    so that a failed receive fails every rank's call instead of leaving the others waiting in a
+    broadcast that never comes."""
+    import torch
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
+
+    tp = get_tp_group()
+    status = torch.tensor([1 if ok else 0], dtype=torch.int64, device=buf.device)
+    tp.broadcast(status, src=0)
+    if not int(status.item()):
+        if get_tensor_model_parallel_rank() != 0:
+            raise RuntimeError("shunter_recv_weights: the first tensor-parallel rank did not receive the weights")
+        return {}
+    t0 = time.perf_counter()
+    tp.broadcast(buf, src=0)
+    return {"fan_out_s": time.perf_counter() - t0}
+
+
 class WeightSyncExtension:
     """Mixed into the vLLM worker class (see module docstring)."""
 
@@ -116,6 +152,7 @@ class WeightSyncExtension:
         n_refreshed = self._shunter_refresh_shared_embeddings(model)
         t_load = time.perf_counter() - t1
         return {
+            "ranks": _tp()[1],
             "n_tensors": n,
             "decode_s": t_decode,
             "load_s": t_load,
@@ -159,16 +196,24 @@ class WeightSyncExtension:
         return {"n_tensors": n, "nbytes": nbytes, "open_s": t_open, "load_s": t_load, **_path_fields(path)}
 
     def shunter_join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> dict:
-        """Join the trainer's weight group as rank 1 (``engine.weights.group``)."""
+        """Join the trainer's weight group as rank 1 (``engine.weights.group``) — the first
+        tensor-parallel rank only: the group is one (trainer, replica) pair whatever the
+        replica's width, and the other ranks get the bytes from the first (``_shunter_fan_out``)."""
         import torch
 
         from shunter.engine.weights.group import make_group
 
+        old = getattr(self, "_shunter_group", None)
+        if _tp()[0] != 0:
+            if old is not None:
+                old.close()
+            self._shunter_group = None
+            self._shunter_fans_in = True  # this rank receives over vLLM's tensor-parallel group
+            return {"join_s": 0.0}
         if backend == "nccl":
             from shunter.actors.vllm import nccl as vllm_nccl
 
             vllm_nccl.register()
-        old = getattr(self, "_shunter_group", None)
         if old is not None:
             old.close()
         t0 = time.perf_counter()
@@ -185,7 +230,8 @@ class WeightSyncExtension:
         from shunter.engine.weights.group import recv_flat
 
         group = getattr(self, "_shunter_group", None)
-        if group is None:
+        rank, width = _tp()
+        if group is None and not (rank != 0 and getattr(self, "_shunter_fans_in", False)):
             raise RuntimeError("shunter_recv_weights: this worker joined no weight group")
         layout = wt.package_layout(bytes(package))
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
@@ -196,9 +242,19 @@ class WeightSyncExtension:
         if buf is None or buf.numel() != numel or buf.dtype != dtype or buf.device != device:
             self._shunter_recv_buf = None
             buf = self._shunter_recv_buf = torch.empty(numel, dtype=dtype, device=device)
-        out: dict = {"nbytes": layout["nbytes"]}
-        if receive:
+        out: dict = {"nbytes": layout["nbytes"], "ranks": width}
+        if receive and width == 1:
             out.update(recv_flat(group, buf, layout["version"], timeout_s=timeout_s))
+        elif receive:  # tensor-parallel: the first rank receives, then hands the bytes on
+            failed: BaseException | None = None
+            if rank == 0:
+                try:
+                    out.update(recv_flat(group, buf, layout["version"], timeout_s=timeout_s))
+                except Exception as e:  # noqa: BLE001 - the other ranks are told, then it is raised
+                    failed = e
+            out.update(_fan_out(buf, ok=failed is None))
+            if failed is not None:
+                raise failed
         if load:
             t1 = time.perf_counter()
             weights = _normalise_tied(dict(wt.flat_views(buf, layout["entries"])), _tied(model))

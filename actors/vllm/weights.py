@@ -101,6 +101,7 @@ class VLLMWeights:
 
     # ---------------------------------------------------------- weight groups
 
+    @engine_rpc
     async def join_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> float:
         """Join the trainer's weight group for this replica (rank 1, in the worker); seconds."""
         t0 = time.perf_counter()
@@ -116,6 +117,7 @@ class VLLMWeights:
 
         return bool(self.weight_group) and wt.payload_kind(blob) in (wt.CUDA_IPC, wt.FLAT)
 
+    @engine_rpc
     async def receive_weights(self, blob: bytes, *, load: bool = False) -> dict:
         """Receive (and, with ``load``, install) the weights a layout names over the group;
         a layout already received is only installed."""

@@ -9,6 +9,10 @@ the field(s) and the values.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from shunter.engine.config.base import ConfigError
 from shunter.engine.config.engine_config import EngineConfig
 from shunter.engine.replica import lengths
@@ -71,6 +75,7 @@ def check(cfg: EngineConfig) -> None:
         raise ConfigError(
             f"rollout.cpu_bind has {len(r.cpu_bind)} entries for {r.standalone_replicas + r.hybrid_replicas} replicas"
         )
+    _check_tensor_parallel(cfg)
     from shunter.engine.config.placement import plan  # GPU configs must fit a placement plan
 
     plan(cfg)
@@ -147,4 +152,50 @@ def check_env_timeout(env_timeout_s: float, generate_timeout_s: float) -> None:
             f"task.env_timeout_s ({env_timeout_s:g}) must be below 0.9 x rollout.generate_timeout_s "
             f"({generate_timeout_s:g} -> {slack(generate_timeout_s):g}): a hanging environment call would get its "
             "replica killed as hung instead of ending its trajectory (env/timeout)"
+        )
+
+
+def _check_tensor_parallel(cfg: EngineConfig) -> None:
+    """``rollout.tensor_parallel_size`` fits what the replicas run on: each ``rollout.cpu_bind``
+    entry names a core list per rank (or is 'nobind' / 'auto'), and the model (when its folder is
+    there already; a model built at start is checked then, ``check_heads``) splits its heads."""
+    r = cfg.rollout
+    tp = r.tensor_parallel_size
+    for i, entry in enumerate(r.cpu_bind):
+        if entry in ("nobind", "auto"):
+            continue
+        if len(entry.split("|")) != tp:
+            raise ConfigError(
+                f"rollout.cpu_bind[{i}] = {entry!r} names {len(entry.split('|'))} core list(s) for a replica of "
+                f"rollout.tensor_parallel_size = {tp}: give one per rank, '|'-separated (e.g. '0|1'), or 'nobind'"
+            )
+    if tp > 1 and (Path(cfg.model.path) / "config.json").is_file():
+        check_heads(tp, cfg.model.path)
+
+
+def check_heads(tensor_parallel_size: int, model_dir: str | Path) -> None:
+    """vLLM shards attention by heads: ``rollout.tensor_parallel_size`` must divide the attention
+    heads of the model in ``model_dir`` (its ``config.json``; a multimodal model's text config),
+    and divide its KV heads or be a multiple of them (vLLM splits KV heads over the ranks, or
+    replicates them when there are fewer heads than ranks)."""
+    tp = tensor_parallel_size
+    if tp == 1:
+        return
+    path = Path(model_dir) / "config.json"
+    try:
+        conf: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: cannot read {path} to check rollout.tensor_parallel_size: {e}") from None
+    conf = conf.get("text_config") or conf
+    heads = conf.get("num_attention_heads")
+    kv = conf.get("num_key_value_heads", heads)
+    if isinstance(heads, int) and heads % tp:
+        raise ConfigError(
+            f"rollout.tensor_parallel_size = {tp} does not divide the {heads} attention heads of model.path "
+            f"({model_dir}): vLLM gives each rank an equal share of them"
+        )
+    if isinstance(kv, int) and kv % tp and tp % kv:
+        raise ConfigError(
+            f"rollout.tensor_parallel_size = {tp} and the {kv} KV heads of model.path ({model_dir}) divide neither "
+            "the other: vLLM splits the KV heads over the ranks, or replicates them when there are fewer"
         )

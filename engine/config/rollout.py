@@ -107,10 +107,16 @@ class RolloutConfig(Section):
     num_gpus: Annotated[
         float,
         doc(
-            "Ray GPUs per replica actor; a fraction shares a GPU (with the trainer, for cuda_ipc weight sync). 0 on CPU machines.",
+            "Ray GPUs per replica actor, at most 1: a fraction shares a GPU (with the trainer, for cuda_ipc weight sync); a hybrid replica of tensor_parallel_size T takes this share of each of its T GPUs, a standalone one a bundle of T whole GPUs. 0 on CPU machines.",
             ge=0,
         ),
     ] = 0.0
+    tensor_parallel_size: Annotated[
+        PosInt,
+        doc(
+            "vLLM tensor parallelism: each replica is this many devices (GPUs; worker processes on CPU) serving one engine through vLLM's own multiprocessing executor, which shards every weight it loads over them; a weight group's bytes reach its first rank, which hands them to the others over vLLM's own group. It must divide the model's attention and KV heads. GPU configs: a standalone replica reserves one placement bundle of this many GPUs; hybrid replicas span this many of the trainer's GPUs each (trainer.gpus a multiple of it: trainer.gpus / T hybrid replicas at most). CPU: each rollout.cpu_bind entry names one core list per rank, or 'nobind'. The death of any of its processes is the replica's death."
+        ),
+    ] = 1
     gpu_memory_utilization: Annotated[
         float, doc("Share of the GPU's memory one vLLM engine may take (GPU only).", gt=0, le=1)
     ] = 0.4
@@ -132,7 +138,10 @@ class RolloutConfig(Section):
     ] = True
     engine_args: Annotated[dict[str, float | int | str | bool], doc("Extra vLLM engine arguments.")] = {}
     cpu_bind: Annotated[
-        list[str], doc("VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only); empty: 'nobind'.")
+        list[str],
+        doc(
+            "VLLM_CPU_OMP_THREADS_BIND per replica in rank order (CPU build only): 'nobind', 'auto', or one core list per tensor-parallel rank, '|'-separated (e.g. '0|1' for tensor_parallel_size 2); empty: 'nobind' (no core named by two engines: the OS spreads every engine's workers over the cores; the ranks of a tensor-parallel replica then share the actor's OpenMP threads, one each at least, instead of one per core each)."
+        ),
     ] = []
     resources: Annotated[
         dict[str, float],

@@ -43,6 +43,7 @@ from shunter.events import (
     SampleBegin,
     SampleEnd,
     SampleResumed,
+    SendWeights,
     StepBegin,
     StepEnd,
     TrainerStateSaved,
@@ -56,6 +57,11 @@ from shunter.events.vocab import DOWN, ROLLOUT, TRAINER
 
 REPLICA_STATE_ORDERS = frozenset(tag_of(c) for c in (InstallWeights, EnterRollout, EnterTrainer))
 """Orders whose failure leaves a replica's mode or weights unknown: it is taken out."""
+GROUP_SENDS = frozenset({tag_of(SendWeights)})
+"""The trainer's half of a weight load over one replica's weight group: its failure is that
+group's (the replica died mid-broadcast, or never joined), not the trainer's — the executor drops
+the group (the next load joins a new one) and the replica's half of the load fails with it,
+taking that replica out; a trainer that died is reported by its own death."""
 FAILED_GROUPS_BEFORE_TRAINING = 8
 """This many failed generations before any group trained means every generation fails."""
 WORKER_LOSSES_BEFORE_ENDING = 8
@@ -326,6 +332,8 @@ class Applier:
             self.batches.failed(ev.batch_id)
             if st.trainer_driver == "engine":  # the policy would only train into the same error again
                 self.end("error", error=f"trainer.loss_fn failed: {ev.error}")
+            return
+        if ev.target == TRAINER_TARGET and ev.command_kind in GROUP_SENDS:
             return
         if ev.target == TRAINER_TARGET:
             st.trainer.state = "failed"

@@ -4,6 +4,10 @@ Invariants (checked by :meth:`check`):
 
 - hybrid and standalone replicas draw ranks from the same pool, so their ranks never
   collide whatever order they register in;
+- a replica holds one rank whatever its width: a tensor-parallel replica
+  (``rollout.tensor_parallel_size``) is one engine with one weight group (a trainer-replica
+  pair, its first TP rank joining) and its TP ranks meet in vLLM's own group, never in a
+  world the ranks here number;
 - ``assign`` is idempotent for the same replica id (same rank, same name);
 - a released rank is reused smallest-first;
 - actor names embed the run id and a generation counter that never repeats within a run,

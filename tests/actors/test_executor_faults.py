@@ -217,3 +217,37 @@ async def test_an_idle_component_killed_by_the_os_is_reported_at_once(ray_cluste
         assert isinstance(ev, ComponentFailed) and ev.component == "trainer" and "actor died" in ev.error
     else:
         assert isinstance(ev, ReplicaDown) and ev.replica_id == target
+
+
+class EngineDiesIdle:
+    """A replica whose engine dies while nothing is asked of it (asleep, say): its ``watch()``
+    raises ``EngineDead`` (as ``RolloutWorker.watch`` does once vLLM reports its core dead —
+    a tensor-parallel worker killed ends the core), the actor itself lives on."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+
+    async def watch(self) -> None:
+        from shunter.engine.replica.backend import EngineDead
+
+        await self.gone.wait()
+        raise EngineDead("the vLLM engine of replica hybrid-0 died (its core or a worker process)")
+
+    async def die(self) -> None:
+        self.gone.set()
+
+
+async def test_a_replica_whose_engine_dies_while_idle_is_reported_down_at_once(ray_cluster):
+    """Was: the watch saw only the actor's death; an idle replica whose engine died (a killed
+    vLLM worker process) stayed up until something called it."""
+    actor = ray_cluster.remote(num_cpus=0, max_restarts=0)(EngineDiesIdle).remote()
+    ex = RayExecutor("t", None, {"hybrid-0": actor}, timeout_s=5)
+    got = []
+    down = asyncio.Event()
+    ex.bind(lambda evs: (got.extend(evs), down.set()))
+    ex.watch("hybrid-0")
+    await actor.die.remote()
+    async with asyncio.timeout(30):
+        await down.wait()
+    (ev,) = got
+    assert isinstance(ev, ReplicaDown) and ev.replica_id == "hybrid-0" and "inference engine died" in ev.reason, ev

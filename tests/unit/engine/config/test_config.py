@@ -141,3 +141,61 @@ def test_the_own_data_example_runs_long_enough_to_show_learning():
     root = Path(__file__).resolve().parents[4]
     assert tomllib.loads((root / "examples" / "sort_data.toml").read_text())["run"]["total_steps"] >= 500
     assert "passes\nwhere it started only after ~250 optimizer steps" in (root / "README.md").read_text()
+
+
+def _model_folder(tmp_path, **arch):
+    """A model folder's config.json with the tiny model's shape (engine.models.tiny.ARCH), changed by ``arch``."""
+    import json
+
+    from shunter.engine.models.tiny import ARCH
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", **ARCH, **arch}))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("tp", "arch", "match"),
+    [
+        (2, {}, None),  # 4 heads, 2 KV heads: two ranks of 2 heads and 1 KV head
+        (4, {}, None),  # 4 ranks: 1 head each, the 2 KV heads replicated
+        (3, {}, r"rollout.tensor_parallel_size = 3 does not divide the 4 attention heads of model.path"),
+        (4, {"num_key_value_heads": 3, "num_attention_heads": 12}, r"and the 3 KV heads of model.path"),
+    ],
+)
+def test_tensor_parallel_size_must_split_the_models_heads_when_the_config_loads(tmp_path, tp, arch, match):
+    raw = {"model": {"path": _model_folder(tmp_path, **arch)}, "rollout": {"tensor_parallel_size": tp}}
+    if match is None:
+        assert from_dict(raw).rollout.tensor_parallel_size == tp
+        return
+    with pytest.raises(ConfigError, match=match):
+        from_dict(raw)
+
+
+def test_a_model_built_at_start_is_checked_then(tmp_path):
+    """No folder yet when the config loads (a tiny model built at start): ``check_heads`` on the built one."""
+    from shunter.engine.config.checks import check_heads
+
+    assert from_dict({"model": {"path": str(tmp_path / "none")}, "rollout": {"tensor_parallel_size": 3}})
+    with pytest.raises(ConfigError, match="does not divide the 4 attention heads"):
+        check_heads(3, _model_folder(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("binds", "match"),
+    [
+        (["0|1"], None),
+        (["nobind"], None),
+        (["0-1|1"], None),
+        (
+            ["0"],
+            r"rollout.cpu_bind\[0\] = '0' names 1 core list\(s\) for a replica of rollout.tensor_parallel_size = 2",
+        ),
+    ],
+)
+def test_each_cpu_bind_entry_of_a_tensor_parallel_replica_names_a_core_list_per_rank(binds, match):
+    raw = {"rollout": {"tensor_parallel_size": 2, "cpu_bind": binds, "standalone_replicas": 1}}
+    if match is None:
+        assert from_dict(raw).rollout.cpu_bind == binds
+        return
+    with pytest.raises(ConfigError, match=match):
+        from_dict(raw)

@@ -70,7 +70,17 @@ def test_a_trainer_side_of_two_gpus_spreads_hybrid_replicas_over_both():
         ({"num_gpus": 2}, {"num_gpus": 1}, r"<= 1.0 - at `\$.trainer.num_gpus`"),
         ({"num_gpus": 0}, {"num_gpus": 1}, "give the trainer a GPU"),
         ({"num_gpus": 1}, {"num_gpus": 0}, "give each replica a GPU"),
-        ({"num_gpus": 1}, {"num_gpus": 2}, "a replica runs on one GPU"),
+        ({"num_gpus": 1}, {"num_gpus": 2}, "a replica over several GPUs is rollout.tensor_parallel_size"),
+        (
+            {"num_gpus": 0.5, "gpus": 3},
+            {"hybrid_replicas": 1, "standalone_replicas": 0, "num_gpus": 0.4, "tensor_parallel_size": 2},
+            r"max\(trainer.gpus, trainer.world_size\) = 3\) are not a multiple of rollout.tensor_parallel_size \(2\)",
+        ),
+        (
+            {"num_gpus": 0.5},
+            {"standalone_replicas": 1, "num_gpus": 0.4, "share_trainer_gpu": True, "tensor_parallel_size": 2},
+            "rollout.share_trainer_gpu with rollout.tensor_parallel_size = 2",
+        ),
         (
             {"num_gpus": 0.5},
             {
@@ -90,6 +100,60 @@ def test_configs_that_do_not_fit_are_refused_by_name_when_loaded(trainer, rollou
         return
     with pytest.raises(ConfigError, match=match):
         cfg(trainer, rollout)
+
+
+def test_a_tensor_parallel_standalone_replica_holds_one_bundle_of_its_gpus_and_its_actor_takes_them_all():
+    p = plan(
+        cfg(
+            {"num_gpus": 1, "num_cpus": 1},
+            {"standalone_replicas": 2, "num_gpus": 1, "num_cpus": 0.5, "tensor_parallel_size": 2},
+        )
+    )
+    assert p.bundles == [{"GPU": 1.0, "CPU": 1.0}, {"GPU": 2.0, "CPU": 0.5}, {"GPU": 2.0, "CPU": 0.5}]
+    assert p.standalone == [Slot(1, 2.0, 0.5, gpus=2), Slot(2, 2.0, 0.5, gpus=2)] and p.gpus == 5
+    assert [b for b, _ in p.groups()] == [p.bundles[:1], p.bundles[1:]]
+
+
+def test_tensor_parallel_hybrid_replicas_span_consecutive_trainer_gpus_round_robin():
+    c = from_dict(
+        {
+            "run": {"policy": "colocated"},
+            "trainer": {"num_gpus": 0.3, "gpus": 4},
+            "rollout": {
+                "hybrid_replicas": 4,
+                "standalone_replicas": 0,
+                "num_gpus": 0.3,
+                "max_staleness": 0,
+                "tensor_parallel_size": 2,
+            },
+        }
+    )
+    p = plan(c)
+    assert [(s.bundle, s.gpus, s.num_gpus) for s in p.hybrid] == [(0, 2, 0.3), (2, 2, 0.3), (0, 2, 0.3), (2, 2, 0.3)]
+    assert p.bundles == [{"GPU": 1.0, "CPU": 2.0}] + [{"GPU": 1.0, "CPU": 1.0}] * 3
+    # one span of two GPUs holding both replicas: 0.3 + 2 x 0.6 on GPU 0 does not fit
+    with pytest.raises(ConfigError, match=r"trainer-side GPU 0: .* 2 hybrid replicas x rollout.num_gpus \(0.6\)"):
+        from_dict(
+            {
+                "run": {"policy": "colocated"},
+                "trainer": {"num_gpus": 0.3, "gpus": 2},
+                "rollout": {
+                    "hybrid_replicas": 2,
+                    "standalone_replicas": 0,
+                    "num_gpus": 0.6,
+                    "max_staleness": 0,
+                    "tensor_parallel_size": 2,
+                },
+            }
+        )
+
+
+def test_a_tensor_parallel_replica_asks_the_cluster_for_its_gpus():
+    from shunter.engine.config.placement import replica_gpus
+
+    r = cfg({"num_gpus": 1}, {"num_gpus": 0.5, "tensor_parallel_size": 2}).rollout
+    assert replica_gpus(r, standalone=True) == 2.0 and replica_gpus(r, standalone=False) == 0.5
+    assert replica_gpus(cfg(rollout={"tensor_parallel_size": 2}).rollout, standalone=True) == 0.0  # CPU
 
 
 def test_custom_resources_pick_the_nodes_the_trainer_side_on_one_node_the_replicas_spread():

@@ -50,3 +50,34 @@ async def test_replicas_killed_mid_run_lose_no_sample_and_train_none_twice():
     k = coord.buffer.counters()
     assert k["dispatched"] == k["trained"] + k["dropped"] + k["in_flight"] + k["ready"]
     assert k.get("dropped_failed", 0) == 0
+
+
+@virtual_time
+async def test_a_failed_send_over_a_dead_replicas_weight_group_is_not_the_trainers_failure():
+    """The trainer's half of a weight load over a replica's group fails when that replica dies
+    mid-broadcast (a TP worker killed, say: "Connection closed by peer"): the group is the
+    replica's, the trainer is fine and the run goes on (was: "trainer failed on
+    trainer.send_weights", the run ended)."""
+    from shunter.events import CommandFailed
+
+    c = cfg(run={"total_steps": 6}, rollout={"standalone_replicas": 2})
+    coord, _, _ = local_run(c, token_s=0.004)
+    seen = []
+
+    def fail_a_send(m):
+        seen.append(m)
+        if isinstance(m, SampleEnd) and sum(isinstance(x, SampleEnd) for x in seen) == 10:
+            coord.post(
+                CommandFailed(
+                    command_kind="trainer.send_weights",
+                    target="trainer",
+                    error="to standalone-1: WeightGroupError: gloo://127.0.0.1:1: Connection closed by peer",
+                )
+            )
+
+    coord.sinks.append(fail_a_send)
+    async with asyncio.timeout(3600):
+        ended = await coord.run()
+    await coord.executor.close()
+    assert any(isinstance(m, CommandFailed) and m.command_kind == "trainer.send_weights" for m in seen)
+    assert ended.reason == "completed", ended

@@ -58,7 +58,9 @@ ARCH = dict(
 )
 # Architectures by name. "tiny" is the CPU policy; "qwen2-0.5b" is Qwen2-0.5B's shape with
 # random weights (same 42-symbol tokenizer; ids the tokenizer lacks decode to nothing), for
-# GPU throughput and weight-sync measurements — it is not expected to learn the task.
+# GPU throughput and weight-sync measurements — it is not expected to learn the task; "qwen2-7b"
+# is Qwen2-7B's shape the same way: ~7.6B parameters, 16 bytes each with fp32 AdamW (~122 GB), more
+# than one 80 GB GPU can train and what a sharded trainer (trainer.world_size) spreads over its ranks.
 PRESETS = {
     "tiny": ARCH,
     "qwen2-0.5b": dict(
@@ -68,6 +70,15 @@ PRESETS = {
         num_attention_heads=14,
         num_key_value_heads=2,
         intermediate_size=4864,
+        max_position_embeddings=4096,
+    ),
+    "qwen2-7b": dict(
+        vocab_size=152_064,
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18_944,
         max_position_embeddings=4096,
     ),
 }

@@ -110,6 +110,18 @@ def _greedy_scores(folder: Path, run: Path) -> dict:
     return {"version": found[1].version, "reward_mean": sum(rewards) / n, "exact": sum(r >= 1.0 for r in rewards) / n}
 
 
+def _trainer_on_node_t(tmp_path: Path, trainer: str, *swaps: tuple[str, str]) -> Path:
+    """``examples/sort_cluster.toml`` with the trainer on a node offering ``node_t`` (and the
+    ``trainer`` lines after it), no validation, and ``swaps`` (old, new) made; its path."""
+    text = (ROOT / "examples" / "sort_cluster.toml").read_text()
+    text = text.replace("resources = { node_a = 1 }", "resources = { node_t = 1 }" + trainer)
+    for old, new in (("every = 50", "every = 0"), *swaps):
+        text = text.replace(old, new)
+    config = tmp_path / "cluster.toml"
+    config.write_text(text)
+    return config
+
+
 def _messages(log: Path) -> list:
     return list(read_log(log)) if log.exists() else []
 
@@ -181,12 +193,9 @@ def test_losing_the_trainers_node_waits_for_room_resumes_when_one_joins_and_name
     naming the step it lost its trainer at and the ``--resume`` line — not "did not start"."""
     from shunter.events import CheckpointSaved, RunResumed
 
-    text = (ROOT / "examples" / "sort_cluster.toml").read_text()
-    text = text.replace("resources = { node_a = 1 }", "resources = { node_t = 1 }")
-    text = text.replace("checkpoint_every = 20", "checkpoint_every = 4\nmax_restarts = 3\nrestart_wait_s = 30")
-    text = text.replace("every = 50", "every = 0")
-    config = tmp_path / "cluster.toml"
-    config.write_text(text)
+    config = _trainer_on_node_t(
+        tmp_path, "", ("checkpoint_every = 20", "checkpoint_every = 4\nmax_restarts = 3\nrestart_wait_s = 30")
+    )
     nodes = RayNodes()
     try:
         address = nodes.head({"node_b": 1})  # the driver's node: coordinator, registry, the replica
@@ -267,11 +276,7 @@ def test_a_trainer_of_two_ranks_spans_two_raylets(tmp_path):
     and group once."""
     from shunter.events import ComponentPlaced
 
-    text = (ROOT / "examples" / "sort_cluster.toml").read_text()
-    text = text.replace("resources = { node_a = 1 }", "resources = { node_t = 1 }\nworld_size = 2\nnum_cpus = 0.5")
-    text = text.replace("every = 50", "every = 0")
-    config = tmp_path / "cluster.toml"
-    config.write_text(text)
+    config = _trainer_on_node_t(tmp_path, "\nworld_size = 2\nnum_cpus = 0.5")
     nodes = RayNodes()
     try:
         address = nodes.head({"node_b": 1, "node_t": 1})

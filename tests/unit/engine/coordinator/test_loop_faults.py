@@ -278,7 +278,9 @@ async def test_a_policy_stuck_in_an_endless_loop_is_interrupted_and_ends_the_run
     call after run.policy_timeout_s; what the test checks does not depend on how long that took."""
     from tests.support.broken_policies import Hangs
 
-    coord, _, _ = local_run(cfg(run={"policy_timeout_s": 0.3}), policy=Hangs())
+    # a budget below the timeout (the hung call would be "slow" if it were counted) and far above
+    # what a healthy call takes on a loaded machine (one took 23 ms in CI beside other runs)
+    coord, _, _ = local_run(cfg(run={"policy_timeout_s": 0.3, "policy_budget_ms": 200}), policy=Hangs())
     ended, seen = await run_to_end(coord)
     assert ended.reason == "error"
     assert "policy tests.support.broken_policies.Hangs.decide() did not return on" in ended.error

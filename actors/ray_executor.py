@@ -46,7 +46,7 @@ from shunter.actors.weight_groups import WeightGroups, handle_version
 from shunter.actors.wire import codec, root_cause
 from shunter.engine.coordinator.executor import TRAINER, TaskExecutor
 from shunter.engine.coordinator.failures import Dead, Failures, Fault, Unanswered, fault_of
-from shunter.engine.io.errors import bounded
+from shunter.engine.io.errors import TrainerGroupBroken, bounded
 from shunter.engine.replica.backend import EngineDead
 from shunter.events import (
     DIRECT,
@@ -142,7 +142,8 @@ class RayExecutor(TaskExecutor):
     def watch(self, target: str) -> None:
         """Keep one call open on ``target`` (``watch()`` never returns while it lives) so that its
         death is reported at once — an idle trainer or a sleeping replica is called by nobody
-        else; a replica's watch raises ``EngineDead`` when its engine dies in its actor."""
+        else; a replica's watch raises ``EngineDead`` when its engine dies in its actor, a sharded
+        trainer's rank 0 ``TrainerGroupBroken`` when another rank dies."""
         handle = self.trainer if target == TRAINER else self.replicas[target]
 
         async def watching() -> None:
@@ -152,6 +153,8 @@ class RayExecutor(TaskExecutor):
                 self.failures.dead(target, bounded(f"actor died: {e}"))
             except EngineDead as e:  # a replica's engine died (its core, or a tensor-parallel worker)
                 self.failures.dead(target, bounded(f"its inference engine died: {root_cause(e)}"))
+            except TrainerGroupBroken as e:  # a trainer rank died: rank 0 says which
+                self.failures.dead(target, bounded(root_cause(e)))
             except Exception:  # noqa: BLE001 - no watch (an older actor), or the call was cancelled
                 pass
 

@@ -17,10 +17,12 @@ coordinator sees one trainer, rank 0: it forwards every order except the weight-
 the other ranks (the same bytes and turn, so every rank runs the same orders in the same order
 — each is a collective), runs its own part, and answers with its own events once every rank
 has answered; the published weights, the relays and the weight groups are rank 0's alone.
-Invariant: no rank outlives another's death by more than a collective deadline — rank 0
-watches the others and ends its own process when one dies (so the executor sees the trainer
-die and the run restarts from its checkpoint), and every other rank ends itself when rank 0
-dies; a rank blocked in a collective with a dead peer fails at ``trainer.collective_timeout_s``.
+Invariant: a group that lost a rank is never used again — rank 0 watches the others and its
+``watch`` fails with ``TrainerGroupBroken`` naming the rank that died (the executor takes it as
+the trainer's death: the run restarts from its checkpoint and every rank is ended), every
+other rank ends its own process when rank 0 dies, and an order that fails in a collective (a
+peer dead, or silent past ``trainer.collective_timeout_s``) fails with ``TrainerGroupBroken``
+too, whatever the order was.
 """
 
 from __future__ import annotations
@@ -35,7 +37,17 @@ import ray
 
 from shunter.actors.wire import decode_order, encode_events
 from shunter.engine.config.trainer import TrainerConfig
-from shunter.events import DIRECT, Delivery, InstallWeights, JoinWeightGroup, LeaveWeightGroup, SendWeights, Stamper
+from shunter.engine.io.errors import TrainerGroupBroken, secs
+from shunter.events import (
+    DIRECT,
+    Delivery,
+    InstallWeights,
+    JoinWeightGroup,
+    LeaveWeightGroup,
+    SendWeights,
+    Stamper,
+    tag_of,
+)
 
 INLINE_BYTES = 100 * 1024
 """A published blob up to this size travels inside each direct ``InstallWeights`` call (Ray's
@@ -71,15 +83,19 @@ class TrainerWorker:
         self.rank = rank
         self.peers: list[Any] = []  # rank 0: the other ranks' handles, by rank; another rank: rank 0's
         self._watchers: list[asyncio.Task] = []
+        self._broken_at: asyncio.Future | None = None  # rank 0: fails once another rank has died
+        self._listen: Any = None  # rank 0: the group store's listening socket, from rendezvous to setup
         self.host = None
         self._last: tuple[Any, ray.ObjectRef] | None = None  # (the last blob published, its ObjectRef)
         self._relays: dict[str, Any] = {}  # relay actor name -> handle
 
     async def rendezvous(self) -> tuple[str, int]:
         """Rank 0: (its node's IP, a free port there) for the other ranks to join its group at."""
-        from shunter.engine.trainer.rank_group import free_port
+        from shunter.engine.weights.group import listen_socket
 
-        return ray.util.get_node_ip_address(), free_port()
+        ip = ray.util.get_node_ip_address()
+        self._listen, port = listen_socket(ip)  # this address only, never all interfaces
+        return ip, int(port)
 
     async def setup(self, group_at: tuple[str, int] | None = None, peers: list[Any] | None = None) -> float:
         """Build the trainer; with ``trainer.world_size > 1`` first join the ranks' group at
@@ -110,7 +126,14 @@ class TrainerWorker:
             device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
             host, port = group_at
             group = await asyncio.to_thread(
-                RankGroup.join, self.rank, world, host, port, device=device, timeout_s=self.cfg.collective_timeout_s
+                RankGroup.join,
+                self.rank,
+                world,
+                host,
+                port,
+                device=device,
+                timeout_s=self.cfg.collective_timeout_s,
+                sock=self._listen,
             )
             self.peers = list(peers or [])
             self._watch_peers()
@@ -130,23 +153,30 @@ class TrainerWorker:
         return time.perf_counter() - t0
 
     def _watch_peers(self) -> None:
-        """Rank 0 watches every other rank, and every other rank watches rank 0: when one dies
-        this process ends too (module docstring), so no rank waits on a collective that cannot
-        finish and the executor, which watches rank 0, sees the trainer die."""
-        targets = self.peers
+        """Rank 0 watches every other rank, and every other rank watches rank 0 (module
+        docstring): a rank that sees rank 0 die ends its own process (nobody can use it now);
+        rank 0, seeing another rank die, fails its own ``watch`` with ``TrainerGroupBroken``
+        naming that rank, which the executor takes as the trainer's death — the run restarts
+        from its checkpoint and every rank of this attempt is ended."""
 
-        async def watching(h: Any) -> None:
+        async def watching(rank: int, h: Any) -> None:
             try:
                 await h.watch.remote()
-            except ray.exceptions.RayActorError:
-                import os
+            except ray.exceptions.RayActorError as e:
+                if self.rank != 0:
+                    import os
 
-                os._exit(1)  # a rank gone: this one can never finish a collective with it
+                    os._exit(1)  # rank 0 gone: this one can never finish a collective with it
+                if not self._broken().done():  # the first rank lost is the one named
+                    self._broken().set_exception(
+                        TrainerGroupBroken(f"trainer rank {rank} of {self.cfg.world_size} died: {_first_line(e)}")
+                    )
             except Exception:  # noqa: BLE001 - cancelled as the actor stops
                 pass
 
         loop = asyncio.get_running_loop()
-        self._watchers = [loop.create_task(watching(h)) for h in targets]
+        ranks = range(1, len(self.peers) + 1) if self.rank == 0 else [0]
+        self._watchers = [loop.create_task(watching(r, h)) for r, h in zip(ranks, self.peers, strict=True)]
 
     def _put(self, blob: Any) -> ray.ObjectRef:
         """The published blob in the object store, once per publish (the relays and the
@@ -194,20 +224,36 @@ class TrainerWorker:
         installs: dict[str, ray.ObjectRef] = {}
         _CALL.set((replicas or {}, installs))
         order = decode_order(data)
-        forward = self.rank == 0 and not isinstance(order, GROUP_ORDERS)
+        collective = self.cfg.world_size > 1 and not isinstance(order, GROUP_ORDERS)
         fanned = []
-        if forward and self.peers:  # one object-store copy of the order for all of them
+        if collective and self.rank == 0 and self.peers:  # one object-store copy of the order for all of them
             ref = ray.put(data) if len(data) > INLINE_BYTES else data
             fanned = [p.control.remote(ref, None, turn) for p in self.peers]
-        events, blob = await self.host.handle(order, turn)
-        if fanned:  # every rank took part; a rank that failed fails the order
-            await asyncio.gather(*fanned)
+        try:
+            events, blob = await self.host.handle(order, turn)
+            if fanned:  # every rank took part; a rank that failed fails the order
+                await asyncio.gather(*fanned)
+        except Exception as e:
+            if not collective:
+                raise
+            # a rank failed in a collective (a peer died or hung past the deadline): the ranks are
+            # out of step for good, whatever the order was — the trainer is as good as dead
+            raise TrainerGroupBroken(
+                f"trainer rank {self.rank} of {self.cfg.world_size}: {tag_of(order)} failed "
+                f"(trainer.collective_timeout_s = {secs(self.cfg.collective_timeout_s)}s): {_first_line(e)}"
+            ) from e
         return encode_events(events), ([self._put(blob)] if blob is not None and self.rank == 0 else []), installs
 
     async def watch(self) -> None:
-        """Never returns: the executor keeps one call open so that the death of this process
-        is known at once, even while nothing else is asked of it."""
-        await asyncio.Event().wait()
+        """Never returns while the trainer lives: the executor keeps one call open so that the
+        death of this process is known at once, even while nothing else is asked of it; on rank
+        0 of several, it raises ``TrainerGroupBroken`` once another rank has died."""
+        await asyncio.shield(self._broken())
+
+    def _broken(self) -> asyncio.Future:
+        if self._broken_at is None:
+            self._broken_at = asyncio.get_running_loop().create_future()
+        return self._broken_at
 
     async def where(self) -> dict:
         """Node and GPUs of this actor (``ComponentPlaced``)."""
@@ -218,3 +264,11 @@ class TrainerWorker:
 
 def remote_class():
     return ray.remote(TrainerWorker)
+
+
+def _first_line(e: BaseException) -> str:
+    """An error's cause in one line: Ray's wrapping and stack dumps dropped."""
+    from shunter.actors.wire import root_cause
+
+    text = root_cause(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

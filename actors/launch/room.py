@@ -42,16 +42,17 @@ class Room:
     def knobs(self) -> dict[str, str]:
         """Resource -> the config keys that ask for it (for the error that names them)."""
         cfg = self.cfg
+        ranks = f" x trainer.world_size ({cfg.trainer.world_size})" if cfg.trainer.world_size > 1 else ""
         out = {
-            "CPU": "trainer.num_cpus + rollout.num_cpus per replica"
+            "CPU": f"trainer.num_cpus{ranks} + rollout.num_cpus per replica"
             + (" + task.reward_worker_cpus per reward worker" if cfg.task.reward_workers else "")
             + f"; a local cluster has run.num_cpus = {cfg.run.num_cpus or os.cpu_count()} CPUs",
-            "GPU": "trainer.num_gpus + rollout.num_gpus per replica (rollout.tensor_parallel_size per standalone "
-            "replica when above 1)",
+            "GPU": f"trainer.num_gpus{ranks} + rollout.num_gpus per replica (rollout.tensor_parallel_size per "
+            "standalone replica when above 1)",
         }
         for key, res in (("rollout.resources", cfg.rollout.resources), ("trainer.resources", cfg.trainer.resources)):
             for k in res:
-                out[k] = key
+                out[k] = key + (ranks if key.startswith("trainer") else "")
         return out
 
     def check(self, kinds: list[ReplicaKind]) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shunter.engine.coordinator.executor import TRAINER
-from shunter.engine.io.errors import bounded, secs
+from shunter.engine.io.errors import TrainerGroupBroken, bounded, secs
 from shunter.engine.replica.backend import EngineDead
 from shunter.events import CommandFailed, ComponentFailed, Event, Generate, Order, ReplicaDown, tag_of
 
@@ -49,9 +49,12 @@ Fault = Dead | Failed | Unanswered
 
 def fault_of(cmd: Order, e: Exception, cause: Callable[[BaseException], str]) -> Fault:
     """A component's exception in the shared categories (an executor maps its transport's own
-    first): ``EngineDead`` is a dead replica, anything else a failed command; ``cause`` names it."""
+    first): ``EngineDead`` is a dead replica, ``TrainerGroupBroken`` a dead trainer, anything
+    else a failed command; ``cause`` names it."""
     if isinstance(e, EngineDead):  # a replica whose engine died is a dead replica: free it, resume its samples
         return Dead(bounded(f"its inference engine died during {tag_of(cmd)}: {cause(e)}"))
+    if isinstance(e, TrainerGroupBroken):  # the trainer's ranks are out of step: it is as good as dead
+        return Dead(bounded(cause(e)))
     return Failed(cause(e))
 
 

@@ -103,6 +103,13 @@ def type_name(value: object) -> str:
 # -- what the Engine facade raises in the caller ---------------------------------------------
 
 
+class TrainerGroupBroken(EngineError):
+    """The trainer's ranks can no longer work as one group: a rank died, or a collective failed
+    or ran past ``trainer.collective_timeout_s``. Raised by trainer rank 0 (its ``control`` or its
+    ``watch``); the executor takes it as the trainer's death, so the run restarts from its
+    checkpoint with every rank new."""
+
+
 class EngineSetupError(EngineError):
     """A component failed to start; the message names it and the cause."""
 

@@ -34,24 +34,32 @@ class RankGroup:
 
     @classmethod
     def join(
-        cls, rank: int, world: int, host: str, port: int, *, device: str, timeout_s: float, shard_alone: bool = False
+        cls,
+        rank: int,
+        world: int,
+        host: str,
+        port: int,
+        *,
+        device: str,
+        timeout_s: float,
+        shard_alone: bool = False,
+        sock: Any = None,
     ) -> RankGroup:
         """Join the group of ``world`` ranks whose rank 0 listens at ``host:port`` (nccl on cuda,
         gloo on cpu); returns once every rank has joined, or raises past ``timeout_s``.
         ``shard_alone``: a group of one that still shards (FSDP2 on one rank: what
-        ``bench gpu --parts trainer_ranks`` compares the plain trainer with)."""
+        ``bench gpu --parts trainer_ranks`` compares the plain trainer with). ``sock``: rank 0's
+        listening socket for the group's store (``engine.weights.group.listen_socket``: bound to
+        ``host`` alone, never all interfaces); without it rank 0's store listens on all."""
         if world == 1 and not shard_alone:
             return cls()
         from torch.distributed.device_mesh import init_device_mesh
 
         cuda = device.startswith("cuda")
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method=f"tcp://{host}:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        td = datetime.timedelta(seconds=timeout_s)
+        kw = {"master_listen_fd": sock.detach()} if sock is not None and rank == 0 else {}
+        store = dist.TCPStore(host, port, world, rank == 0, timeout=td, wait_for_workers=False, **kw)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world, timeout=td)
         mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
         return cls(rank, world, mesh)
 

@@ -100,10 +100,14 @@ def build(
     handles: dict[Path, object] = {}
     try:
         with torch.no_grad():
-            for name, p in [*lm.named_parameters(), *lm.named_buffers()]:
+            seen: set[int] = set()
+            # the state dict: parameters and persistent buffers (the non-persistent ones no file
+            # holds), a tied tensor under its first name only, as HF saves it
+            for name, p in lm.state_dict(keep_vars=True).items():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
                 if name not in files:
-                    if any(b is p for b in lm.buffers()) and name.rsplit(".", 1)[-1] in _non_persistent(lm, name):
-                        continue
                     raise ShardLoadError(f"model dir {model_dir!r} has no tensor {name!r}")
                 f = files[name]
                 if f not in handles:
@@ -130,11 +134,6 @@ def build(
     else:
         lm.eval().requires_grad_(False)
     return scorer
-
-
-def _non_persistent(lm: torch.nn.Module, name: str) -> set[str]:
-    owner = lm.get_submodule(name.rsplit(".", 1)[0]) if "." in name else lm
-    return set(getattr(owner, "_non_persistent_buffers_set", set()))
 
 
 def reshard(root: torch.nn.Module) -> None:

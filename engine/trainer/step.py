@@ -242,7 +242,9 @@ class Stepper:
                 failed: UserCodeError | None = None
             except UserCodeError as e:
                 failed = e
-            if g.sharded:  # no rank goes into a gradient reduction another one will not join
+            # no rank goes into a gradient reduction another one will not join: a flag all-reduced
+            # each pass, the messages gathered only when a rank failed
+            if g.sharded and g.any(failed is not None, self.device):
                 self._agree(failed, user[1] if user else "")
             if failed is not None:
                 raise failed

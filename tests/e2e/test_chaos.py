@@ -19,7 +19,7 @@ def test_a_run_under_kills_and_a_stop_trains_every_prompt_once(tiny_model):
     from tests.support import chaos_soak
 
     schedule = [(8, "engine_core", 0.3), (14, "coordinator", 0.2), (20, "sigterm", 0.0)]
-    r = chaos_soak.one_run(0, random.Random(0), tiny_model, 30, 0, 600, schedule=schedule, after_replaced=True)
+    r = chaos_soak.one_run(0, random.Random(0), tiny_model, 30, 0, 600, schedule=schedule)
     said = json.dumps(r, default=str)  # whole: pytest cuts a dict's repr short
     assert r["signals"] == ["engine_core", "coordinator", "sigterm"], said
     stops = [(s["exit_status"], s["says_resume"], s["traceback"], s["ray_dump"]) for s in r["stops"]]

@@ -134,22 +134,6 @@ def steps_done(log: Path) -> int:
     return max((m.step for m in LogReader(log) if isinstance(m, StepEnd)), default=0)
 
 
-def replacing(log: Path) -> bool:
-    """Whether a replica the run restarted has no replacement up yet (its last ``ReplicaRestart``
-    has no new replica's ``ReplicaUp`` after it)."""
-    from shunter.events import LogReader, ReplicaRestart, ReplicaUp
-
-    if not log.is_file():
-        return False
-    waiting = False
-    for m in LogReader(log):
-        if isinstance(m, ReplicaRestart):
-            waiting = True
-        elif isinstance(m, ReplicaUp) and not m.adopted:
-            waiting = False
-    return waiting
-
-
 def stopped_at(log: Path) -> int:
     """The step the last attempt ended at (its ``RunEnded``): not the log's highest step, which an
     attempt a killed coordinator cut short may have passed before the run went back to a
@@ -211,12 +195,8 @@ def one_run(
     timeout_s: float,
     schedule: list[tuple[int, str, float]] | None = None,
     task: str = "sort",
-    after_replaced: bool = False,
 ) -> dict:
-    """One run under ``schedule`` (step, signal kind, seconds after that step) or a seeded one;
-    ``after_replaced``: an action waits, past its step, until a replica being replaced is up again
-    (a test that checks what a later fault does with the replacement needs it up: on a loaded
-    machine the run's buffered groups carried it past the step before the new engine was up)."""
+    """One run under ``schedule`` (step, signal kind, seconds after that step) or a seeded one."""
     from shunter.engine.config import load_config
     from shunter.engine.io.records import trained_groups
     from shunter.events import LogReader, RunEnded, StepEnd
@@ -247,8 +227,7 @@ def one_run(
                     res["hangs"] += 1
                     os.killpg(proc.pid, signal.SIGKILL)
                     break
-                due = schedule and steps_done(log) >= schedule[0][0]
-                if due and not (after_replaced and replacing(log)):
+                if schedule and steps_done(log) >= schedule[0][0]:
                     _, kind, extra = schedule.pop(0)
                     time.sleep(extra)  # a seeded moment within the step, not a synchronisation
                     if send(proc, kind):
